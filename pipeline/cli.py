@@ -1,0 +1,112 @@
+"""The ``curio`` command.
+
+    curio stage NAME [-S key=value ...]   run one stage (what dvc.yaml calls)
+    curio pipeline                        the whole DAG as a Prefect flow (dvc.lock kept consistent)
+    curio eval-sweep                      checkpoints × splits × seeds, one results table
+    curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
+    curio llm check ROLE                  one request to the backend configured for ROLE
+    curio params [-S key=value ...]       print the validated params
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from pipeline.config import ConfigError, load_params
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Curio: agents trained from LLM feedback.")
+llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")
+app.add_typer(llm_app, name="llm")
+
+ParamsOpt = Annotated[str, typer.Option("--params", "-p", help="params file")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-S", help="override: key.sub=value")]
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"curio: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(params: str, overrides: list[str] | None):
+    try:
+        return load_params(params, overrides or [])
+    except ConfigError as e:
+        fail(str(e))
+
+
+@app.command()
+def stage(name: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Run one stage of the DAG."""
+    from pipeline.stage import STAGES, execute
+
+    if name not in STAGES:
+        fail(f"unknown stage {name!r}; known: {', '.join(STAGES)}")
+    p = _load(params, set_)
+    try:
+        result = execute(name, p)
+    except (FileNotFoundError, ConfigError) as e:
+        fail(str(e).splitlines()[0])
+    typer.echo(json.dumps(result.metrics, indent=2, default=str))
+
+
+@app.command()
+def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
+             force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False) -> None:
+    """Run the whole DAG as a Prefect flow (same stages as `dvc repro`)."""
+    from pipeline.config import parse_override
+    from pipeline.flows import pipeline_flow
+
+    _load(params, set_)
+    overrides = dict(parse_override(o) for o in set_ or [])
+    summary = pipeline_flow(params_file=params, overrides=overrides or None, force=force)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+@app.command("eval-sweep")
+def eval_sweep(params: ParamsOpt = "params.yaml",
+               checkpoint: Annotated[list[str] | None, typer.Option(help="policy names or paths")] = None,
+               split: Annotated[list[str] | None, typer.Option(help="train / eval")] = None,
+               seed: Annotated[list[int] | None, typer.Option(help="seeds")] = None) -> None:
+    """Evaluate checkpoints × splits × seeds in parallel; writes data/eval_sweep/results.{parquet,md}."""
+    from pipeline.flows import eval_sweep_flow
+
+    _load(params, None)
+    eval_sweep_flow(params_file=params, checkpoints=checkpoint, splits=split, seeds=seed)
+
+
+@app.command()
+def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow runs")] = None) -> None:
+    """Serve the `pipeline` and `eval-sweep` deployments; then `prefect deployment run 'eval-sweep/default'`."""
+    from pipeline.flows import serve as serve_flows
+
+    serve_flows(limit=limit)
+
+
+@app.command("params")
+def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Validate params.yaml (+ overrides) and print the result."""
+    typer.echo(_load(params, set_).model_dump_json(indent=2))
+
+
+@llm_app.command("check")
+def llm_check(role: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Send one request with the backend configured for ROLE; print the answer and its latency."""
+    from pipeline.llm.check import check_role
+
+    p = _load(params, set_)
+    try:
+        typer.echo(check_role(p, role))
+    except (KeyError, ValueError) as e:
+        fail(str(e).splitlines()[0])
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,253 @@
+"""Typed schema of params.yaml: load, override, validate.
+
+Every section is a strict pydantic model (unknown keys are errors). A bad value surfaces as one line naming
+the key (``ConfigError``); the CLI turns it into exit code 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.artifacts import stable_hash
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem, phrased as one line naming the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# -- LLM roles --------------------------------------------------------------------------------------------
+class LLMConfig(Section):
+    """One LLM role (policy, environment simulator, judge, annotator): which backend and how to sample."""
+
+    backend: Literal["hf", "vllm", "openai", "rules", "embedding"] = Field(
+        "rules", description="hf: local transformers; vllm: in-process vLLM; openai: OpenAI-compatible HTTP "
+        "server; rules: deterministic program; embedding: sentence-embedding similarity"
+    )
+    model: str = Field("", description="HF model id or path, served model name, or rules program name")
+    base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str | None = Field(
+        None, description="openai backend: NAME of the environment variable holding the API key (never the key)"
+    )
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0, description="min-p sampling threshold (hf backend)")
+    max_tokens: int = Field(128, ge=1, le=8192, description="cap on generated tokens per request")
+    batch_size: int = Field(64, ge=1, description="hf/vllm: conversations per generate call")
+    max_concurrency: int = Field(16, ge=1, le=4096, description="openai: concurrent requests in flight")
+    timeout_s: float = Field(60.0, gt=0, description="openai: per-request timeout (s)")
+    max_retries: int = Field(5, ge=0, le=50, description="openai: retries on 429/5xx/timeouts")
+    cache: bool = Field(True, description="use the content-addressed response cache")
+    device: str = Field("cpu", description="hf: torch device")
+
+
+# -- shared -----------------------------------------------------------------------------------------------
+class PolicyConfig(Section):
+    model: str = Field(
+        "builtin",
+        description="'builtin' = the tiny LM built by the bootstrap stage; otherwise any HF model id or path",
+    )
+    backend: Literal["hf", "vllm", "openai"] = Field("hf", description="backend that runs the policy")
+    device: str = Field("cpu", description="torch device for hf training/inference")
+
+
+class TrackingConfig(Section):
+    experiment: str = Field("curio", description="MLflow experiment name")
+    enabled: bool = Field(True, description="log every stage to MLflow")
+
+
+# -- text track --------------------------------------------------------------------------------------------
+class BootstrapConfig(Section):
+    vocab_size: int = Field(1024, ge=64, le=65536, description="BPE vocabulary size of the built-in tokenizer")
+    n_layer: int = Field(4, ge=1, le=48)
+    n_embd: int = Field(256, ge=16, le=4096)
+    n_head: int = Field(4, ge=1, le=64)
+    n_positions: int = Field(768, ge=64, le=8192)
+    episodes: int = Field(3000, ge=10, description="scripted episodes to pre-train on")
+    noise: float = Field(0.35, ge=0.0, le=1.0, description="probability a scripted move is random instead of good")
+    epochs: float = Field(2.0, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    batch_size: int = Field(16, ge=1)
+
+
+class GamesConfig(Section):
+    groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played")
+    max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
+    max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
+
+
+class RolloutTextConfig(Section):
+    trajectories_per_task: int = Field(8, ge=1, description="samples per task (PAPRIKA: 4 eval, 20 paper)")
+    tasks_per_chunk: int = Field(64, ge=1, description="tasks per Parquet part (the unit of resume)")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    max_new_tokens: int = Field(32, ge=1, le=1024)
+    max_format_retries: int = Field(3, ge=0, le=10, description="re-samples of an unparseable turn before the "
+                                    "episode is marked invalid (PAPRIKA: 10)")
+    batch_size: int = Field(64, ge=1, description="episodes generated together")
+    environment: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="oracle"),
+                                   description="who answers the agent: rules = program oracle")
+
+
+class AnnotateTextConfig(Section):
+    judge: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="exact_match"))
+
+
+class PairsTextConfig(Section):
+    turn_threshold: int = Field(2, ge=0, description="chosen must be within this many turns of the best success")
+    judge_label_strategy: Literal["as_success", "as_failure", "drop"] = Field(
+        "as_failure", description="how judge-invalid successes count"
+    )
+    pairs_per_task: int = Field(1, ge=1, le=100)
+
+
+class ReflogprobsConfig(Section):
+    batch_size: int = Field(16, ge=1)
+
+
+class SFTConfigSection(Section):
+    lr: float = Field(5e-4, gt=0)
+    epochs: float = Field(3.0, gt=0)
+    batch_size: int = Field(16, ge=1)
+    warmup_ratio: float = Field(0.04, ge=0, lt=1)
+
+
+class DPOConfigSection(Section):
+    lr: float = Field(5e-5, gt=0)
+    epochs: float = Field(2.0, gt=0)
+    batch_size: int = Field(8, ge=1)
+    beta: float = Field(0.1, gt=0)
+    rpo_alpha: float = Field(1.0, ge=0, description="weight of the NLL term on chosen (RPO); 0 = plain DPO")
+    loss_type: str = Field("sigmoid", description="TRL DPO loss type (sigmoid, ipo, sigmoid_norm, ...)")
+    init: Literal["sft", "base"] = Field(
+        "sft", description="policy DPO starts from; the reference is always the base policy (reflogprobs)")
+    warmup_ratio: float = Field(0.04, ge=0, lt=1)
+
+
+class TrainPolicyConfig(Section):
+    sft: SFTConfigSection = Field(default_factory=SFTConfigSection)
+    dpo: DPOConfigSection = Field(default_factory=DPOConfigSection)
+    save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
+
+
+class RLTextConfig(Section):
+    algorithm: Literal["filtered_bc"] = Field("filtered_bc")
+    rounds: int = Field(2, ge=0)
+    tasks_per_round: int = Field(64, ge=1)
+    trajectories_per_task: int = Field(4, ge=1)
+    top_quantile: float = Field(0.1, gt=0, le=1, description="keep the best fraction of all trajectories so far")
+    lr: float = Field(3e-4, gt=0)
+    epochs: float = Field(2.0, gt=0)
+    batch_size: int = Field(16, ge=1)
+
+
+class EvaluateTextConfig(Section):
+    trajectories_per_task: int = Field(2, ge=1)
+    temperature: float = Field(0.7, ge=0.0)
+    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1)
+
+
+class EvalSweepConfig(Section):
+    checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1)
+    splits: list[Literal["train", "eval"]] = Field(["eval"], min_length=1)
+    seeds: list[int] = Field([0, 1], min_length=1)
+    max_workers: int = Field(2, ge=1)
+
+
+# -- the whole file ----------------------------------------------------------------------------------------
+class Params(Section):
+    seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
+    data_dir: str = Field("data", description="root of stage outputs (relative to the repo)")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    games: GamesConfig = Field(default_factory=GamesConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    rollout_text: RolloutTextConfig = Field(default_factory=RolloutTextConfig)
+    annotate_text: AnnotateTextConfig = Field(default_factory=AnnotateTextConfig)
+    pairs_text: PairsTextConfig = Field(default_factory=PairsTextConfig)
+    reflogprobs: ReflogprobsConfig = Field(default_factory=ReflogprobsConfig)
+    train_policy: TrainPolicyConfig = Field(default_factory=TrainPolicyConfig)
+    rl_text: RLTextConfig = Field(default_factory=RLTextConfig)
+    evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig)
+    eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Params:
+        if self.bootstrap.n_embd % self.bootstrap.n_head:
+            raise ValueError("bootstrap.n_embd must be divisible by bootstrap.n_head")
+        return self
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def section_hash(self, keys: list[str]) -> str:
+        """Hash of the given top-level sections / dotted keys: a stage's params hash."""
+        dump = self.model_dump(mode="json")
+        picked = {k: _get_dotted(dump, k) for k in keys}
+        return stable_hash(picked)
+
+    def data_path(self, *parts: str) -> Path:
+        return Path(self.data_dir).joinpath(*parts)
+
+
+def _get_dotted(d: dict, key: str) -> Any:
+    cur: Any = d
+    for part in key.split("."):
+        cur = cur[part]
+    return cur
+
+
+def _set_dotted(d: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = d
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[part] = nxt
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    extra = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"params: {loc}: {msg}{extra}"
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with value parsed as YAML (so 3, 0.1, true, [a, b] keep their types)."""
+    if "=" not in text:
+        raise ConfigError(f"params: override {text!r} is not key=value")
+    key, raw = text.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None) -> Params:
+    """Load, apply ``key=value`` overrides, validate. Raises ConfigError (one line) on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"params: {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"params: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"params: {path} must be a mapping")
+    items = overrides.items() if isinstance(overrides, dict) else [parse_override(o) for o in overrides or []]
+    for key, value in items:
+        _set_dotted(raw, key, value)
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None

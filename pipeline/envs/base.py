@@ -1,0 +1,135 @@
+"""The contract every text game implements, and the agent's answer format.
+
+A game owns its tasks (with a fixed train / eval split), its prompts and its rules. The rollout stage only
+ever talks to this interface, so adding a game is one module in ``pipeline/envs/`` plus a params entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
+
+Split = Literal["train", "eval"]
+
+ANSWER_RE = re.compile(r"<Answer>(.*?)</Answer>", re.IGNORECASE | re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the last ``<Answer>…</Answer>`` in an agent message, stripped; None when absent/empty."""
+    found = ANSWER_RE.findall(text)
+    if not found:
+        return None
+    answer = found[-1].strip()
+    return answer or None
+
+
+def format_answer(action: str) -> str:
+    return f"<Answer>{action}</Answer>"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: ``env`` is what the environment knows (the secret), ``agent`` what the agent is told."""
+
+    group: str
+    task_id: str
+    env: Any
+    agent: str
+    difficulty: str = "medium"
+    split: Split = "train"
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StepResult:
+    reply: str
+    done: bool
+    success: bool = False
+    reward: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+class Game(ABC):
+    """A multi-turn text game. State objects are opaque to the caller and must be deep-copyable."""
+
+    name: ClassVar[str]
+    max_turns: ClassVar[int]
+    #: "program" engines answer by code; "llm" engines need an environment backend (see ``set_environment``).
+    env_kind: ClassVar[Literal["program", "llm"]] = "program"
+    #: True when the score is turns used (lower is better); bandits score by reward instead.
+    score_by_turns: ClassVar[bool] = True
+
+    def __init__(self, environment: Any = None) -> None:
+        self.environment = environment  # an LLM backend for LLM-simulated environments; None = the program
+
+    @abstractmethod
+    def tasks(self, split: Split) -> list[Task]:
+        """All tasks of a split, in a fixed order."""
+
+    @abstractmethod
+    def system_prompt(self, task: Task) -> str:
+        """Rules of the game and the answer format, shown to the agent once."""
+
+    @abstractmethod
+    def first_message(self, task: Task) -> str:
+        """The opening user message (e.g. "You are trying to guess a {category}. Ask your first question!")."""
+
+    @abstractmethod
+    def reset(self, task: Task, rng: random.Random) -> Any:
+        """A fresh episode state for ``task``."""
+
+    @abstractmethod
+    def step(self, state: Any, action: str) -> StepResult:
+        """Apply the agent's action (the text inside <Answer>) and return the environment's reply."""
+
+    def step_batch(self, states: list[Any], actions: list[str]) -> list[StepResult]:
+        """Step many episodes at once; LLM-simulated environments override this to batch their calls."""
+        return [self.step(s, a) for s, a in zip(states, actions, strict=True)]
+
+    def is_correct_guess(self, task: Task, action: str) -> bool:
+        """Program check used by the exact-match judge: does ``action`` achieve the task's goal?"""
+        raise NotImplementedError(f"{self.name} has no program check")
+
+    def scripted_action(self, task: Task, history: list[tuple[str, str]], rng: random.Random, noise: float) -> str:
+        """A scripted player's next action given (action, reply) history; with probability ~``noise`` a poor
+        move. Used by ``bootstrap`` to pre-train the built-in model. LLM-only games may leave it out."""
+        raise NotImplementedError(f"{self.name} has no scripted player")
+
+    def timeout_reply(self) -> str:
+        return "You have run out of turns."
+
+    def conversation_start(self, task: Task) -> list[dict]:
+        return [
+            {"role": "system", "content": self.system_prompt(task)},
+            {"role": "user", "content": self.first_message(task)},
+        ]
+
+
+_REGISTRY: dict[str, type[Game]] = {}
+
+
+def register(cls: type[Game]) -> type[Game]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def game_class(name: str) -> type[Game]:
+    """The game class named ``name``; imports ``pipeline.envs.<name>`` on first use."""
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(f"pipeline.envs.{name}")
+        except ModuleNotFoundError:
+            pass
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown game {name!r}")
+    return _REGISTRY[name]
+
+
+def make_game(name: str, environment: Any = None) -> Game:
+    return game_class(name)(environment=environment)

@@ -1,0 +1,169 @@
+"""Prefect flows: one per stage, ``pipeline`` (the whole DAG, in dvc.yaml order) and ``eval-sweep``.
+
+The ``pipeline`` flow runs exactly the code ``dvc repro`` runs (``pipeline.stage.execute``), skips stages
+DVC already considers up to date, and records each finished stage with ``dvc commit`` so ``dvc.lock`` stays
+consistent: a ``dvc repro`` afterwards does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from pipeline.artifacts import atomic_write_bytes, atomic_write_json
+from pipeline.config import Params, load_params
+from pipeline.stage import STAGES, execute
+from pipeline.tracking import pipeline_run
+
+
+def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
+    """Stage names of dvc.yaml in dependency order (an out of one stage that is a dep of another = an edge)."""
+    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
+    outs = {}
+    for name, spec in stages.items():
+        for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []):
+            outs[next(iter(o)) if isinstance(o, dict) else o] = name
+
+    def parents(name: str) -> set[str]:
+        deps = stages[name].get("deps", [])
+        found = set()
+        for d in deps:
+            for out, owner in outs.items():
+                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")):
+                    found.add(owner)
+        return found
+
+    order: list[str] = []
+    pending = list(stages)
+    while pending:
+        ready = [n for n in pending if parents(n) <= set(order)]
+        if not ready:
+            raise ValueError("dvc.yaml has a dependency cycle")
+        order.extend(ready)
+        pending = [n for n in pending if n not in ready]
+    return order
+
+
+def _dvc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["dvc", *args], capture_output=True, text=True)
+
+
+def stage_is_current(name: str) -> bool:
+    res = _dvc("status", name, "--json")
+    if res.returncode != 0:
+        return False
+    try:
+        status = json.loads(res.stdout or "{}")
+    except json.JSONDecodeError:
+        return False
+    return name not in status
+
+
+def _params(params_file: str, overrides: dict[str, Any] | None) -> Params:
+    return load_params(params_file, overrides or {})
+
+
+def _stage_flow(stage: str):
+    @flow(name=stage, log_prints=True)
+    def run_stage(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:
+        return execute(stage, _params(params_file, overrides)).metrics
+
+    return run_stage
+
+
+STAGE_FLOWS = {name: _stage_flow(name) for name in STAGES}
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None,
+                  force: bool = False) -> dict[str, str]:
+    """Run the DAG in dvc.yaml order; stages DVC considers current are skipped; each run is `dvc commit`ted."""
+    logger = get_run_logger()
+    _params(params_file, overrides)  # validate before anything runs
+    if overrides:
+        # Overrides must land in params.yaml for dvc.lock to describe what ran (as `dvc exp run -S` does).
+        raw = yaml.safe_load(Path(params_file).read_text())
+        from pipeline.config import _set_dotted
+
+        for k, v in overrides.items():
+            _set_dotted(raw, k, v)
+        atomic_write_bytes(Path(params_file), yaml.safe_dump(raw, sort_keys=False).encode())
+    summary: dict[str, str] = {}
+    with pipeline_run("pipeline", experiment=_params(params_file, None).tracking.experiment,
+                      enabled=_params(params_file, None).tracking.enabled):
+        for name in dag_order():
+            if not force and stage_is_current(name):
+                logger.info("%s: up to date", name)
+                summary[name] = "up to date"
+                continue
+            logger.info("%s: running", name)
+            STAGE_FLOWS[name](params_file=params_file)
+            res = _dvc("commit", "--force", name)
+            if res.returncode != 0:
+                raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
+            summary[name] = "ran"
+    return summary
+
+
+@task
+def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float) -> dict:
+    from pipeline.play import summarize
+    from stages.evaluate import evaluate_policy
+
+    params = load_params(params_file)
+    rows = evaluate_policy(params, checkpoint, split, seed, k, temperature)
+    return {"checkpoint": checkpoint, "split": split, "seed": seed, **summarize(rows)}
+
+
+def results_markdown(rows: list[dict]) -> str:
+    head = "| checkpoint | split | seed | episodes | success rate | mean turns | invalid rate |\n|---|---|---|---|---|---|---|"
+    lines = [
+        f"| {r['checkpoint']} | {r['split']} | {r['seed']} | {r['episodes']} | {r['success_rate']:.3f} | "
+        f"{r['mean_turns']:.2f} | {r['invalid_rate']:.3f} |"
+        for r in rows
+    ]
+    return "\n".join([head, *lines]) + "\n"
+
+
+@flow(name="eval-sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=2))
+def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | None = None,
+                    splits: list[str] | None = None, seeds: list[int] | None = None,
+                    trajectories_per_task: int | None = None, out_dir: str | None = None) -> list[dict]:
+    """Evaluate checkpoints × splits × seeds as parallel tasks; one results table (Parquet + markdown)."""
+    params = load_params(params_file)
+    cfg = params.eval_sweep
+    k = trajectories_per_task or params.evaluate_text.trajectories_per_task
+    futures = [
+        _evaluate_cell.submit(params_file, c, s, seed, k, params.evaluate_text.temperature)
+        for c in checkpoints or cfg.checkpoints
+        for s in splits or cfg.splits
+        for seed in seeds or cfg.seeds
+    ]
+    rows = [f.result() for f in futures]
+    out = Path(out_dir) if out_dir else params.data_path("eval_sweep")
+    out.mkdir(parents=True, exist_ok=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), out / "results.parquet")
+    atomic_write_bytes(out / "results.md", results_markdown(rows).encode())
+    atomic_write_json(out / "results.json", rows)
+    print(results_markdown(rows))
+    return rows
+
+
+def serve(limit: int | None = None) -> None:
+    """Serve the ``pipeline`` and ``eval-sweep`` deployments (polls the Prefect API until interrupted)."""
+    from prefect import serve as prefect_serve
+
+    prefect_serve(
+        pipeline_flow.to_deployment(name="default", description="the whole DAG, dvc.lock kept consistent"),
+        eval_sweep_flow.to_deployment(name="default", description="checkpoints × splits × seeds"),
+        limit=limit,
+    )

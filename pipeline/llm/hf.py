@@ -1,0 +1,94 @@
+"""Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+
+
+def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
+    """Load a causal LM + tokenizer saved with ``save_pretrained`` (or any HF model id)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    model.to(device).eval()
+    return model, tokenizer
+
+
+class HFBackend(ChatBackend):
+    """Batched chat generation with a transformers model; conversations of a batch are left-padded."""
+
+    name = "hf"
+
+    def __init__(self, model: str | Path, device: str = "cpu", batch_size: int = 64, model_obj=None,
+                 tokenizer=None) -> None:
+        super().__init__(str(model))
+        if model_obj is None:
+            model_obj, tokenizer = load_policy(model, device)
+        self.lm = model_obj
+        self.tokenizer = tokenizer
+        self.device = device
+        self.batch_size = batch_size
+        self.tokenizer.padding_side = "left"
+        # A turn ends at the chat template's end-of-turn token (or the plain EOS for other models).
+        end = self.tokenizer.convert_tokens_to_ids("<|end|>")
+        self.stop_ids = sorted({i for i in (end, self.tokenizer.eos_token_id) if isinstance(i, int) and i >= 0
+                                and i != self.tokenizer.unk_token_id})
+
+    def encode(self, conversations: list[Conversation]) -> list[list[int]]:
+        return [
+            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations
+        ]
+
+    @torch.no_grad()
+    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        encoded = self.encode(conversations)
+        # Sort by length so each batch pads little; results are put back in input order.
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        out: list[Generation | None] = [None] * len(encoded)
+        max_pos = getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 0)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            batch = [encoded[i] for i in idx]
+            max_new = sampling.max_tokens
+            if max_pos:
+                max_new = max(1, min(max_new, max_pos - max(len(b) for b in batch)))
+                batch = [b[-(max_pos - max_new):] for b in batch]
+            width = max(len(b) for b in batch)
+            pad = self.tokenizer.pad_token_id
+            ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=self.device)
+            mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=self.device)
+            kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
+            if sampling.temperature > 0:
+                kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
+                if sampling.min_p > 0:
+                    kwargs["min_p"] = sampling.min_p
+            else:
+                kwargs.update(do_sample=False)
+            gen = self.lm.generate(
+                input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
+                output_scores=sampling.logprobs, **kwargs,
+            )
+            new = gen.sequences[:, width:]
+            logps = None
+            if sampling.logprobs:
+                logps = self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True)
+            for row, i in enumerate(idx):
+                toks = new[row].tolist()
+                n = len(toks)
+                for j, t in enumerate(toks):
+                    if t in self.stop_ids:
+                        n = j + 1
+                        break
+                text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
+                lp = logps[row, :n].tolist() if logps is not None else None
+                out[i] = Generation(text=text, token_logprobs=lp, tokens_in=len(batch[row]), tokens_out=n)
+        return out  # type: ignore[return-value]

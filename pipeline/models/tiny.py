@@ -1,0 +1,90 @@
+"""The built-in policy: a BPE tokenizer trained on the games' own text and a tiny GPT-2.
+
+The chat template wraps each message in role tags and closes it with ``<|end|>``; assistant content sits
+inside ``{% generation %}`` so TRL's assistant-only loss (and our own log-prob masks) find it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|unk|>"]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}<|assistant|>{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"
+    "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE over the given texts, wrapped as a PreTrainedTokenizerFast with the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|end|>",
+        bos_token="<|end|>",
+        unk_token="<|unk|>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = 100_000
+    return fast
+
+
+def build_model(tokenizer, n_layer: int, n_embd: int, n_head: int, n_positions: int, seed: int = 0):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = GPT2LMHeadModel(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def conversation_text(conversation: list[dict]) -> str:
+    return "\n".join(m["content"] for m in conversation)
+
+
+def is_builtin(model: str) -> bool:
+    return model == "builtin"
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save(model, tokenizer, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)

@@ -1,0 +1,234 @@
+"""Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-policy and rl-text.
+
+Both resume from the last checkpoint in their output directory, report losses to the stage tracker and
+return the loss history (for dvc plots). DPO reads reference log-probs stored by the ``reflogprobs`` stage
+and masks non-assistant tokens, so no reference model is loaded and environment turns never count.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from pipeline.tracking import Tracker
+
+
+class _TrackerCallback(TrainerCallback):
+    def __init__(self, tracker: Tracker, prefix: str) -> None:
+        self.tracker, self.prefix = tracker, prefix
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D401 - HF hook
+        if logs:
+            scalars = {f"{self.prefix}/{k}": v for k, v in logs.items() if isinstance(v, int | float)}
+            self.tracker.log_metrics(scalars, step=state.global_step)
+
+
+def _last_checkpoint(path: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(path)) if path.is_dir() else None
+
+
+def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ratio: float, seed: int,
+                 save_steps: int) -> dict[str, Any]:
+    return dict(
+        output_dir=str(out),
+        learning_rate=lr,
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        lr_scheduler_type="cosine",
+        warmup_ratio=warmup_ratio,
+        logging_steps=5,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=1,
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        disable_tqdm=bool(os.environ.get("TQDM_DISABLE")),
+    )
+
+
+def loss_history(trainer) -> list[dict]:
+    return [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+
+
+def sft_train(
+    model,
+    tokenizer,
+    conversations: list[list[dict]],
+    checkpoint_dir: Path,
+    *,
+    lr: float,
+    epochs: float,
+    batch_size: int,
+    warmup_ratio: float = 0.04,
+    seed: int = 0,
+    save_steps: int = 50,
+    tracker: Tracker | None = None,
+    prefix: str = "sft",
+):
+    """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    dataset = Dataset.from_list([{"messages": c} for c in conversations])
+    max_len = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
+    args = SFTConfig(
+        **_common_args(checkpoint_dir, lr, epochs, batch_size, warmup_ratio, seed, save_steps),
+        assistant_only_loss=True,
+        max_length=max_len,
+        dataset_num_proc=None,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[_TrackerCallback(tracker, prefix)] if tracker else None,
+    )
+    trainer.train(resume_from_checkpoint=_last_checkpoint(checkpoint_dir))
+    return trainer.model, loss_history(trainer)
+
+
+# -- DPO with stored reference log-probs and assistant-only masks ----------------------------------------------
+def tokenize_pair(tokenizer, prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> dict:
+    """Token ids of prompt / chosen / rejected and the masks of the tokens whose log-probs count.
+
+    The mask covers assistant content only: environment (user) turns and the end-of-turn template token are
+    excluded (PAPRIKA built such a mask but summed over the template tokens too; see RECIPES.md, Known bugs).
+    """
+    end_id = tokenizer.convert_tokens_to_ids("<|end|>")
+    prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True)
+    out: dict[str, Any] = {"prompt_ids": prompt_ids}
+    for name, completion in (("chosen", chosen), ("rejected", rejected)):
+        enc = tokenizer.apply_chat_template(
+            prompt + completion, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        ids, mask = enc["input_ids"], enc["assistant_masks"]
+        if ids[: len(prompt_ids)] != prompt_ids:
+            raise ValueError("chat template does not render the prompt as a prefix of the conversation")
+        comp_ids = ids[len(prompt_ids) :]
+        comp_mask = [int(m and t != end_id) for t, m in zip(comp_ids, mask[len(prompt_ids) :], strict=True)]
+        out[f"{name}_ids"], out[f"{name}_mask"] = comp_ids, comp_mask
+    return out
+
+
+@torch.no_grad()
+def sequence_logps(model, sequences: list[tuple[list[int], list[int], list[int]]], batch_size: int = 16,
+                   device: str = "cpu") -> list[float]:
+    """Sum of log π(token) over masked completion tokens, for (prompt_ids, completion_ids, mask) triples."""
+    model.eval()
+    out: list[float] = []
+    pad = model.config.pad_token_id or 0
+    for start in range(0, len(sequences), batch_size):
+        batch = sequences[start : start + batch_size]
+        full = [p + c for p, c, _ in batch]
+        masks = [[0] * len(p) + m for p, _, m in batch]
+        width = max(len(x) for x in full)
+        ids = torch.tensor([x + [pad] * (width - len(x)) for x in full], device=device)
+        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in full], device=device)
+        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], device=device, dtype=torch.float32)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        out.extend((logp * mask[:, 1:]).sum(dim=1).tolist())
+    return out
+
+
+@dataclass
+class _MaskedPreferenceCollator:
+    """TRL's preference collator, but the completion mask is the stored assistant-only mask."""
+
+    pad_token_id: int
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        seqs, masks = [], []
+        for side in ("chosen", "rejected"):
+            for ex in examples:
+                seqs.append(ex["prompt_ids"] + ex[f"{side}_ids"])
+                masks.append([0] * len(ex["prompt_ids"]) + ex[f"{side}_mask"])
+        width = max(len(s) for s in seqs)
+        batch = {
+            "input_ids": torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs]),
+            "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
+            "completion_mask": torch.tensor([m + [0] * (width - len(m)) for m in masks]),
+        }
+        if "ref_chosen_logps" in examples[0]:
+            batch["ref_chosen_logps"] = torch.tensor([ex["ref_chosen_logps"] for ex in examples])
+            batch["ref_rejected_logps"] = torch.tensor([ex["ref_rejected_logps"] for ex in examples])
+        return batch
+
+
+def _stored_ref_trainer_class():
+    from trl import DPOTrainer
+
+    class StoredRefDPOTrainer(DPOTrainer):
+        """DPOTrainer on pre-tokenized, pre-masked pairs whose reference log-probs were computed once."""
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset  # already tokenized and masked by tokenize_pair
+
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            if "ref_chosen_logps" not in dataset.column_names:
+                raise ValueError("pairs lack ref_chosen_logps / ref_rejected_logps: run the reflogprobs stage")
+            return dataset
+
+    return StoredRefDPOTrainer
+
+
+def dpo_train(
+    model,
+    tokenizer,
+    pairs: list[dict],
+    checkpoint_dir: Path,
+    *,
+    lr: float,
+    epochs: float,
+    batch_size: int,
+    beta: float,
+    rpo_alpha: float,
+    loss_type: str = "sigmoid",
+    warmup_ratio: float = 0.04,
+    seed: int = 0,
+    save_steps: int = 50,
+    tracker: Tracker | None = None,
+):
+    """DPO (+ RPO's α·NLL on chosen) from pairs carrying prompt/chosen/rejected ids, masks and ref log-probs."""
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    keep = ("prompt_ids", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask", "ref_chosen_logps",
+            "ref_rejected_logps")
+    dataset = Dataset.from_list([{k: p[k] for k in keep} for p in pairs])
+    # RPO = DPO + α · mean NLL over chosen assistant tokens; TRL expresses it as the "sft" loss term.
+    losses, weights = [loss_type], [1.0]
+    if rpo_alpha > 0:
+        losses.append("sft")
+        weights.append(rpo_alpha)
+    args = DPOConfig(
+        **_common_args(checkpoint_dir, lr, epochs, batch_size, warmup_ratio, seed, 10_000_000),
+        beta=beta,
+        loss_type=losses,
+        loss_weights=weights,
+        precompute_ref_log_probs=True,
+        remove_unused_columns=False,
+        max_length=None,
+    )
+    args.save_steps = save_steps
+    trainer = _stored_ref_trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        data_collator=_MaskedPreferenceCollator(tokenizer.pad_token_id),
+        callbacks=[_TrackerCallback(tracker, "dpo")] if tracker else None,
+    )
+    trainer.train(resume_from_checkpoint=_last_checkpoint(checkpoint_dir))
+    return trainer.model, loss_history(trainer)

@@ -1,0 +1,168 @@
+"""Play many text-game episodes at once with a chat policy: generation batched across episodes.
+
+Used by rollout, online RL and evaluation alike, so every stage plays by the same rules: the action is the
+text inside ``<Answer>…</Answer>``; an unparseable turn is re-sampled up to ``max_format_retries`` times and
+then the episode ends as invalid; the environment replies; the episode ends on success or at the turn limit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from pipeline.envs.base import Game, Task, extract_answer
+from pipeline.llm.base import ChatBackend, Sampling
+
+EPISODE_SCHEMA = pa.schema(
+    [
+        ("group", pa.string()),
+        ("task_id", pa.string()),
+        ("secret", pa.string()),  # JSON of Task.env
+        ("category", pa.string()),
+        ("difficulty", pa.string()),
+        ("split", pa.string()),
+        ("sample", pa.int32()),
+        ("conversation", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("final_action", pa.string()),
+        ("success", pa.bool_()),
+        ("invalid", pa.bool_()),
+        ("turns", pa.int32()),
+        ("score", pa.float64()),
+        ("reward", pa.float64()),
+        ("format_retries", pa.int32()),
+        ("seed", pa.int64()),
+        ("policy", pa.string()),
+    ]
+)
+
+
+@dataclass
+class Episode:
+    game: Game
+    task: Task
+    sample: int
+    state: Any
+    conversation: list[dict]
+    turns: int = 0
+    done: bool = False
+    success: bool = False
+    invalid: bool = False
+    reward: float = 0.0
+    retries_this_turn: int = 0
+    format_retries: int = 0
+    final_action: str | None = None
+    actions: list[str] = field(default_factory=list)
+
+    def score(self) -> float:
+        """PAPRIKA's score: turns used (failures count as the turn limit); reward tasks: minus total reward."""
+        if not self.game.score_by_turns:
+            return -self.reward
+        return float(self.turns if self.success else self.game.max_turns)
+
+
+def play_episodes(
+    policy: ChatBackend,
+    jobs: list[tuple[Game, Task, int]],
+    sampling: Sampling,
+    seed: int,
+    max_format_retries: int = 3,
+    policy_name: str = "",
+    on_turn: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """Play ``(game, task, sample_index)`` jobs to the end; returns one row per episode (EPISODE_SCHEMA).
+
+    Deterministic given ``seed`` and the job list (torch and Python RNGs are seeded here).
+    """
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    episodes = [
+        Episode(game=g, task=t, sample=s, state=g.reset(t, rng), conversation=g.conversation_start(t))
+        for g, t, s in jobs
+    ]
+    active = list(episodes)
+    while active:
+        gens = policy.generate([e.conversation for e in active], sampling)
+        stepping: dict[int, list[tuple[Episode, str]]] = defaultdict(list)
+        for ep, gen in zip(active, gens, strict=True):
+            action = extract_answer(gen.text)
+            if action is None:
+                ep.retries_this_turn += 1
+                ep.format_retries += 1
+                if ep.retries_this_turn > max_format_retries:
+                    ep.done, ep.invalid = True, True
+                continue  # re-sampled next round, nothing appended
+            ep.retries_this_turn = 0
+            ep.conversation.append({"role": "assistant", "content": gen.text})
+            ep.actions.append(action)
+            ep.final_action = action
+            stepping[id(ep.game)].append((ep, action))
+        for group in stepping.values():
+            game = group[0][0].game
+            results = game.step_batch([e.state for e, _ in group], [a for _, a in group])
+            for (ep, _), res in zip(group, results, strict=True):
+                ep.turns += 1
+                ep.reward += res.reward
+                ep.conversation.append({"role": "user", "content": res.reply})
+                if res.done or ep.turns >= game.max_turns:
+                    ep.done = True
+                    ep.success = bool(res.success)
+        n_before = len(active)
+        active = [e for e in active if not e.done]
+        if on_turn is not None:
+            on_turn(n_before - len(active))
+    return [episode_row(e, seed, policy_name) for e in episodes]
+
+
+def episode_row(e: Episode, seed: int, policy_name: str) -> dict:
+    return {
+        "group": e.task.group,
+        "task_id": e.task.task_id,
+        "secret": json.dumps(e.task.env, sort_keys=True),
+        "category": e.task.agent,
+        "difficulty": e.task.difficulty,
+        "split": e.task.split,
+        "sample": e.sample,
+        "conversation": e.conversation,
+        "final_action": e.final_action,
+        "success": e.success,
+        "invalid": e.invalid,
+        "turns": e.turns,
+        "score": e.score(),
+        "reward": e.reward,
+        "format_retries": e.format_retries,
+        "seed": seed,
+        "policy": policy_name,
+    }
+
+
+def task_from_row(row: dict) -> Task:
+    return Task(
+        group=row["group"],
+        task_id=row["task_id"],
+        env=json.loads(row["secret"]),
+        agent=row["category"],
+        difficulty=row["difficulty"],
+        split=row["split"],
+    )
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    """Success rate, mean turns (successes), invalid rate, over a list of episode rows."""
+    n = len(rows)
+    if n == 0:
+        return {"episodes": 0, "success_rate": 0.0, "mean_turns": 0.0, "invalid_rate": 0.0}
+    wins = [r for r in rows if r["success"]]
+    return {
+        "episodes": n,
+        "success_rate": len(wins) / n,
+        "mean_turns": sum(r["turns"] for r in wins) / len(wins) if wins else 0.0,
+        "mean_score": sum(r["score"] for r in rows) / n,
+        "invalid_rate": sum(r["invalid"] for r in rows) / n,
+    }

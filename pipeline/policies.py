@@ -1,0 +1,59 @@
+"""Where each policy lives and how to load it; which games a run plays.
+
+Policies are addressed by name: ``base`` (bootstrap output, or ``policy.model`` when that names an HF model),
+``sft`` and ``dpo`` (train-policy outputs) and ``rl`` (rl-text output); any other string is a path or model id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.config import LLMConfig, Params
+from pipeline.envs.base import Game, Split, Task, make_game
+from pipeline.llm.base import ChatBackend
+from pipeline.models.tiny import is_builtin
+
+
+def policy_path(params: Params, name: str) -> str:
+    paths = {
+        "base": str(params.data_path("bootstrap", "model")) if is_builtin(params.policy.model) else params.policy.model,
+        "sft": str(params.data_path("train_policy", "sft")),
+        "dpo": str(params.data_path("train_policy", "dpo")),
+        "rl": str(params.data_path("rl_text", "model")),
+    }
+    return paths.get(name, name)
+
+
+def load_policy_backend(params: Params, name_or_path: str, batch_size: int | None = None) -> ChatBackend:
+    """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so)."""
+    path = policy_path(params, name_or_path)
+    if params.policy.backend == "hf":
+        from pipeline.llm.hf import HFBackend
+
+        if not Path(path).exists() and name_or_path in {"base", "sft", "dpo", "rl"} and is_builtin(params.policy.model):
+            raise FileNotFoundError(f"policy {name_or_path!r} not found at {path}: run its stage first")
+        return HFBackend(path, device=params.policy.device, batch_size=batch_size or params.rollout_text.batch_size)
+    from pipeline.llm import make_backend
+
+    cfg = LLMConfig(backend=params.policy.backend, model=path, batch_size=batch_size or 64)
+    return make_backend(cfg, role="policy")
+
+
+def environment_backend(cfg: LLMConfig) -> ChatBackend | None:
+    """None means the game's own program answers; otherwise an LLM simulates the environment."""
+    if cfg.backend == "rules":
+        return None
+    from pipeline.llm import make_backend
+
+    return make_backend(cfg, role="environment")
+
+
+def make_games(params: Params) -> list[Game]:
+    env = environment_backend(params.rollout_text.environment)
+    return [make_game(g, environment=env) for g in params.games.groups]
+
+
+def game_tasks(params: Params, game: Game, split: Split) -> list[Task]:
+    tasks = game.tasks(split)
+    cap = params.games.max_train_tasks if split == "train" else params.games.max_eval_tasks
+    return tasks[:cap] if cap else tasks

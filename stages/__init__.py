@@ -1,0 +1,1 @@
+"""One module per stage kind: inputs, algorithm, outputs. See pipeline/stage.py for the contract."""

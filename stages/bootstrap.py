@@ -1,0 +1,99 @@
+"""bootstrap: build the built-in policy — a BPE tokenizer trained on the games' own text and a tiny GPT-2
+pre-trained on *noisy* scripted play, so the base policy is weak but not hopeless.
+
+Inputs: the game modules. Outputs: ``data/bootstrap/model`` (save_pretrained, safetensors),
+``data/bootstrap/scripted`` (the scripted episodes, chunked Parquet), ``data/plots/bootstrap_loss.json``.
+Skipped (an empty model dir with a note) when ``policy.model`` names any HF model.
+
+The scripted player sees every secret of the knowledge base, train and held-out alike: this is the model's
+"world knowledge" (what pre-training gives a real LLM). Everything after bootstrap — rollouts, pairs, SFT,
+DPO, RL — touches train secrets only, and evaluation uses held-out secrets.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pipeline.artifacts import atomic_write_json, chunk_seed, read_rows, run_chunked
+from pipeline.config import Params
+from pipeline.envs.base import format_answer, make_game
+from pipeline.models import tiny
+from pipeline.models.training import sft_train
+from pipeline.stage import StageContext, StageResult
+
+NAME = "bootstrap"
+PARAMS = ["seed", "policy.model", "games.groups", "bootstrap"]
+EPISODES_PER_CHUNK = 500
+
+
+def scripted_episode(game, task, rng: random.Random, noise: float) -> list[dict]:
+    """One conversation of the game's scripted player at the given noise level."""
+    conversation = game.conversation_start(task)
+    state = game.reset(task, rng)
+    history: list[tuple[str, str]] = []
+    for _ in range(game.max_turns):
+        action = game.scripted_action(task, history, rng, noise)
+        result = game.step(state, action)
+        conversation.append({"role": "assistant", "content": format_answer(action)})
+        conversation.append({"role": "user", "content": result.reply})
+        history.append((action, result.reply))
+        if result.done:
+            break
+    return conversation
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.bootstrap
+    out = params.data_path("bootstrap")
+    model_dir = out / "model"
+    if not tiny.is_builtin(params.policy.model):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "SKIPPED").write_text(f"policy.model = {params.policy.model}: nothing to bootstrap\n")
+        return StageResult(metrics={"skipped": 1})
+
+    games = [make_game(g) for g in params.games.groups]
+    scripted = [g for g in games if g.env_kind == "program"]
+    tasks = [(g, t) for g in scripted for t in g.tasks("train") + g.tasks("eval")]
+    num_chunks = max(1, -(-cfg.episodes // EPISODES_PER_CHUNK))
+
+    def make_chunk(index: int) -> list[dict]:
+        rng = random.Random(chunk_seed(params.seed, NAME, index))
+        rows = []
+        n = min(EPISODES_PER_CHUNK, cfg.episodes - index * EPISODES_PER_CHUNK)
+        for _ in range(n):
+            game, task = tasks[rng.randrange(len(tasks))]
+            # Noise varies per episode around cfg.noise, so the data holds good and poor players.
+            noise = min(1.0, rng.uniform(0.0, 2.0 * cfg.noise))
+            rows.append({"group": game.name, "task_id": task.task_id, "noise": noise,
+                         "conversation": scripted_episode(game, task, rng, noise)})
+        return rows
+
+    data_dir = out / "scripted"
+    run_chunked(data_dir, num_chunks=num_chunks, make_chunk=make_chunk,
+                params_hash=params.section_hash(PARAMS), desc="scripted play")
+    conversations = [r["conversation"] for r in read_rows(data_dir, ["conversation"])]
+
+    texts = [tiny.conversation_text(c) for c in conversations]
+    texts += [g.system_prompt(t) + "\n" + g.first_message(t) for g, t in tasks]
+    tokenizer = tiny.train_tokenizer(texts, cfg.vocab_size)
+    model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
+    lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations[:500])
+    model, history = sft_train(
+        model, tokenizer, conversations, out / "checkpoints",
+        lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=params.seed,
+        tracker=ctx.tracker, prefix="bootstrap",
+    )
+    tiny.save(model, tokenizer, model_dir)
+    atomic_write_json(params.data_path("plots", "bootstrap_loss.json"), history)
+    ctx.tracker.log_artifact(model_dir, "model")
+    return StageResult(
+        metrics={
+            "episodes": len(conversations),
+            "params": tiny.param_count(model),
+            "vocab_size": len(tokenizer),
+            "median_tokens": lengths[len(lengths) // 2],
+            "max_tokens": lengths[-1],
+            "final_loss": history[-1]["loss"] if history else float("nan"),
+        },
+        outputs=[str(model_dir)],
+    )

@@ -1,0 +1,59 @@
+"""reflogprobs: reference-policy log-probs of every pair's chosen and rejected conversation, computed once.
+
+log π_ref(y|x) = sum of token log-probs over the assistant content tokens of the whole multi-turn completion
+(environment turns and end-of-turn template tokens masked). Stored with the tokenized pair (variable length,
+no padding on disk) as ``ref_chosen_logps`` / ``ref_rejected_logps`` so train-policy never loads a reference
+model. The reference is the SFT policy (DPO starts from it).
+"""
+
+from __future__ import annotations
+
+from tqdm.auto import tqdm
+
+from pipeline.artifacts import dataset_hash, dir_hash, read_rows, run_chunked
+from pipeline.config import Params
+from pipeline.llm.hf import load_policy
+from pipeline.models.training import sequence_logps, tokenize_pair
+from pipeline.policies import policy_path
+from pipeline.stage import StageContext, StageResult
+
+NAME = "reflogprobs"
+PARAMS = ["seed", "policy", "reflogprobs"]
+PAIRS_PER_CHUNK = 2048
+
+
+def annotate_pairs(model, tokenizer, pairs: list[dict], batch_size: int, device: str = "cpu") -> list[dict]:
+    rows = []
+    for p in tqdm(pairs, desc="tokenizing pairs", leave=False):
+        rows.append({**p, **tokenize_pair(tokenizer, p["prompt"], p["chosen"], p["rejected"])})
+    chosen = sequence_logps(model, [(r["prompt_ids"], r["chosen_ids"], r["chosen_mask"]) for r in rows],
+                            batch_size, device)
+    rejected = sequence_logps(model, [(r["prompt_ids"], r["rejected_ids"], r["rejected_mask"]) for r in rows],
+                              batch_size, device)
+    for r, c, j in zip(rows, chosen, rejected, strict=True):
+        r["ref_chosen_logps"], r["ref_rejected_logps"] = c, j
+    return rows
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    src = params.data_path("pairs_text", "preferences")
+    out = params.data_path("reflogprobs")
+    ref_path = policy_path(params, "base")
+    model, tokenizer = load_policy(ref_path, params.policy.device)
+    pairs = read_rows(src)
+    chunks = [pairs[i : i + PAIRS_PER_CHUNK] for i in range(0, len(pairs), PAIRS_PER_CHUNK)]
+    run_chunked(
+        out, num_chunks=len(chunks),
+        make_chunk=lambda i: annotate_pairs(model, tokenizer, chunks[i], params.reflogprobs.batch_size,
+                                            params.policy.device),
+        params_hash=params.section_hash(PARAMS),
+        upstream={"pairs": dataset_hash(src), "reference": dir_hash(ref_path)},
+        desc="reference log-probs",
+    )
+    rows = read_rows(out, ["ref_chosen_logps", "ref_rejected_logps"])
+    n = max(1, len(rows))
+    return StageResult(metrics={
+        "pairs": len(rows),
+        "mean_ref_chosen_logps": sum(r["ref_chosen_logps"] for r in rows) / n,
+        "mean_ref_rejected_logps": sum(r["ref_rejected_logps"] for r in rows) / n,
+    }, outputs=[str(out)])

@@ -1,0 +1,1 @@
+"""Online RL stages: filtered BC for the text track, APPO for NetHack."""

@@ -1,0 +1,95 @@
+"""rl-text: online filtered behaviour cloning (the ArCHer paper's "Online Filtered BC" baseline).
+
+Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
+(success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
+current policy. Rollouts are one Parquet part per round and the policy is saved after every round, so a
+killed run resumes at the first unfinished round. Output: ``data/rl_text/model`` (+ rounds, rollouts).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from pathlib import Path
+
+from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.config import Params
+from pipeline.llm.base import Sampling
+from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.models import tiny
+from pipeline.models.training import sft_train
+from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.policies import game_tasks, make_games, policy_path
+from pipeline.stage import StageContext, StageResult
+
+NAME = "rl-text"
+PARAMS = ["seed", "policy", "games", "rollout_text", "rl_text"]
+
+
+def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
+    """The best ``fraction`` of trajectories: successes first, then fewer turns (ties keep input order)."""
+    valid = [r for r in rows if not r["invalid"]]
+    ranked = sorted(valid, key=lambda r: (not r["success"], r["turns"]))
+    return ranked[: max(1, math.ceil(fraction * len(valid)))] if valid else []
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.rl_text
+    out = params.data_path("rl_text")
+    init = policy_path(params, "dpo")
+    key = params.section_hash(PARAMS)
+    rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": dir_hash(init)})
+    rounds_dir = out / "rounds"
+    if not rollouts.finished():  # a fresh start (or changed inputs): earlier round models are stale
+        shutil.rmtree(rounds_dir, ignore_errors=True)
+    games = make_games(params)
+    jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
+    sampling = Sampling(temperature=params.rollout_text.temperature, top_p=params.rollout_text.top_p,
+                        min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
+    current = Path(init)
+    for r in range(cfg.rounds):
+        round_dir = rounds_dir / f"round-{r:03d}"
+        if (round_dir / "DONE").exists() and r in rollouts.finished():
+            current = round_dir
+            continue
+        model, tokenizer = load_policy(current, params.policy.device)
+        seed = chunk_seed(params.seed, NAME, r)
+        if r not in rollouts.finished():
+            rng = random.Random(seed)
+            picked = rng.sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+            policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
+                               tokenizer=tokenizer)
+            rows = play_episodes(policy, [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)],
+                                 sampling, seed=seed, max_format_retries=params.rollout_text.max_format_retries,
+                                 policy_name=f"rl-round-{r}")
+            rollouts.write_part(r, rows, EPISODE_SCHEMA)
+        so_far = [row for i in sorted(rollouts.finished()) if i <= r
+                  for row in read_part(rollouts, i)]
+        keep = top_fraction(so_far, cfg.top_quantile)
+        model, losses = sft_train(
+            model, tokenizer, [k["conversation"] for k in keep], out / "checkpoints" / f"round-{r:03d}",
+            lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
+            prefix=f"rl_round_{r}",
+        )
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        stats = summarize(read_part(rollouts, r))
+        ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
+        tiny.save(model, tokenizer, round_dir)
+        (round_dir / "DONE").write_text("ok")
+        current = round_dir
+    final = out / "model"
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.copytree(current, final)
+    rollouts.mark_complete(cfg.rounds)
+    rows = read_rows(out / "rollouts", ["success", "invalid", "turns", "score"]) if cfg.rounds else []
+    history = [{"round": r, **summarize(read_part(rollouts, r))} for r in range(cfg.rounds)]
+    atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
+    return StageResult(metrics={f"rollouts/{k}": v for k, v in summarize(rows).items()}, outputs=[str(final)])
+
+
+def read_part(ds: ChunkedDataset, index: int) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(ds.path / ds.parts[index].file).to_pylist()
