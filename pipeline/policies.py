@@ -39,17 +39,11 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
     return make_backend(cfg, role="policy")
 
 
-def environment_backend(cfg: LLMConfig) -> ChatBackend | None:
-    """None means the game's own program answers; otherwise an LLM simulates the environment."""
-    if cfg.backend == "rules":
-        return None
-    from pipeline.llm import make_backend
-
-    return make_backend(cfg, role="environment")
-
-
 def make_games(params: Params) -> list[Game]:
-    env = environment_backend(params.rollout_text.environment)
+    """The configured games; None as environment = the game's own program answers, else an LLM simulates it."""
+    from pipeline.llm import make_environment
+
+    env = make_environment(params.rollout_text.environment)
     return [make_game(g, environment=env) for g in params.games.groups]
 
 

@@ -78,7 +78,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     tokenizer = tiny.train_tokenizer(texts, cfg.vocab_size)
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
     lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations[:500])
-    model, history = sft_train(
+    model, history, resumed = sft_train(
         model, tokenizer, conversations, out / "checkpoints",
         lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=params.seed,
         tracker=ctx.tracker, prefix="bootstrap",
@@ -94,6 +94,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             "median_tokens": lengths[len(lengths) // 2],
             "max_tokens": lengths[-1],
             "final_loss": history[-1]["loss"] if history else float("nan"),
+            "resumed_from_step": resumed,
         },
         outputs=[str(model_dir)],
     )

@@ -58,7 +58,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         model, tokenizer = load_policy(base, params.policy.device)
         conversations = [r["messages"] for r in read_rows(sft_src, ["messages"])]
         ckpt = checkpoint_dir(out / "checkpoints" / "sft", sft_key)
-        model, history = sft_train(
+        model, history, resumed = sft_train(
             model, tokenizer, conversations, ckpt, lr=cfg.sft.lr, epochs=cfg.sft.epochs,
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft",
@@ -66,6 +66,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         atomic_write_json(params.data_path("plots", "sft_loss.json"), history)
         finish(model, tokenizer, sft_dir, ckpt, sft_key)
         metrics["sft/trajectories"] = len(conversations)
+        metrics["sft/resumed_from_step"] = resumed
         metrics["sft/final_loss"] = history[-1]["loss"] if history else float("nan")
 
     pairs_src = params.data_path("reflogprobs")
@@ -76,7 +77,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         model, tokenizer = load_policy(init, params.policy.device)
         pairs = read_rows(pairs_src)
         ckpt = checkpoint_dir(out / "checkpoints" / "dpo", dpo_key)
-        model, history = dpo_train(
+        model, history, resumed = dpo_train(
             model, tokenizer, pairs, ckpt, lr=cfg.dpo.lr, epochs=cfg.dpo.epochs, batch_size=cfg.dpo.batch_size,
             beta=cfg.dpo.beta, rpo_alpha=cfg.dpo.rpo_alpha, loss_type=cfg.dpo.loss_type,
             warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed, save_steps=cfg.save_steps, tracker=ctx.tracker,
@@ -84,6 +85,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         atomic_write_json(params.data_path("plots", "dpo_loss.json"), history)
         finish(model, tokenizer, dpo_dir, ckpt, dpo_key)
         metrics["dpo/pairs"] = len(pairs)
+        metrics["dpo/resumed_from_step"] = resumed
         metrics["dpo/final_loss"] = history[-1]["loss"] if history else float("nan")
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     ctx.tracker.log_artifact(dpo_dir, "model_dpo")

@@ -26,11 +26,11 @@ def tiny_lm():
 def test_mask_covers_assistant_content_only(tiny_lm):
     _, tok = tiny_lm
     pair = tokenize_pair(tok, PROMPT, CHOSEN, REJECTED)
-    kept = tok.decode([t for t, m in zip(pair["chosen_ids"], pair["chosen_mask"]) if m])
+    kept = tok.decode([t for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if m])
     assert kept == "<Answer>Is it red?</Answer><Answer>Is it an apple?</Answer>"
     # regression (PAPRIKA known bug): the end-of-turn template token never counts
     end = tok.convert_tokens_to_ids("<|end|>")
-    assert all(not m for t, m in zip(pair["chosen_ids"], pair["chosen_mask"]) if t == end)
+    assert all(not m for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if t == end)
     assert "Yes." not in kept and "Goal reached" not in kept
 
 
@@ -59,7 +59,7 @@ def test_dpo_first_step_loss_matches_formula(tiny_lm, tmp_path, rpo_alpha):
     copy = tiny.build_model(tok, n_layer=1, n_embd=32, n_head=2, n_positions=128, seed=0)
     copy.load_state_dict(model.state_dict())
     # five steps at a negligible lr: the first logged loss (mean of steps 1-5) is the loss at π = π_ref
-    _, history = dpo_train(copy, tok, [row] * 5, tmp_path / "ckpt", lr=1e-12, epochs=1, batch_size=1, beta=0.1,
+    _, history, _ = dpo_train(copy, tok, [row] * 5, tmp_path / "ckpt", lr=1e-12, epochs=1, batch_size=1, beta=0.1,
                            rpo_alpha=rpo_alpha, warmup_ratio=0.0)
     assert history[0]["loss"] == pytest.approx(expected, rel=1e-3)
 
@@ -71,7 +71,7 @@ def test_dpo_raises_margin(tiny_lm, tmp_path):
             (pair["prompt_ids"], pair["rejected_ids"], pair["rejected_mask"])]
     c0, r0 = sequence_logps(model, seqs)
     row = {**pair, "ref_chosen_logps": c0, "ref_rejected_logps": r0}
-    trained, _ = dpo_train(model, tok, [row] * 16, tmp_path / "ckpt", lr=1e-2, epochs=2, batch_size=4, beta=0.1,
+    trained, _, _ = dpo_train(model, tok, [row] * 16, tmp_path / "ckpt", lr=1e-2, epochs=2, batch_size=4, beta=0.1,
                            rpo_alpha=0.0, warmup_ratio=0.0)
     c1, r1 = sequence_logps(trained, seqs)
     assert (c1 - r1) > (c0 - r0) + 1.0

@@ -60,6 +60,13 @@ def loss_history(trainer) -> list[dict]:
     return [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
 
 
+def _train(trainer, checkpoint_dir: Path) -> int:
+    """Train, resuming from the last checkpoint; returns the step resumed from (0 = fresh start)."""
+    last = _last_checkpoint(checkpoint_dir)
+    trainer.train(resume_from_checkpoint=last)
+    return int(Path(last).name.split("-")[-1]) if last else 0
+
+
 def sft_train(
     model,
     tokenizer,
@@ -94,8 +101,8 @@ def sft_train(
         processing_class=tokenizer,
         callbacks=[_TrackerCallback(tracker, prefix)] if tracker else None,
     )
-    trainer.train(resume_from_checkpoint=_last_checkpoint(checkpoint_dir))
-    return trainer.model, loss_history(trainer)
+    resumed = _train(trainer, checkpoint_dir)
+    return trainer.model, loss_history(trainer), resumed
 
 
 # -- DPO with stored reference log-probs and assistant-only masks ----------------------------------------------
@@ -230,5 +237,5 @@ def dpo_train(
         data_collator=_MaskedPreferenceCollator(tokenizer.pad_token_id),
         callbacks=[_TrackerCallback(tracker, "dpo")] if tracker else None,
     )
-    trainer.train(resume_from_checkpoint=_last_checkpoint(checkpoint_dir))
-    return trainer.model, loss_history(trainer)
+    resumed = _train(trainer, checkpoint_dir)
+    return trainer.model, loss_history(trainer), resumed

@@ -67,7 +67,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         so_far = [row for i in sorted(rollouts.finished()) if i <= r
                   for row in read_part(rollouts, i)]
         keep = top_fraction(so_far, cfg.top_quantile)
-        model, losses = sft_train(
+        model, _, _ = sft_train(
             model, tokenizer, [k["conversation"] for k in keep], out / "checkpoints" / f"round-{r:03d}",
             lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
             prefix=f"rl_round_{r}",

@@ -1,0 +1,46 @@
+"""Batched vs one-episode-at-a-time rollout throughput with the same policy, measured side by side.
+
+    python bench/bench_rollout.py [--episodes 64] [--policy data/bootstrap/model]
+
+Needs a built policy (run `curio stage bootstrap` first); prints episodes/s of each mode and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pipeline.config import load_params
+from pipeline.llm.base import Sampling
+from pipeline.play import play_episodes
+from pipeline.policies import load_policy_backend, make_games
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--policy", default="base")
+    args = ap.parse_args()
+    params = load_params("params.yaml")
+    policy = load_policy_backend(params, args.policy, batch_size=args.episodes)
+    game = make_games(params)[0]
+    tasks = game.tasks("train")
+    jobs = [(game, tasks[i % len(tasks)], 0) for i in range(args.episodes)]
+    sampling = Sampling(temperature=1.0, max_tokens=params.rollout_text.max_new_tokens)
+
+    t0 = time.perf_counter()
+    batched = play_episodes(policy, jobs, sampling, seed=0)
+    t_batched = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sequential = [row for job in jobs for row in play_episodes(policy, [job], sampling, seed=0)]
+    t_seq = time.perf_counter() - t0
+    turns_b = sum(r["turns"] for r in batched)
+    turns_s = sum(r["turns"] for r in sequential)
+    print(f"episodes: {args.episodes}  turns batched/sequential: {turns_b}/{turns_s}")
+    print(f"batched    : {args.episodes / t_batched:7.2f} episodes/s  {turns_b / t_batched:8.1f} turns/s")
+    print(f"sequential : {args.episodes / t_seq:7.2f} episodes/s  {turns_s / t_seq:8.1f} turns/s")
+    print(f"ratio batched/sequential (turns/s): {(turns_b / t_batched) / (turns_s / t_seq):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

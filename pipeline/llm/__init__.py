@@ -1,0 +1,122 @@
+"""Chat backends for every LLM role, behind one cache and one ledger per role.
+
+``make_backend(cfg, role=...)`` turns an ``LLMConfig`` from params.yaml into a backend:
+
+- ``hf``: local transformers model (``pipeline.llm.hf.HFBackend``), batched and left-padded.
+- ``vllm``: in-process vLLM (optional extra, imported only when selected).
+- ``openai``: any OpenAI-compatible server; key from the environment variable named by ``api_key_env``.
+- ``rules``: a registered program (``pipeline.llm.rules``).
+- ``embedding``: sentence-embedding similarity (``EmbeddingBackend``, not a chat backend).
+
+Chat backends come wrapped in a :class:`CachedBackend`: identical requests are sent once and, when
+``cfg.cache`` is on, answers are stored in the shared SQLite cache; ``backend.ledger.metrics()`` is what a
+stage adds to its metrics file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import LLMConfig
+from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
+from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
+from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.llm.ledger import Ledger
+
+Backend = ChatBackend | EmbeddingBackend
+
+__all__ = [
+    "Backend",
+    "CachedBackend",
+    "ChatBackend",
+    "Conversation",
+    "EmbeddingBackend",
+    "Generation",
+    "Ledger",
+    "Message",
+    "ResponseCache",
+    "Sampling",
+    "default_cache_path",
+    "make_backend",
+    "make_environment",
+    "sampling_from_config",
+]
+
+
+def sampling_from_config(cfg: LLMConfig, **overrides: Any) -> Sampling:
+    """The Sampling a role's params describe (temperature, top-p, min-p, max tokens, seed)."""
+    values: dict[str, Any] = {
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "min_p": cfg.min_p,
+        "max_tokens": cfg.max_tokens,
+        "seed": cfg.seed,
+    }
+    values.update(overrides)
+    return Sampling(**values)
+
+
+def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
+    if cfg.backend == "hf":
+        from pipeline.llm.hf import HFBackend
+
+        return HFBackend(cfg.model, device=cfg.device, batch_size=cfg.batch_size)
+    if cfg.backend == "vllm":
+        from pipeline.llm.vllm import VLLMBackend
+
+        return VLLMBackend(cfg.model, max_tokens=cfg.max_tokens)
+    if cfg.backend == "openai":
+        from pipeline.llm.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(
+            cfg.model,
+            cfg.base_url,
+            api_key_env=cfg.api_key_env,
+            max_concurrency=cfg.max_concurrency,
+            timeout_s=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            max_tokens=cfg.max_tokens,
+            backoff_s=cfg.backoff_s,
+        )
+    if cfg.backend == "rules":
+        from pipeline.llm.rules import RulesBackend, rules_program
+
+        return RulesBackend(rules_program(cfg.model, game), model=cfg.model)
+    raise ValueError(f"llm: backend {cfg.backend!r} is not a chat backend")
+
+
+def make_backend(
+    cfg: LLMConfig,
+    *,
+    role: str,
+    game: Any = None,
+    cache: ResponseCache | None = None,
+    ledger: Ledger | None = None,
+) -> Backend:
+    """The backend ``cfg`` selects for ``role`` (the ledger's name).
+
+    Args:
+        game: handed to ``rules`` programs that need the game engine.
+        cache: the response cache to use; default = the shared file when ``cfg.cache`` is on.
+        ledger: share one ledger between backends; default = a new ``Ledger(role)``.
+    """
+    ledger = ledger or Ledger(role)
+    if cfg.backend == "embedding":
+        return EmbeddingBackend(cfg.model, device=cfg.device, batch_size=cfg.batch_size, ledger=ledger)
+    inner = _inner_backend(cfg, game)
+    if cfg.backend == "rules" or not cfg.cache:
+        cache = None  # programs cost nothing; dedup and accounting still apply
+    elif cache is None:
+        cache = ResponseCache()
+    return CachedBackend(inner, cache, ledger)
+
+
+def make_environment(cfg: LLMConfig, *, game: Any = None) -> ChatBackend | None:
+    """The environment backend for a game: None for ``rules`` (the game's own program answers)."""
+    if cfg.backend == "rules":
+        return None
+    if cfg.backend == "embedding":
+        raise ValueError("llm: rollout_text.environment cannot use the embedding backend")
+    backend = make_backend(cfg, role="environment", game=game)
+    assert isinstance(backend, ChatBackend)
+    return backend

@@ -1,0 +1,133 @@
+"""NetHack annotation: Motif pairwise preferences over captions and ONI per-message labels.
+
+Both take a chat backend (the prompts in ``prompts/``) or the embedding backend (similarity to the goal's
+embedding sentence, the no-LLM default). Parse failures never raise: they come back as UNKNOWN with the raw
+answer and are counted in the backend's ledger.
+"""
+
+from __future__ import annotations
+
+from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.llm.ledger import Ledger
+from pipeline.llm.prompts import (
+    RETRY_PROMPT,
+    MessageLabel,
+    PreferenceLabel,
+    message_label_messages,
+    nethack_goal,
+    parse_message_label,
+    parse_preference,
+    preference_messages,
+)
+
+# Motif: temperature 0.1, top-p 0.95. The seed makes the answer a function of the prompt, hence cacheable.
+PREFERENCE_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=512, seed=0)
+LABEL_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=256, seed=0)
+RETRY_SEPARATOR = "\n[retry]\n"
+
+
+def _ledger(backend: object) -> Ledger | None:
+    return getattr(backend, "ledger", None)
+
+
+def _raw(g: Generation) -> str:
+    return g.text if g.error is None else f"[request failed] {g.error}"
+
+
+def annotate_preferences(
+    backend: ChatBackend | EmbeddingBackend,
+    pairs: list[tuple[str, str]],
+    goal: str = "defaultgoal",
+    template: str = "default",
+    sampling: Sampling | None = None,
+    *,
+    tie_margin: float = 1e-3,
+) -> list[tuple[PreferenceLabel, str]]:
+    """(label, raw answer) per caption pair: FIRST / SECOND / TIE / UNKNOWN.
+
+    Identical captions are TIE without a call. An unparseable answer gets one retry turn appended; still
+    unparseable → UNKNOWN, raw = both answers joined by ``[retry]``. With the embedding backend the caption
+    closer to the goal sentence wins; similarities within ``tie_margin`` are a TIE.
+    """
+    results: list[tuple[PreferenceLabel, str] | None] = [None] * len(pairs)
+    asked = []
+    for i, (a, b) in enumerate(pairs):
+        if a.strip() == b.strip():
+            results[i] = ("TIE", "")
+        else:
+            asked.append(i)
+    if isinstance(backend, EmbeddingBackend):
+        preference_messages("", "", goal, template)  # raises on an unknown goal / template name
+        goal_text = nethack_goal(goal)["embedding"]
+        s1 = backend.similarity([pairs[i][0] for i in asked], goal_text)
+        s2 = backend.similarity([pairs[i][1] for i in asked], goal_text)
+        for i, x, y in zip(asked, s1, s2, strict=True):
+            label: PreferenceLabel = "TIE" if abs(x - y) <= tie_margin else ("FIRST" if x > y else "SECOND")
+            results[i] = (label, f"similarity 1={x:.4f} 2={y:.4f}")
+        return [r for r in results if r is not None]
+
+    sampling = sampling or PREFERENCE_SAMPLING
+    conversations = {i: preference_messages(*pairs[i], goal=goal, template=template) for i in asked}
+    first = dict(zip(asked, backend.generate([conversations[i] for i in asked], sampling), strict=True))
+    retry: list[int] = []
+    for i, g in first.items():
+        label = parse_preference(g.text) if g.error is None else "UNKNOWN"
+        results[i] = (label, _raw(g))
+        if label == "UNKNOWN" and g.error is None:
+            retry.append(i)
+    if retry:
+        follow_ups = [
+            [
+                *conversations[i],
+                {"role": "assistant", "content": first[i].text},
+                {"role": "user", "content": RETRY_PROMPT},
+            ]
+            for i in retry
+        ]
+        for i, g in zip(retry, backend.generate(follow_ups, sampling), strict=True):
+            label = parse_preference(g.text) if g.error is None else "UNKNOWN"
+            results[i] = (label, results[i][1] + RETRY_SEPARATOR + _raw(g))  # type: ignore[index]
+    out = [r for r in results if r is not None]
+    ledger = _ledger(backend)
+    if ledger is not None:
+        ledger.count_unknown(sum(label == "UNKNOWN" for label, _ in out))
+    return out
+
+
+def label_messages(
+    backend: ChatBackend | EmbeddingBackend,
+    messages: list[str],
+    sampling: Sampling | None = None,
+    *,
+    goal: str = "defaultgoal",
+    threshold: float = 0.2,
+) -> list[tuple[MessageLabel, str]]:
+    """(label, raw answer) per message: helpful / unhelpful / UNKNOWN.
+
+    Empty messages are unhelpful without a call. Only a final ``<label>…</label>`` tag counts. With the
+    embedding backend a message is helpful when its cosine with the goal sentence exceeds ``threshold``
+    (with all-MiniLM-L6-v2 and the default goal, "You kill the newt!" scores 0.23, "It's a wall." 0.07).
+    """
+    results: list[tuple[MessageLabel, str] | None] = [None] * len(messages)
+    asked = [i for i, m in enumerate(messages) if m.strip()]
+    for i, m in enumerate(messages):
+        if not m.strip():
+            results[i] = ("unhelpful", "")
+    if isinstance(backend, EmbeddingBackend):
+        goal_text = nethack_goal(goal)["embedding"]
+        sims = backend.similarity([messages[i] for i in asked], goal_text)
+        for i, s in zip(asked, sims, strict=True):
+            results[i] = ("helpful" if s > threshold else "unhelpful", f"similarity={s:.4f}")
+        return [r for r in results if r is not None]
+
+    conversations = [message_label_messages(messages[i], goal=goal) for i in asked]
+    unknown = 0
+    for i, g in zip(asked, backend.generate(conversations, sampling or LABEL_SAMPLING), strict=True):
+        label = parse_message_label(g.text) if g.error is None else "UNKNOWN"
+        unknown += label == "UNKNOWN"
+        results[i] = (label, _raw(g))
+    ledger = _ledger(backend)
+    if ledger is not None:
+        ledger.count_unknown(unknown)
+    return [r for r in results if r is not None]

@@ -1,0 +1,238 @@
+"""Content-addressed response cache on SQLite, and the wrapper that puts every backend behind it.
+
+Key = sha256(backend, model identity, messages, sampling params). The file is shared across runs, stages
+and processes: WAL journal, a busy timeout and ``INSERT OR IGNORE`` make concurrent writers safe (two
+writers of the same key store the same answer once).
+
+What is cached: a request whose answer is a function of its key, i.e. greedy decoding (temperature 0) or
+sampling with an explicit seed (the seed is in the key). A sampled request without a seed is a fresh draw
+each time, so it bypasses the cache and in-batch dedup; the same conversation sent eight times then gets
+eight samples, which is what rollouts at temperature > 0 rely on. Failed requests are never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.llm.ledger import Ledger
+
+CACHE_DIR_ENV = "CURIO_CACHE_DIR"
+CACHE_FILE = "llm-cache.sqlite"
+_SQL_VARS = 500  # keys per SELECT ... IN (...)
+
+
+def default_cache_path() -> Path:
+    """``$CURIO_CACHE_DIR/llm-cache.sqlite``, else ``<cwd>/.cache/curio/llm-cache.sqlite``."""
+    root = os.environ.get(CACHE_DIR_ENV)
+    return (Path(root) if root else Path.cwd() / ".cache" / "curio") / CACHE_FILE
+
+
+def request_key(backend: str, model: str, conversation: Conversation, sampling: Sampling) -> str:
+    blob = json.dumps(
+        {"backend": backend, "model": model, "messages": conversation, "sampling": sampling.key()},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def is_cacheable(sampling: Sampling) -> bool:
+    """Greedy requests, or sampled ones with a seed: the answer is then a function of the key."""
+    return sampling.temperature == 0 or sampling.seed is not None
+
+
+def model_identity(model: str) -> str:
+    """The model name, plus the size and mtime of its weight files when it is a local directory.
+
+    Retraining a model in place (same path, new weights) must not serve answers of the old weights.
+    """
+    path = Path(model)
+    if not model or not path.is_dir():
+        return model
+    stamps = sorted(
+        f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+        for p in path.iterdir()
+        if p.suffix in {".safetensors", ".bin", ".pt", ".gguf"}
+    )
+    return model + "@" + hashlib.sha256("|".join(stamps).encode()).hexdigest()[:16] if stamps else model
+
+
+class ResponseCache:
+    """SQLite key → Generation store; one connection per thread and process."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_cache_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        with self._conn() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS responses ("
+                " key TEXT PRIMARY KEY, text TEXT NOT NULL, token_logprobs TEXT,"
+                " tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, created REAL NOT NULL)"
+            )
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def get_many(self, keys: list[str]) -> dict[str, Generation]:
+        found: dict[str, Generation] = {}
+        conn = self._conn()
+        for start in range(0, len(keys), _SQL_VARS):
+            part = keys[start : start + _SQL_VARS]
+            rows = conn.execute(
+                f"SELECT key, text, token_logprobs, tokens_in, tokens_out FROM responses"
+                f" WHERE key IN ({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+            for key, text, logprobs, tokens_in, tokens_out in rows:
+                found[key] = Generation(
+                    text=text,
+                    token_logprobs=json.loads(logprobs) if logprobs else None,
+                    tokens_in=tokens_in,
+                    tokens_out=tokens_out,
+                    cached=True,
+                )
+        return found
+
+    def put_many(self, items: dict[str, Generation]) -> None:
+        """Store successful generations; existing keys are left as they are."""
+        rows = [
+            (
+                k,
+                g.text,
+                json.dumps(g.token_logprobs) if g.token_logprobs is not None else None,
+                g.tokens_in,
+                g.tokens_out,
+                time.time(),
+            )
+            for k, g in items.items()
+            if g.error is None
+        ]
+        if not rows:
+            return
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def __len__(self) -> int:
+        return self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+class CachedBackend(ChatBackend):
+    """Wraps a backend: dedups identical requests in a batch and in flight, sends only cache misses.
+
+    Args:
+        inner: the backend that really answers.
+        cache: the persistent cache; None keeps dedup and accounting but stores nothing.
+        ledger: where requests, hits, tokens and latencies are counted.
+    """
+
+    def __init__(
+        self, inner: ChatBackend, cache: ResponseCache | None = None, ledger: Ledger | None = None
+    ) -> None:
+        super().__init__(inner.model)
+        self.inner = inner
+        self.name = inner.name
+        self.cache = cache
+        self.ledger = ledger or Ledger()
+        self.identity = getattr(inner, "cache_identity", None) or model_identity(inner.model)
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, Future[Generation]] = {}
+
+    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        n = len(conversations)
+        if n == 0:
+            return []
+        if not is_cacheable(sampling):
+            self.ledger.record_batch(requests=n, unique=n)
+            return self._send(conversations, sampling)
+
+        keys = [request_key(self.name, self.identity, c, sampling) for c in conversations]
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        results = self.cache.get_many(list(first)) if self.cache is not None else {}
+        hits = len(results)
+
+        mine: list[str] = []
+        theirs: dict[str, Future[Generation]] = {}
+        with self._lock:
+            for k in first:
+                if k in results:
+                    continue
+                if k in self._in_flight:
+                    theirs[k] = self._in_flight[k]
+                else:
+                    self._in_flight[k] = Future()
+                    mine.append(k)
+        self.ledger.record_batch(requests=n, unique=len(first), cache_hits=hits, shared=len(theirs))
+
+        try:
+            if mine:
+                fresh = self._send([conversations[first[k]] for k in mine], sampling)
+                if self.cache is not None:
+                    self.cache.put_many(dict(zip(mine, fresh, strict=True)))
+                for k, g in zip(mine, fresh, strict=True):
+                    results[k] = g
+                    self._in_flight[k].set_result(g)
+        except BaseException as e:
+            for k in mine:
+                if not self._in_flight[k].done():
+                    self._in_flight[k].set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                for k in mine:
+                    self._in_flight.pop(k, None)
+        for k, fut in theirs.items():
+            results[k] = replace(fut.result(), cached=True)
+
+        out: list[Generation] = []
+        for i, k in enumerate(keys):
+            g = results[k]
+            # Only the request that was really sent counts as not cached; copies get their own meta.
+            out.append(g if i == first[k] and not g.cached else replace(g, cached=True, meta=dict(g.meta)))
+        return out
+
+    def _send(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        start = time.monotonic()
+        generations = self.inner.generate(conversations, sampling)
+        if len(generations) != len(conversations):
+            raise RuntimeError(f"{self.name} backend returned {len(generations)} answers for {len(conversations)}")
+        elapsed = time.monotonic() - start
+        for g in generations:
+            self.ledger.record_sent(g, elapsed)
+        return generations
+
+    def close(self) -> None:
+        self.inner.close()
+        if self.cache is not None:
+            self.cache.close()

@@ -1,0 +1,94 @@
+"""``curio llm check ROLE``: send one request with a role's configured backend, report answer and timing."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel
+
+from pipeline.config import LLMConfig, Params
+
+# Short names for the roles the stages use; any dotted params key naming an LLMConfig works too.
+ROLE_KEYS = {
+    "judge": "annotate_text.judge",
+    "environment": "rollout_text.environment",
+}
+CHECK_PROMPT = "Reply with the single word: ready"
+
+
+class CheckFailed(RuntimeError):
+    """The request failed; the message is the full report."""
+
+
+def llm_roles(params: Params) -> dict[str, LLMConfig]:
+    """Every LLMConfig in params by dotted key (e.g. ``annotate_text.judge``)."""
+    found: dict[str, LLMConfig] = {}
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, LLMConfig):
+                found[prefix + name] = value
+            elif isinstance(value, BaseModel):
+                walk(value, prefix + name + ".")
+
+    walk(params, "")
+    return found
+
+
+def resolve_role(params: Params, role: str) -> tuple[str, LLMConfig]:
+    """(dotted key, config) of a role name or dotted key; ValueError listing the known ones otherwise."""
+    roles = llm_roles(params)
+    key = ROLE_KEYS.get(role, role)
+    if key not in roles:
+        known = sorted({*ROLE_KEYS, *roles})
+        raise ValueError(f"llm: no LLM role {role!r} in params (known: {', '.join(known)})")
+    return key, roles[key]
+
+
+def check_role(params: Params, role: str) -> str:
+    """Send one request (bypassing the cache) with ``role``'s backend; a printable report.
+
+    Raises CheckFailed (message = the report) when the request fails, ValueError for an unknown role.
+    """
+    from pipeline.llm import make_backend, sampling_from_config
+    from pipeline.llm.embedding import EmbeddingBackend
+
+    key, cfg = resolve_role(params, role)
+    lines = [f"role: {role} ({key})", f"backend: {cfg.backend}  model: {cfg.model or '(default)'}"]
+    if cfg.backend == "openai":
+        lines.append(f"base_url: {cfg.base_url or '(SDK default)'}")
+        if cfg.api_key_env:
+            state = "set" if os.environ.get(cfg.api_key_env) else "NOT SET"
+            lines.append(f"api key: from ${cfg.api_key_env} ({state})")
+    if cfg.backend == "rules" and cfg.model in {"oracle", "exact_match"}:
+        lines.append(f"rules program {cfg.model!r}: answered by the game engine in code; no LLM request to send")
+        return "\n".join(lines)
+
+    start = time.monotonic()
+    try:
+        backend = make_backend(cfg.model_copy(update={"cache": False}), role=role)
+    except Exception as e:  # noqa: BLE001 - reported, not raised raw: the CLI prints one clear block
+        raise CheckFailed("\n".join([*lines, f"error: could not create the backend: {e}"])) from None
+    lines.append(f"backend ready in {time.monotonic() - start:.3f} s")
+    start = time.monotonic()
+    try:
+        if isinstance(backend, EmbeddingBackend):
+            sims = backend.similarity(["You kill the newt!", "You see here a scroll."], "kill monsters")
+            elapsed = time.monotonic() - start
+            lines += [
+                f"embedded 3 texts in {elapsed:.3f} s (model load included; dim {backend.dim})",
+                f"similarity to 'kill monsters': {sims[0]:.3f}, {sims[1]:.3f}",
+            ]
+            return "\n".join(lines)
+        sampling = sampling_from_config(cfg, max_tokens=min(cfg.max_tokens, 32))
+        [g] = backend.generate([[{"role": "user", "content": CHECK_PROMPT}]], sampling)
+        elapsed = time.monotonic() - start
+        lines.append(f"1 request in {elapsed:.3f} s (retries: {g.meta.get('retries', 0)})")
+        if g.error is not None:
+            raise CheckFailed("\n".join([*lines, f"error: {g.error}"]))
+        lines += [f"reply: {g.text!r}", f"tokens in/out: {g.tokens_in}/{g.tokens_out}"]
+        return "\n".join(lines)
+    finally:
+        backend.close()

@@ -1,0 +1,78 @@
+"""What one LLM role cost a stage: requests, dedup, cache hits, tokens, latency, retries, failures, UNKNOWNs."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from pipeline.llm.base import Generation
+
+
+class Ledger:
+    """Thread-safe counters for one role; ``metrics()`` is what a stage merges into its metrics file."""
+
+    def __init__(self, role: str = "llm") -> None:
+        self.role = role
+        self._lock = threading.Lock()
+        self.requests = 0  # items asked for
+        self.unique_requests = 0  # distinct requests within each batch
+        self.cache_hits = 0  # distinct requests answered by the persistent cache
+        self.shared = 0  # distinct requests answered by an identical request already in flight
+        self.sent = 0  # requests that reached the backend
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.retries = 0
+        self.failures = 0  # sent requests that failed for good
+        self.unknowns = 0  # answers that could not be parsed (or defaulted)
+        self._latencies: list[float] = []
+
+    def record_batch(self, requests: int, unique: int, cache_hits: int = 0, shared: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.unique_requests += unique
+            self.cache_hits += cache_hits
+            self.shared += shared
+
+    def record_sent(self, generation: Generation, latency_s: float) -> None:
+        """Account one request that actually reached the backend."""
+        with self._lock:
+            self.sent += 1
+            self.tokens_in += generation.tokens_in
+            self.tokens_out += generation.tokens_out
+            self.retries += int(generation.meta.get("retries", 0))
+            self.failures += generation.error is not None
+            self._latencies.append(float(generation.meta.get("latency_s", latency_s)))
+
+    def record_computed(self, n: int, latency_s: float) -> None:
+        """Account ``n`` items computed together in ``latency_s`` (e.g. a batch of embeddings)."""
+        with self._lock:
+            self.sent += n
+            self._latencies.extend([latency_s] * n)
+
+    def count_unknown(self, n: int = 1) -> None:
+        with self._lock:
+            self.unknowns += n
+
+    def metrics(self, prefix: str | None = None) -> dict[str, float | int]:
+        """Flat dict ``{<prefix>_<counter>: value}``; the prefix defaults to ``llm_<role>``."""
+        prefix = f"llm_{self.role}" if prefix is None else prefix
+        if prefix and prefix[-1] not in "._/-":
+            prefix += "_"
+        with self._lock:
+            lat = np.asarray(self._latencies, dtype=float)
+            values: dict[str, float | int] = {
+                "requests": self.requests,
+                "unique_requests": self.unique_requests,
+                "cache_hits": self.cache_hits,
+                "shared_in_flight": self.shared,
+                "sent": self.sent,
+                "tokens_in": self.tokens_in,
+                "tokens_out": self.tokens_out,
+                "latency_p50_s": round(float(np.percentile(lat, 50)), 4) if lat.size else 0.0,
+                "latency_p95_s": round(float(np.percentile(lat, 95)), 4) if lat.size else 0.0,
+                "retries": self.retries,
+                "failures": self.failures,
+                "unknowns": self.unknowns,
+            }
+        return {prefix + k: v for k, v in values.items()}

@@ -1,0 +1,163 @@
+"""annotate-nethack: an annotator's preference over pairs of Motif captions sampled from the rollouts.
+
+Pairs of observations are drawn uniformly from all rollout steps (seeded per chunk). Each observation's caption
+is its last ``context_steps`` messages (``pipeline.nethack.captions``). The annotator is any backend:
+
+- ``preferences`` (Motif): FIRST / SECOND / TIE / UNKNOWN per pair — the Motif prompt (goal and template from
+  params) on a chat backend, or, the embedded default, the caption whose embedding is closer to the goal
+  sentence. Identical captions are a TIE without a call.
+- ``labels`` (ONI): each distinct caption is labelled helpful / unhelpful once; a pair's preference follows
+  from its two labels (helpful beats unhelpful, equal labels tie, an UNKNOWN label makes the pair UNKNOWN).
+
+Output: ``data/annotate_nethack`` — chunked Parquet, one row per pair with the raw answer. Resume: finished
+chunks are kept; on a rerun only the rows still UNKNOWN in them are asked again.
+
+    curio stage annotate-nethack -S annotate_nethack.goal=gold
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_table, run_chunked
+from pipeline.config import AnnotateNetHackConfig, Params
+from pipeline.nethack.captions import window_captions
+from pipeline.stage import StageContext, StageResult
+
+NAME = "annotate-nethack"
+PARAMS = ["seed", "annotate_nethack"]
+
+SCHEMA = pa.schema(
+    [
+        pa.field("pair", pa.int64()),
+        pa.field("episode_first", pa.int32()),
+        pa.field("step_first", pa.int32()),
+        pa.field("caption_first", pa.string()),
+        pa.field("episode_second", pa.int32()),
+        pa.field("step_second", pa.int32()),
+        pa.field("caption_second", pa.string()),
+        pa.field("label", pa.string()),  # FIRST / SECOND / TIE / UNKNOWN
+        pa.field("raw", pa.string()),  # the annotator's answer (or similarities / labels)
+    ]
+)
+
+
+def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(label, raw) for caption pairs, by the configured mode."""
+    from pipeline.llm import sampling_from_config
+    from pipeline.llm.annotation import annotate_preferences, label_messages
+
+    sampling = sampling_from_config(cfg.annotator)
+    if cfg.mode == "preferences":
+        return list(annotate_preferences(
+            backend, pairs, goal=cfg.goal, template=cfg.template, sampling=sampling, tie_margin=cfg.tie_margin
+        ))
+    captions = list(dict.fromkeys(c for pair in pairs for c in pair))
+    labelled = label_messages(backend, captions, sampling, goal=cfg.goal, threshold=cfg.label_threshold)
+    label_of = dict(zip(captions, labelled, strict=True))
+    out = []
+    for a, b in pairs:
+        (la, ra), (lb, rb) = label_of[a], label_of[b]
+        if "UNKNOWN" in (la, lb):
+            label = "UNKNOWN"
+        elif la == lb:
+            label = "TIE"
+        else:
+            label = "FIRST" if la == "helpful" else "SECOND"
+        out.append((label, f"1: {la} {ra}\n2: {lb} {rb}".strip()))
+    return out
+
+
+def pair_indices(params: Params, index: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two step rows of each pair of chunk ``index`` (uniform over all steps, seeded by the chunk)."""
+    cfg = params.annotate_nethack
+    size = min(cfg.pairs_per_chunk, cfg.num_pairs - index * cfg.pairs_per_chunk)
+    rng = np.random.default_rng(chunk_seed(params.seed, NAME, index))
+    return rng.integers(num_steps, size=size), rng.integers(num_steps, size=size)
+
+
+def redo_unknown(ds: ChunkedDataset, backend: Any, cfg: AnnotateNetHackConfig) -> int:
+    """Ask again for the UNKNOWN rows of finished parts; returns how many rows were asked."""
+    asked = 0
+    for index in sorted(ds.finished()):
+        table = pq.read_table(ds.path / ds.parts[index].file)
+        labels = table["label"].to_pylist()
+        todo = [i for i, label in enumerate(labels) if label == "UNKNOWN"]
+        if not todo:
+            continue
+        first, second = table["caption_first"].to_pylist(), table["caption_second"].to_pylist()
+        answers = annotate(backend, cfg, [(first[i], second[i]) for i in todo])
+        raw = table["raw"].to_pylist()
+        for i, (label, answer) in zip(todo, answers, strict=True):
+            labels[i], raw[i] = label, answer
+        table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.string()))
+        table = table.set_column(table.schema.get_field_index("raw"), "raw", pa.array(raw, pa.string()))
+        ds.write_part(index, table, SCHEMA)
+        asked += len(todo)
+    return asked
+
+
+def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
+    """``backend`` replaces the configured annotator (tests)."""
+    cfg = params.annotate_nethack
+    rollouts = params.data_path("rollout_nethack")
+    out = params.data_path("annotate_nethack")
+    steps = read_table(rollouts, ["episode", "step", "message"])
+    messages = steps["message"].to_pylist()
+    episodes = steps["episode"].to_numpy()
+    step_numbers = steps["step"].to_numpy()
+    if backend is None:
+        from pipeline.llm import make_backend
+
+        backend = make_backend(cfg.annotator, role="annotator")
+
+    def make_chunk(index: int) -> pa.Table:
+        a, b = pair_indices(params, index, len(messages))
+        first = window_captions(messages, episodes, a, cfg.context_steps)
+        second = window_captions(messages, episodes, b, cfg.context_steps)
+        answers = annotate(backend, cfg, list(zip(first, second, strict=True)))
+        start = index * cfg.pairs_per_chunk
+        return pa.table(
+            {
+                "pair": np.arange(start, start + len(a), dtype=np.int64),
+                "episode_first": episodes[a].astype(np.int32),
+                "step_first": step_numbers[a].astype(np.int32),
+                "caption_first": first,
+                "episode_second": episodes[b].astype(np.int32),
+                "step_second": step_numbers[b].astype(np.int32),
+                "caption_second": second,
+                "label": [label for label, _ in answers],
+                "raw": [raw for _, raw in answers],
+            },
+            schema=SCHEMA,
+        )
+
+    params_hash = params.section_hash(PARAMS)
+    upstream = {"rollouts": dataset_hash(rollouts)}
+    redone = redo_unknown(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), backend, cfg)
+    run_chunked(
+        out,
+        num_chunks=-(-cfg.num_pairs // cfg.pairs_per_chunk),
+        make_chunk=make_chunk,
+        params_hash=params_hash,
+        upstream=upstream,
+        schema=SCHEMA,
+        desc="annotate-nethack chunks",
+    )
+    counts = Counter(read_table(out, ["label"])["label"].to_pylist())
+    total = sum(counts.values())
+    metrics: dict[str, float | int | str] = {
+        "pairs": total,
+        **{f"labels/{k.lower()}": counts.get(k, 0) for k in ("FIRST", "SECOND", "TIE", "UNKNOWN")},
+        "unknown_fraction": counts.get("UNKNOWN", 0) / max(total, 1),
+        "unknown_redone": redone,
+    }
+    ledger = getattr(backend, "ledger", None)
+    if ledger is not None:
+        metrics.update(ledger.metrics())
+    return StageResult(metrics=metrics, outputs=[str(out)])

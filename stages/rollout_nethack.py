@@ -1,0 +1,83 @@
+"""rollout-nethack: NLE episodes from a random policy or a sample-factory checkpoint, one row per step.
+
+Output: ``data/rollout_nethack`` — chunked Parquet (``pipeline.nethack.play.STEP_SCHEMA``): episode, step,
+action, task reward, the decoded game message and the bottom-line stats of every observation (step 0 = the
+observation after reset). A chunk is ``episodes_per_chunk`` episodes, each seeded from (seed, stage, episode),
+so a killed run resumes at the first missing chunk with exactly the rows an uninterrupted run would write.
+
+    curio stage rollout-nethack -S rollout_nethack.episodes=8
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.config import Params
+from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
+from pipeline.stage import StageContext, StageResult
+
+NAME = "rollout-nethack"
+PARAMS = ["seed", "rollout_nethack"]
+
+
+def episode_seeds(seed: int, episodes: list[int]) -> list[int]:
+    return [chunk_seed(seed, NAME, e) for e in episodes]
+
+
+def collect_chunk(params: Params, index: int, policy: Any = None) -> StepRecorder:
+    """Play the episodes of chunk ``index`` and record every step."""
+    cfg = params.rollout_nethack
+    first = index * cfg.episodes_per_chunk
+    episodes = list(range(first, min(first + cfg.episodes_per_chunk, cfg.episodes)))
+    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps)
+    recorder = StepRecorder()
+    seeds = episode_seeds(params.seed, episodes)
+    if policy is None:
+        play_random(spec, episodes, seeds, on_step=recorder.add)
+    else:
+        import torch
+
+        torch.manual_seed(chunk_seed(params.seed, NAME, -1 - index))  # sampled actions reproducible per chunk
+        play_policy(spec, policy, episodes, seeds, on_step=recorder.add)
+    return recorder
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.rollout_nethack
+    out = params.data_path("rollout_nethack")
+    policy = None
+    upstream: dict[str, str] = {}
+    if cfg.policy == "checkpoint":
+        from pipeline.nethack.sf import TrainedPolicy
+
+        policy = TrainedPolicy(cfg.checkpoint)
+        upstream["checkpoint"] = file_sha256(policy.checkpoint)
+    num_chunks = -(-cfg.episodes // cfg.episodes_per_chunk)
+    run_chunked(
+        out,
+        num_chunks=num_chunks,
+        make_chunk=lambda i: collect_chunk(params, i, policy).table(),
+        params_hash=params.section_hash(PARAMS),
+        upstream=upstream,
+        schema=STEP_SCHEMA,
+        desc="rollout-nethack chunks",
+    )
+    table = read_table(out, ["episode", "reward", "message", "done"])
+    messages = table["message"].to_numpy(zero_copy_only=False)
+    done = table["done"].to_numpy()
+    returns = np.bincount(table["episode"].to_numpy(), weights=table["reward"].to_numpy())
+    lengths = np.bincount(table["episode"].to_numpy()) - 1  # minus the reset row
+    return StageResult(
+        metrics={
+            "episodes": int(done.sum()),
+            "steps": int(len(done) - len(lengths)),
+            "mean_episode_length": float(lengths.mean()),
+            "mean_return": float(returns.mean()),
+            "message_fraction": float(np.mean(messages != "")),
+            "unique_messages": int(len(set(messages.tolist()))),
+        },
+        outputs=[str(out)],
+    )
