@@ -73,14 +73,14 @@ class TrackingConfig(Section):
 # -- text track --------------------------------------------------------------------------------------------
 class BootstrapConfig(Section):
     vocab_size: int = Field(1024, ge=64, le=65536, description="BPE vocabulary size of the built-in tokenizer")
-    n_layer: int = Field(4, ge=1, le=48)
-    n_embd: int = Field(256, ge=16, le=4096)
+    n_layer: int = Field(3, ge=1, le=48)
+    n_embd: int = Field(128, ge=16, le=4096)
     n_head: int = Field(4, ge=1, le=64)
     n_positions: int = Field(768, ge=64, le=8192)
-    episodes: int = Field(3000, ge=10, description="scripted episodes to pre-train on")
+    episodes: int = Field(1500, ge=10, description="scripted episodes to pre-train on")
     noise: float = Field(0.35, ge=0.0, le=1.0, description="probability a scripted move is random instead of good")
     epochs: float = Field(2.0, gt=0)
-    lr: float = Field(2e-3, gt=0)
+    lr: float = Field(3e-3, gt=0)
     batch_size: int = Field(16, ge=1)
 
 

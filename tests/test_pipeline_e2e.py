@@ -130,3 +130,59 @@ def test_dvc_and_prefect_run_the_same_dag(tmp_path):
     repro = subprocess.run(["dvc", "repro"], cwd=proj, env=env, capture_output=True, text=True)
     ran = {line.split("'")[1] for line in repro.stdout.splitlines() if line.startswith("Running stage")}
     assert "annotate-text" in ran and not ran & {"bootstrap", "rollout-text"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_eval_sweep_deployment_on_a_real_prefect_server(trained, tmp_path):
+    """`prefect server start` on loopback, `curio serve`, `prefect deployment run 'eval-sweep/default'`."""
+    import urllib.request
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TQDM_DISABLE": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{trained}/mlflow.db"}
+    bindir = os.path.dirname(sys.executable)
+    server = subprocess.Popen([f"{bindir}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    served = None
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, "prefect server did not become healthy"
+                time.sleep(0.5)
+        served = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve"], cwd=trained, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        params = json.dumps({"checkpoints": ["base", "dpo"], "seeds": [0, 1], "out_dir": str(tmp_path / "sweep")})
+        deadline = time.time() + 120
+        while True:  # the deployment exists once `curio serve` has registered it
+            run = subprocess.run([f"{bindir}/prefect", "deployment", "run", "eval-sweep/default", "--params",
+                                  params, "--watch", "--watch-timeout", "300"],
+                                 env=env, capture_output=True, text=True, timeout=360)
+            if run.returncode == 0 or time.time() > deadline or "not found" not in (run.stdout + run.stderr):
+                break
+            time.sleep(2)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "Completed" in run.stdout
+        rows = json.loads((tmp_path / "sweep" / "results.json").read_text())
+        assert {(r["checkpoint"], r["seed"]) for r in rows} == {("base", 0), ("base", 1), ("dpo", 0), ("dpo", 1)}
+        assert "| checkpoint |" in (tmp_path / "sweep" / "results.md").read_text()
+    finally:
+        for proc in (served, server):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()

@@ -1,0 +1,153 @@
+"""Plumbing shared by the text games: data files, prompt templates, turn bookkeeping, grid coordinates.
+
+Every game keeps its prompts in ``data/<game>.json`` under ``"prompts"`` (``str.format`` templates), so
+rewording a prompt is a data edit, not a code edit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import re
+from abc import abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.envs.base import Game, Split, StepResult, Task
+
+DATA_DIR = Path(__file__).parent / "data"
+DIFFICULTIES = ("easy", "medium", "hard")
+
+
+@functools.cache
+def load_json(name: str) -> Any:
+    """A JSON file from ``pipeline/envs/data`` (cached; treat the result as read-only)."""
+    return json.loads((DATA_DIR / name).read_text(encoding="utf-8"))
+
+
+@functools.cache
+def load_lines(name: str) -> tuple[str, ...]:
+    """Non-empty, non-comment (``#``) lines of a text file from ``pipeline/envs/data``."""
+    lines = (DATA_DIR / name).read_text(encoding="utf-8").splitlines()
+    return tuple(s for s in (line.strip() for line in lines) if s and not s.startswith("#"))
+
+
+class Prompts:
+    """The prompt templates of one game, read from the ``"prompts"`` object of its data file."""
+
+    def __init__(self, data_file: str) -> None:
+        self.templates: dict[str, str] = load_json(data_file)["prompts"]
+
+    def __call__(self, key: str, **fields: Any) -> str:
+        return self.templates[key].format(**fields)
+
+
+def seeded(*parts: object) -> random.Random:
+    """A generator seeded by a readable key: string seeds hash the same on every run and platform."""
+    return random.Random(":".join(str(p) for p in parts))
+
+
+def task_id(group: str, split: Split, index: int) -> str:
+    return f"{group}-{split}-{index:04d}"
+
+
+def per_difficulty(total: int) -> dict[str, int]:
+    """``total`` tasks shared as evenly as possible over easy / medium / hard (easy gets the remainder)."""
+    base, extra = divmod(total, len(DIFFICULTIES))
+    return {level: base + (i < extra) for i, level in enumerate(DIFFICULTIES)}
+
+
+@dataclass
+class Episode:
+    """What every game state tracks; games subclass it with their own fields."""
+
+    task: Task
+    turns: int = 0
+    done: bool = False
+    success: bool = False
+
+
+class TextGame(Game):
+    """A game whose prompts live in its data file and whose ``step`` counts turns.
+
+    Subclasses implement ``make_tasks`` and ``play``; ``step`` ends the episode on success, on a losing
+    move, or when ``max_turns`` moves have been made (invalid moves count as turns too).
+    """
+
+    data_file: str = ""
+
+    def __init__(self, environment: Any = None) -> None:
+        super().__init__(environment)
+        self.prompts = Prompts(self.data_file or f"{self.name}.json")
+        self._tasks: dict[str, list[Task]] = {}
+
+    @abstractmethod
+    def make_tasks(self, split: Split) -> list[Task]:
+        """Build the tasks of a split (called once per split and cached)."""
+
+    @abstractmethod
+    def play(self, state: Any, action: str) -> StepResult:
+        """Apply one move; ``state.turns`` already counts it. Set ``done`` only for an early end."""
+
+    def tasks(self, split: Split) -> list[Task]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r} (train or eval)")
+        if split not in self._tasks:
+            self._tasks[split] = self.make_tasks(split)
+        return list(self._tasks[split])
+
+    def prompt_fields(self, task: Task) -> dict[str, Any]:
+        """Fields available to the ``system`` and ``first`` templates."""
+        return {"max_turns": self.max_turns, "target": task.agent}
+
+    def system_prompt(self, task: Task) -> str:
+        return self.prompts("system", **self.prompt_fields(task))
+
+    def first_message(self, task: Task) -> str:
+        return self.prompts("first", **self.prompt_fields(task))
+
+    def step(self, state: Episode, action: str) -> StepResult:
+        if state.done:
+            return self.game_over(state)
+        state.turns += 1
+        return self.finish_turn(state, self.play(state, action.strip()))
+
+    def game_over(self, state: Episode) -> StepResult:
+        """The reply to a move made after the episode ended (it changes nothing)."""
+        return StepResult(self.prompts("over"), done=True, success=state.success)
+
+    def finish_turn(self, state: Episode, result: StepResult) -> StepResult:
+        """End the episode on success, on an early end, or when the turn budget is spent."""
+        result.done = result.done or result.success or state.turns >= self.max_turns
+        state.done, state.success = result.done, result.success
+        result.info.setdefault("turn", state.turns)
+        return result
+
+
+# -- grids (battleship, minesweeper): rows are letters, columns are numbers from 1 ---------------------------
+ROW_LETTERS = "ABCDEFGHIJ"
+_CELL_RE = re.compile(r"\b([A-Ja-j])\s*-?\s*(\d{1,2})\b")
+
+
+def cell_name(row: int, col: int) -> str:
+    return f"{ROW_LETTERS[row]}{col + 1}"
+
+
+def parse_cell(text: str, size: int) -> tuple[int, int] | None:
+    """The first coordinate like ``B3`` in ``text`` if it lies on a ``size`` x ``size`` board."""
+    match = _CELL_RE.search(text)
+    if match is None:
+        return None
+    row, col = ROW_LETTERS.index(match.group(1).upper()), int(match.group(2)) - 1
+    return (row, col) if 0 <= row < size and 0 <= col < size else None
+
+
+def neighbours(row: int, col: int, size: int) -> list[tuple[int, int]]:
+    return [
+        (r, c)
+        for r in range(row - 1, row + 2)
+        for c in range(col - 1, col + 2)
+        if (r, c) != (row, col) and 0 <= r < size and 0 <= c < size
+    ]
