@@ -11,10 +11,11 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 # A small but complete configuration of the text track: every stage runs for real, in seconds.
 SMALL = [
-    "bootstrap.episodes=600", "bootstrap.n_layer=2", "bootstrap.n_embd=64", "bootstrap.n_head=2",
-    "bootstrap.epochs=2", "bootstrap.vocab_size=512", "bootstrap.lr=0.005", "bootstrap.batch_size=8",
+    "bootstrap.episodes=1000", "bootstrap.n_layer=2", "bootstrap.n_embd=96", "bootstrap.n_head=2",
+    "bootstrap.epochs=2", "bootstrap.vocab_size=2048", "bootstrap.lr=0.005", "bootstrap.batch_size=16",
+    "bootstrap.noise=0.2",
     "games.max_train_tasks=12", "games.max_eval_tasks=6",
-    "rollout_text.trajectories_per_task=4", "rollout_text.tasks_per_chunk=4", "rollout_text.max_new_tokens=24",
+    "rollout_text.trajectories_per_task=4", "rollout_text.tasks_per_chunk=4",
     "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "train_policy.save_steps=2",
     "rl_text.rounds=2", "rl_text.tasks_per_round=4", "rl_text.trajectories_per_task=2", "rl_text.epochs=1",
     "evaluate_text.trajectories_per_task=1",
