@@ -72,7 +72,7 @@ class TrackingConfig(Section):
 
 # -- text track --------------------------------------------------------------------------------------------
 class BootstrapConfig(Section):
-    vocab_size: int = Field(1024, ge=64, le=65536, description="BPE vocabulary size of the built-in tokenizer")
+    vocab_size: int = Field(4096, ge=64, le=65536, description="BPE vocabulary size of the built-in tokenizer")
     n_layer: int = Field(3, ge=1, le=48)
     n_embd: int = Field(128, ge=16, le=4096)
     n_head: int = Field(4, ge=1, le=64)
@@ -95,7 +95,7 @@ class RolloutTextConfig(Section):
     tasks_per_chunk: int = Field(64, ge=1, description="tasks per Parquet part (the unit of resume)")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    min_p: float = Field(0.3, ge=0.0, lt=1.0, description="min-p sampling (PAPRIKA: 0.3)")
     max_new_tokens: int = Field(32, ge=1, le=1024)
     max_format_retries: int = Field(3, ge=0, le=10, description="re-samples of an unparseable turn before the "
                                     "episode is marked invalid (PAPRIKA: 10)")
@@ -224,14 +224,14 @@ class PairsNetHackConfig(Section):
 
 
 class TrainRewardConfig(Section):
-    epochs: int = Field(30, ge=1, description="passes over the training pairs")
+    epochs: int = Field(12, ge=1, description="passes over the training pairs")
     batch_size: int = Field(1024, ge=1, description="pairs per step (Motif: 1024)")
     lr: float = Field(2e-3, gt=0, description="Adam learning rate (Motif: 1e-5 over 500k pairs; "
                       "the embedded default sees ~16k pairs, so it takes larger steps)")
     weight_decay: float = Field(0.0, ge=0)
     max_len: int = Field(96, ge=8, le=1024, description="bytes of a caption the network reads")
-    embed_dim: int = Field(32, ge=4, le=512)
-    channels: int = Field(64, ge=4, le=1024)
+    embed_dim: int = Field(16, ge=4, le=512)
+    channels: int = Field(32, ge=4, le=1024)
     hidden: int = Field(64, ge=4, le=1024)
 
 
@@ -253,7 +253,7 @@ class RLNetHackConfig(Section):
         description="agents trained, by name: reward = ext_coef·r_ext + int_coef·r_int (Motif, score task: "
         "0.1 / 0.1)",
     )
-    train_for_env_steps: int = Field(80_000, ge=1, description="env steps per variant (resumes until reached)")
+    train_for_env_steps: int = Field(64_000, ge=1, description="env steps per variant (resumes until reached)")
     count_exponent: float = Field(3.0, ge=0, description="β: r_int is divided by N_ep(message)^β")
     threshold_quantile: float | None = Field(
         0.5, ge=0, le=1, description="ε = this quantile of the normalised reward; null = no threshold"
@@ -273,6 +273,8 @@ class RLNetHackConfig(Section):
 
     @model_validator(mode="after")
     def _variant_names(self) -> RLNetHackConfig:
+        if self.batch_size % self.rollout:
+            raise ValueError("rl_nethack.batch_size must be a multiple of rl_nethack.rollout")
         for name in self.variants:
             if not name.replace("_", "").replace("-", "").isalnum() or name == "random":
                 raise ValueError(f"rl_nethack.variants: {name!r} is not a usable name (letters, digits, - _)")
