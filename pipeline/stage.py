@@ -27,6 +27,12 @@ STAGES: dict[str, str] = {
     "train-policy": "stages.train",
     "rl-text": "stages.rl.filtered_bc",
     "evaluate-text": "stages.evaluate",
+    "rollout-nethack": "stages.rollout_nethack",
+    "annotate-nethack": "stages.annotate_nethack",
+    "pairs-nethack": "stages.pairs_nethack",
+    "train-reward": "stages.train_reward",
+    "rl-nethack": "stages.rl.appo",
+    "evaluate-nethack": "stages.evaluate_nethack",
 }
 
 

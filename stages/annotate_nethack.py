@@ -17,6 +17,7 @@ chunks are kept; on a rerun only the rows still UNKNOWN in them are asked again.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -42,7 +43,7 @@ SCHEMA = pa.schema(
         pa.field("step_second", pa.int32()),
         pa.field("caption_second", pa.string()),
         pa.field("label", pa.string()),  # FIRST / SECOND / TIE / UNKNOWN
-        pa.field("raw", pa.string()),  # the annotator's answer (or similarities / labels)
+        pa.field("raw", pa.string()),  # the answer; embedding: similarities; labels mode: JSON of both labels
     ]
 )
 
@@ -69,7 +70,7 @@ def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, st
             label = "TIE"
         else:
             label = "FIRST" if la == "helpful" else "SECOND"
-        out.append((label, f"1: {la} {ra}\n2: {lb} {rb}".strip()))
+        out.append((label, json.dumps({"first": [la, ra], "second": [lb, rb]})))
     return out
 
 

@@ -58,6 +58,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.train_reward
     pairs = read_table(params.data_path("pairs_nethack")).to_pandas()
     out = params.data_path("reward_model")
+    # One thread: on a shared 2-core machine OpenMP's spinning threads made steps ~40x slower, not faster.
+    torch.set_num_threads(1)
     torch.manual_seed(chunk_seed(params.seed, NAME, 0))
     rng = np.random.default_rng(chunk_seed(params.seed, NAME, 1))
 
@@ -80,7 +82,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     def all_rewards() -> torch.Tensor:
         model.eval()
         with torch.no_grad():
-            return torch.cat([model(tokens[i : i + 4096]) for i in range(0, len(tokens), 4096)])
+            return model.forward_by_length(tokens)
 
     curve = []
     for epoch in range(cfg.epochs):
@@ -90,7 +92,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         for start in range(0, len(order), cfg.batch_size):
             batch = order[start : start + cfg.batch_size]
             ids, inverse = np.unique(np.concatenate([first[batch], second[batch]]), return_inverse=True)
-            rewards = model(tokens[ids])
+            rewards = model.forward_by_length(tokens[ids])
             r = rewards[torch.from_numpy(inverse)]
             loss = soft_bt_loss(r[: len(batch)], r[len(batch) :], torch.from_numpy(y[batch]))
             optimizer.zero_grad()

@@ -38,3 +38,12 @@ def test_build_pairs_in_trl_conversational_format():
 def test_no_pair_without_a_success_or_without_a_worse_one():
     assert build([traj(0, False, 20)], 2, "as_failure", 1, random.Random(0))[0] == []
     assert build([traj(0, True, 4), traj(1, True, 5)], 2, "as_failure", 1, random.Random(0))[0] == []
+
+
+def test_filtered_bc_keeps_best_fraction_and_skips_invalid():
+    from stages.rl.filtered_bc import top_fraction
+
+    rows = [traj(0, False, 20), traj(1, True, 9), traj(2, True, 4), traj(3, True, 6, invalid=True)]
+    assert [r["sample"] for r in top_fraction(rows, 0.5)] == [2, 1]
+    assert [r["sample"] for r in top_fraction(rows, 0.01)] == [2]
+    assert top_fraction([traj(0, False, 3, invalid=True)], 0.5) == []

@@ -67,11 +67,12 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         so_far = [row for i in sorted(rollouts.finished()) if i <= r
                   for row in read_part(rollouts, i)]
         keep = top_fraction(so_far, cfg.top_quantile)
-        model, _, _ = sft_train(
-            model, tokenizer, [k["conversation"] for k in keep], out / "checkpoints" / f"round-{r:03d}",
-            lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
-            prefix=f"rl_round_{r}",
-        )
+        if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
+            model, _, _ = sft_train(
+                model, tokenizer, [k["conversation"] for k in keep], out / "checkpoints" / f"round-{r:03d}",
+                lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
+                prefix=f"rl_round_{r}",
+            )
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         stats = summarize(read_part(rollouts, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)

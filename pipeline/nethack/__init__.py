@@ -1,0 +1,1 @@
+"""The NetHack track's shared pieces: Motif captions, the intrinsic reward and the sample-factory integration."""

@@ -1,0 +1,130 @@
+"""evaluate-nethack: trained agents against a random policy on the task they trained on.
+
+Every policy plays the same ``episodes`` seeds (paired comparison) on ``rl_nethack.task`` with
+``evaluate_nethack.max_episode_steps`` as the step cap. Reported per policy: mean task return, in-game score,
+deepest dungeon level, episode length and success rate (goal tasks), with standard errors. A trained policy acts
+on ``parallel_envs`` envs at once (one batched network call per step) and samples its actions with a seeded
+torch RNG, so the numbers are reproducible.
+
+Output: ``data/evaluate_nethack`` — chunked Parquet, one row per episode, one part per policy (resumable);
+``data/plots/evaluate-nethack.csv`` (means per policy, for ``dvc plots``) and ``data/plots/evaluate-nethack.png``.
+
+    curio stage evaluate-nethack -S evaluate_nethack.episodes=32
+"""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.config import ConfigError, Params
+from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
+from pipeline.stage import StageContext, StageResult
+
+NAME = "evaluate-nethack"
+PARAMS = ["seed", "rl_nethack.task", "rl_nethack.extended_actions", "evaluate_nethack"]
+COLUMNS = ("return", "score", "depth", "length", "success")
+
+
+def evaluate_policy(params: Params, index: int, name: str) -> list[dict]:
+    cfg = params.evaluate_nethack
+    spec = EnvSpec(params.rl_nethack.task, params.rl_nethack.extended_actions, cfg.max_episode_steps)
+    episodes = list(range(cfg.episodes))
+    seeds = [chunk_seed(params.seed, NAME, e) for e in episodes]
+    if name == "random":
+        summaries = play_random(spec, episodes, seeds)
+    else:
+        import torch
+
+        from pipeline.nethack.sf import TrainedPolicy
+
+        torch.manual_seed(chunk_seed(params.seed, NAME, -1 - index))
+        policy = TrainedPolicy(params.data_path("rl_nethack", name), deterministic=cfg.deterministic)
+        summaries = play_policy(spec, policy, episodes, seeds, parallel_envs=cfg.parallel_envs)
+    return [s.row(name) for s in summaries]
+
+
+def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name in policies:
+        mine = [r for r in rows if r["policy"] == name]
+        stats: dict[str, float] = {"episodes": len(mine)}
+        for col in COLUMNS:
+            values = np.asarray([float(r[col]) for r in mine])
+            stats[col] = float(values.mean())
+            stats[f"{col}_sem"] = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+        out[name] = stats
+    return out
+
+
+def markdown_table(summary: dict[str, dict[str, float]]) -> str:
+    lines = ["| policy | return | score | depth | length | success |", "|---|---|---|---|---|---|"]
+    for name, s in summary.items():
+        cells = [f"{s[c]:.2f} ± {s[c + '_sem']:.2f}" for c in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, float]], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    for ax, col in zip(axes, ("return", "score", "depth", "length"), strict=True):
+        ax.bar(names, [summary[n][col] for n in names], yerr=[summary[n][f"{col}_sem"] for n in names],
+               capsize=3, color=["#999999" if n == "random" else "#3b75af" for n in names])
+        ax.set_title(col)
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle("NetHack evaluation: mean ± s.e. over the same seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    import torch
+
+    cfg = params.evaluate_nethack
+    torch.set_num_threads(1)  # batches of 8 observations: threads only add contention on shared cores
+    upstream = {}
+    for name in cfg.policies:
+        if name == "random":
+            continue
+        if name not in params.rl_nethack.variants:
+            raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is neither 'random' nor a "
+                              "rl_nethack.variants name")
+        from pipeline.nethack.sf import latest_checkpoint
+
+        found = latest_checkpoint(params.data_path("rl_nethack", name))
+        if found is None:
+            raise FileNotFoundError(f"{params.data_path('rl_nethack', name)}: no checkpoint (run rl-nethack first)")
+        upstream[name] = file_sha256(found[0])
+    out = params.data_path("evaluate_nethack")
+    run_chunked(
+        out,
+        num_chunks=len(cfg.policies),
+        make_chunk=lambda i: evaluate_policy(params, i, cfg.policies[i]),
+        params_hash=params.section_hash(PARAMS),
+        upstream=upstream,
+        schema=EPISODE_SCHEMA,
+        desc="evaluate-nethack policies",
+    )
+    summary = summarize(read_table(out).to_pylist(), cfg.policies)
+    plots = params.data_path("plots")
+    plots.mkdir(parents=True, exist_ok=True)
+    with open(plots / f"{NAME}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["policy", *COLUMNS])
+        for name, s in summary.items():
+            writer.writerow([name, *(round(s[c], 4) for c in COLUMNS)])
+    plot(summary, plots / f"{NAME}.png")
+    print(markdown_table(summary), flush=True)
+    metrics: dict[str, float | int | str] = {
+        f"{name}/{key}": round(value, 4) for name, s in summary.items() for key, value in s.items()
+    }
+    return StageResult(metrics=metrics, outputs=[str(out), str(plots / f"{NAME}.csv"), str(plots / f"{NAME}.png")])

@@ -1,0 +1,152 @@
+"""rl-nethack: APPO (sample-factory 2.x) on an NLE task, one agent per reward variant.
+
+Each variant of ``rl_nethack.variants`` trains with r = ext_coef·r_ext + int_coef·1[r̃ > ε]·r̃ / N_ep(m)^β, where r̃
+is the normalised output of the train-reward model for the step's message (``pipeline.nethack.intrinsic``);
+the default trains Motif (ext + int), an extrinsic-only and an intrinsic-only agent. Training runs
+``python -m pipeline.nethack`` (sample-factory with Curio's env and encoder registered) in a child process.
+
+Resume is sample-factory's own: the experiment directory keeps checkpoints (every 30 s and at the end) and a
+rerun continues from the latest one until ``train_for_env_steps``; a finished variant is skipped. When anything
+else about a variant changes (its coefficients, the task, the reward model …) its directory is cleared and it
+starts over, so a checkpoint never continues under different rewards.
+
+Output: ``data/rl_nethack/<variant>/`` (sample-factory experiment: config.json, checkpoint_p0/, logs,
+``curio_summary.json``).
+
+    curio stage rl-nethack -S rl_nethack.train_for_env_steps=200000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
+from pipeline.config import Params, RLNetHackVariant
+from pipeline.nethack.sf import SUMMARY, latest_checkpoint
+from pipeline.stage import StageContext, StageResult
+
+NAME = "rl-nethack"
+PARAMS = ["seed", "rl_nethack"]
+IDENTITY = "curio_identity.json"  # what a checkpoint was trained under, apart from its length
+
+
+def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Path, reward_dir: Path) -> list[str]:
+    """The sample-factory command line of one variant (without --train_for_env_steps)."""
+    cfg = params.rl_nethack
+    uses_model = variant.int_coef != 0
+    threshold = "none" if cfg.threshold_quantile is None else str(cfg.threshold_quantile)
+    args = {
+        "experiment": name,
+        "train_dir": str(train_dir),
+        "seed": params.seed,
+        "nethack_task": cfg.task,
+        "nethack_extended_actions": cfg.extended_actions,
+        "nethack_max_episode_steps": cfg.max_episode_steps,
+        "reward_model_dir": str(reward_dir) if uses_model else "",
+        "ext_coef": variant.ext_coef,
+        "int_coef": variant.int_coef,
+        "count_exponent": cfg.count_exponent,
+        "threshold_quantile": threshold,
+        "reward_scale": cfg.reward_scale,
+        "learning_rate": cfg.learning_rate,
+        "gamma": cfg.gamma,
+        "serial_mode": cfg.serial_mode,
+        "num_workers": cfg.num_workers,
+        "num_envs_per_worker": cfg.num_envs_per_worker,
+        # Double-buffered sampling pays off with parallel workers; one serial worker is faster without it.
+        "worker_num_splits": 1 if cfg.serial_mode else 2,
+        "batch_size": cfg.batch_size,
+        "rollout": cfg.rollout,
+        "use_rnn": cfg.use_rnn,
+    }
+    return [f"--{k}={v}" for k, v in args.items()] + list(cfg.extra_args)
+
+
+def identity(args: list[str], reward_dir: Path, uses_model: bool) -> str:
+    """What a checkpoint was trained under: the arguments except where things live, and the reward model's
+    content (not its path), so moving the data directory does not restart training."""
+    where = ("--experiment=", "--train_dir=", "--reward_model_dir=")
+    kept = [a for a in args if not a.startswith(where)]
+    return stable_hash({"args": kept, "reward_model": dir_hash(reward_dir) if uses_model else None})
+
+
+def _stop_with_parent() -> None:
+    """In the training child: get SIGINT when this stage's process dies, however it dies (even SIGKILL).
+
+    sample-factory stops cleanly on SIGINT and writes a checkpoint, so a killed stage leaves no orphan
+    training on and the rerun resumes from where it stopped.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+
+
+def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Path | None = None) -> dict:
+    """Train (or resume, or skip) one variant; returns its curio_summary.json plus what was done."""
+    cfg = params.rl_nethack
+    train_dir = params.data_path("rl_nethack")
+    reward_dir = params.data_path("reward_model")
+    experiment = train_dir / name
+    args = sf_args(params, name, variant, train_dir, reward_dir)
+    ident = identity(args, reward_dir, variant.int_coef != 0)
+    id_file = experiment / IDENTITY
+    if experiment.exists() and (not id_file.exists() or json.loads(id_file.read_text())["identity"] != ident):
+        shutil.rmtree(experiment)  # trained under other settings: its checkpoints must not be continued
+    experiment.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(id_file, {"identity": ident, "args": args})
+
+    found = latest_checkpoint(experiment)
+    if found is not None and found[1] >= cfg.train_for_env_steps and (experiment / SUMMARY).exists():
+        return {**json.loads((experiment / SUMMARY).read_text()), "action": "skipped (already trained)"}
+    command = [sys.executable, "-m", "pipeline.nethack", *args, f"--train_for_env_steps={cfg.train_for_env_steps}"]
+    log = log or experiment / "curio_train.log"
+    # The child must import this checkout's pipeline package whether or not it is installed.
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    (experiment / SUMMARY).unlink(missing_ok=True)  # written anew by this run's end, or it failed
+    start = time.time()
+    with open(log, "a") as out, subprocess.Popen(
+        command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_parent
+    ) as proc:
+        try:
+            code = proc.wait(timeout=cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)  # stop cleanly: sample-factory writes a checkpoint to resume from
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise RuntimeError(
+                f"rl-nethack: {name} did not finish within {cfg.timeout_s} s (see {log}); rerun to resume"
+            ) from None
+    if code != 0 or not (experiment / SUMMARY).exists():
+        raise RuntimeError(f"rl-nethack: training {name} failed (exit {code}); see {log}")
+    summary = json.loads((experiment / SUMMARY).read_text())
+    action = "resumed" if found is not None else "trained"
+    return {**summary, "action": action, "wall_seconds": round(time.time() - start, 1)}
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.rl_nethack
+    metrics: dict[str, float | int | str] = {}
+    for name, variant in cfg.variants.items():
+        summary = train_variant(params, name, variant)
+        print(f"rl-nethack: {name}: {summary['action']} to {summary['env_steps']} env steps", flush=True)
+        stats = summary.get("episode_stats", {})
+        metrics.update({
+            f"{name}/env_steps": summary["env_steps"],
+            f"{name}/fps": summary["fps"],
+            f"{name}/resumed_from_env_steps": summary["resumed_from_env_steps"],
+            **{f"{name}/train_{k}": round(v, 4) for k, v in stats.items()
+               if k in {"true_objective", "len", "score", "depth", "intrinsic_return", "extrinsic_return"}},
+        })
+    return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack"))])

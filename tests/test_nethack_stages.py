@@ -1,0 +1,326 @@
+"""The NetHack track's stages on a tiny budget: outputs, determinism, and resume in rollout, annotate and rl."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.artifacts import read_manifest, read_table
+from pipeline.config import Params, load_params
+from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.stage import StageContext, execute
+
+TINY = [
+    "tracking.enabled=false",
+    "rollout_nethack.episodes=4", "rollout_nethack.episodes_per_chunk=2", "rollout_nethack.max_episode_steps=300",
+    "annotate_nethack.num_pairs=600", "annotate_nethack.pairs_per_chunk=200",
+    "train_reward.epochs=4", "train_reward.batch_size=128",
+    "rl_nethack.train_for_env_steps=1024", "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256",
+    "rl_nethack.max_episode_steps=400", "rl_nethack.variants={motif: {ext_coef: 0.1, int_coef: 0.1}}",
+    "rl_nethack.timeout_s=300",
+    "evaluate_nethack.episodes=2", "evaluate_nethack.max_episode_steps=150",
+    "evaluate_nethack.policies=[random, motif]",
+]
+
+
+def make_params(root: Path, *overrides: str) -> Params:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "params.yaml").write_text("{}\n")
+    return load_params(root / "params.yaml", [*TINY, f"data_dir={root / 'data'}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Params:
+    """rollout → annotate (embedding default) → pairs → train-reward, once for the module."""
+    params = make_params(tmp_path_factory.mktemp("nethack"))
+    for name in ("rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward"):
+        execute(name, params)
+    return params
+
+
+class FakeJudge(ChatBackend):
+    """Answers like a Motif annotator, deterministically from the prompt; can fail or ramble on purpose."""
+
+    name = "fake"
+
+    def __init__(self, fail_on_call: int | None = None, ramble_on: str | None = None) -> None:
+        super().__init__("fake-judge")
+        self.calls = 0
+        self.conversations = 0
+        self.fail_on_call = fail_on_call
+        self.ramble_on = ramble_on
+
+    def generate(self, conversations, sampling: Sampling) -> list[Generation]:
+        self.calls += 1
+        if self.fail_on_call is not None and self.calls == self.fail_on_call:
+            raise RuntimeError("server went away")
+        self.conversations += len(conversations)
+        out = []
+        for conv in conversations:
+            prompt = conv[1]["content"] if len(conv) > 1 else conv[0]["content"]
+            if self.ramble_on and self.ramble_on in prompt:
+                out.append(Generation("Both are interesting in their own way."))
+                continue
+            choice = 1 + hashlib.sha256(prompt.encode()).digest()[0] % 2
+            out.append(Generation(f'Compared. ("best_description": {choice})'))
+        return out
+
+
+def run_annotate(params: Params, backend: ChatBackend):
+    from stages import annotate_nethack
+
+    return annotate_nethack.run(params, StageContext(), backend=backend)
+
+
+def test_rollout_rows_and_resume_after_a_crash(tmp_path, monkeypatch):
+    from stages import rollout_nethack
+
+    whole = make_params(tmp_path / "whole")
+    execute("rollout-nethack", whole)
+    table = read_table(whole.data_path("rollout_nethack"))
+    assert table.num_rows > 4 and set(table["episode"].to_pylist()) == {0, 1, 2, 3}
+    first = table.slice(0, 1).to_pylist()[0]
+    assert first["step"] == 0 and first["action"] == -1 and "Hello Agent" in first["message"]
+    assert len(first["blstats"]) == 27
+    assert sum(table["done"].to_pylist()) == 4
+
+    crashed = make_params(tmp_path / "crashed")
+    real, calls = rollout_nethack.collect_chunk, []
+
+    def flaky(params, index, policy=None):
+        calls.append(index)
+        if index == 1 and len(calls) == 2:
+            raise KeyboardInterrupt  # killed while playing the second chunk
+        return real(params, index, policy)
+
+    monkeypatch.setattr(rollout_nethack, "collect_chunk", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        execute("rollout-nethack", crashed)
+    execute("rollout-nethack", crashed)
+    assert calls == [0, 1, 1]  # the finished chunk was kept, not replayed
+    assert read_table(crashed.data_path("rollout_nethack")).equals(table)
+
+
+def test_embedding_annotator_is_the_default(chain):
+    rows = read_table(chain.data_path("annotate_nethack")).to_pylist()
+    assert len(rows) == 600
+    labels = {r["label"] for r in rows}
+    assert labels <= {"FIRST", "SECOND", "TIE"} and {"FIRST", "SECOND"} <= labels
+    for r in rows:
+        if r["caption_first"] == r["caption_second"]:
+            assert (r["label"], r["raw"]) == ("TIE", "")  # no call for identical captions
+        else:
+            assert r["raw"].startswith("similarity")
+    metrics = json.loads((chain.data_path("metrics") / "annotate-nethack.json").read_text())
+    assert metrics["labels/unknown"] == 0 and metrics["pairs"] == 600
+
+
+def test_annotate_resumes_after_a_crash_with_the_same_rows(chain, tmp_path):
+    whole = chain.model_copy(update={"data_dir": str(tmp_path / "whole")})
+    crashed = chain.model_copy(update={"data_dir": str(tmp_path / "crashed")})
+    for p in (whole, crashed):  # share the rollouts
+        Path(p.data_dir).mkdir()
+        (Path(p.data_dir) / "rollout_nethack").symlink_to(chain.data_path("rollout_nethack"))
+    judge = FakeJudge()
+    run_annotate(whole, judge)
+    expected = read_table(whole.data_path("annotate_nethack"))
+
+    with pytest.raises(RuntimeError, match="server went away"):
+        run_annotate(crashed, FakeJudge(fail_on_call=2))  # dies on the second chunk
+    assert len(read_manifest(crashed.data_path("annotate_nethack"))["parts"]) == 1
+    resumed = FakeJudge()
+    run_annotate(crashed, resumed)
+    assert read_table(crashed.data_path("annotate_nethack")).equals(expected)
+    assert resumed.conversations < judge.conversations  # the finished chunk was not asked again
+
+
+def test_annotate_rerun_asks_only_the_unknown_rows(chain, tmp_path):
+    params = chain.model_copy(update={"data_dir": str(tmp_path / "d")})
+    Path(params.data_dir).mkdir()
+    (Path(params.data_dir) / "rollout_nethack").symlink_to(chain.data_path("rollout_nethack"))
+    out = params.data_path("annotate_nethack")
+    first = run_annotate(params, FakeJudge(ramble_on="It's a wall."))
+    before = read_table(out).to_pylist()
+    unknown = [r for r in before if r["label"] == "UNKNOWN"]
+    assert unknown and first.metrics["labels/unknown"] == len(unknown)
+    assert all("[retry]" in r["raw"] for r in unknown)  # one retry turn was tried
+
+    judge = FakeJudge()
+    second = run_annotate(params, judge)
+    after = read_table(out).to_pylist()
+    assert judge.conversations == len(unknown) and second.metrics["unknown_redone"] == len(unknown)
+    assert second.metrics["labels/unknown"] == 0
+    for b, a in zip(before, after, strict=True):
+        assert a["pair"] == b["pair"]
+        if b["label"] != "UNKNOWN":
+            assert a == b  # answered rows untouched
+
+
+class FakeLabeller(ChatBackend):
+    """ONI-style labeller: 'helpful' when the message mentions killing or gold, 'unhelpful' otherwise."""
+
+    name = "fake-labeller"
+
+    def __init__(self) -> None:
+        super().__init__("fake-labeller")
+        self.batches: list[list[str]] = []
+
+    def generate(self, conversations, sampling: Sampling) -> list[Generation]:
+        out = []
+        self.batches.append([])
+        for conv in conversations:
+            message = conv[-1]["content"].split('"')[1]
+            self.batches[-1].append(message)
+            helpful = any(w in message.lower() for w in ("kill", "gold", "welcome"))
+            out.append(Generation(f"Thinking.\n<label>{'helpful' if helpful else 'unhelpful'}</label>"))
+        return out
+
+
+def test_oni_labels_mode_labels_each_caption_once_and_derives_pair_preferences(chain, tmp_path):
+    params = chain.model_copy(deep=True, update={"data_dir": str(tmp_path / "d")})
+    params.annotate_nethack.mode = "labels"
+    Path(params.data_dir).mkdir()
+    (Path(params.data_dir) / "rollout_nethack").symlink_to(chain.data_path("rollout_nethack"))
+    labeller = FakeLabeller()
+    run_annotate(params, labeller)
+    rows = read_table(params.data_path("annotate_nethack")).to_pylist()
+    assert len(labeller.batches) == 3  # one request batch per chunk
+    for batch in labeller.batches:
+        assert len(batch) == len(set(batch))  # each distinct caption asked once, not once per pair
+        assert "" not in batch  # empty captions are unhelpful without a call
+    for r in rows:
+        answers = json.loads(r["raw"])
+        first, second = answers["first"][0], answers["second"][0]
+        expected = "TIE" if first == second else ("FIRST" if first == "helpful" else "SECOND")
+        assert r["label"] == expected
+    assert {r["label"] for r in rows} >= {"TIE", "FIRST", "SECOND"}
+
+
+def test_pairs_drop_unknown_and_keep_ties_as_half(tmp_path):
+    import pyarrow as pa
+
+    from stages.pairs_nethack import build
+
+    annotations = pa.table({
+        "pair": list(range(6)),
+        "caption_first": ["a", "b", "c", "d", "e", "f"],
+        "caption_second": ["x", "y", "z", "w", "v", "u"],
+        "label": ["FIRST", "SECOND", "TIE", "UNKNOWN", "TIE", "FIRST"],
+    })
+    rows = build(annotations, seed=0, val_fraction=0.5, keep_ties=True).to_pylist()
+    assert [(r["pair"], r["y"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 0.5), (4, 0.5), (5, 0.0)]
+    assert {r["split"] for r in rows} <= {"train", "val"}
+    again = build(annotations, seed=0, val_fraction=0.5, keep_ties=True).to_pylist()
+    assert [r["split"] for r in again] == [r["split"] for r in rows]
+    no_ties = build(annotations, seed=0, val_fraction=0.5, keep_ties=False).to_pylist()
+    assert [r["pair"] for r in no_ties] == [0, 1, 5]
+
+
+def test_reward_model_agrees_with_the_annotator_on_held_out_pairs(chain):
+    metrics = json.loads((chain.data_path("metrics") / "train-reward.json").read_text())
+    assert metrics["val_pairs"] > 50
+    assert metrics["val_agreement"] >= 0.8  # tiny data here; the default pipeline reports ~0.99
+    out = chain.data_path("reward_model")
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["quantile_values"] == sorted(stats["quantile_values"]) and len(stats["quantile_levels"]) == 101
+    table = json.loads((out / "message_rewards.json").read_text())
+    pairs = read_table(chain.data_path("pairs_nethack"))
+    assert set(table) == set(pairs["caption_first"].to_pylist()) | set(pairs["caption_second"].to_pylist())
+    assert (chain.data_path("plots") / "train-reward.csv").exists()
+
+
+def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewards(chain):
+    from stages.rl.appo import train_variant
+
+    variant = chain.rl_nethack.variants["motif"]
+    first = train_variant(chain, "motif", variant)
+    assert first["action"] == "trained" and first["env_steps"] >= 1024 and first["resumed_from_env_steps"] == 0
+
+    longer = chain.model_copy(deep=True)
+    longer.rl_nethack.train_for_env_steps = 2048
+    second = train_variant(longer, "motif", variant)
+    assert second["action"] == "resumed"
+    assert second["resumed_from_env_steps"] >= first["env_steps"]  # continued, not restarted
+    assert second["env_steps"] >= 2048
+    assert second["env_steps_this_run"] < second["env_steps"]
+
+    assert train_variant(longer, "motif", variant)["action"].startswith("skipped")
+
+    experiment = chain.data_path("rl_nethack", "motif")
+    config = json.loads((experiment / "config.json").read_text())
+    assert (config["int_coef"], config["threshold_quantile"], config["count_exponent"]) == (0.1, 0.5, 3.0)
+
+    # Evaluate the trained agent next to a random one (same seeds); then check the stage's outputs.
+    execute("evaluate-nethack", longer)
+    metrics = json.loads((chain.data_path("metrics") / "evaluate-nethack.json").read_text())
+    for policy in ("random", "motif"):
+        assert metrics[f"{policy}/episodes"] == 2
+        assert metrics[f"{policy}/length"] <= 150
+        assert metrics[f"{policy}/depth"] >= 1
+    assert (chain.data_path("plots") / "evaluate-nethack.png").stat().st_size > 1000
+    episodes = pq.read_table(chain.data_path("evaluate_nethack", "part-00000.parquet")).to_pylist()
+    assert [e["policy"] for e in episodes] == ["random", "random"]
+
+    # The trained agent can also collect rollouts (Motif's dataset came from agents trained on the score).
+    from_agent = longer.model_copy(deep=True, update={"data_dir": str(chain.data_path("from_agent"))})
+    from_agent.rollout_nethack = from_agent.rollout_nethack.model_copy(
+        update={"policy": "checkpoint", "checkpoint": str(experiment), "max_episode_steps": 60}
+    )
+    execute("rollout-nethack", from_agent)
+    steps = read_table(from_agent.data_path("rollout_nethack"))
+    assert set(steps["episode"].to_pylist()) == {0, 1, 2, 3} and max(steps["step"].to_pylist()) <= 60
+
+    # Other reward coefficients: the old checkpoints must not be continued.
+    changed = variant.model_copy(update={"int_coef": 0.2})
+    third = train_variant(longer, "motif", changed)
+    assert third["action"] == "trained" and third["resumed_from_env_steps"] == 0
+
+
+def test_rl_stage_killed_mid_training_stops_its_trainer_and_resumes(chain, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from pipeline.nethack.sf import latest_checkpoint
+    from stages.rl.appo import train_variant
+
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "reward_model").symlink_to(chain.data_path("reward_model"))
+    overrides = [*TINY, "rl_nethack.train_for_env_steps=500000", "rl_nethack.extra_args=['--save_every_sec=2']"]
+    import yaml
+
+    from pipeline.config import _set_dotted, parse_override
+
+    raw: dict = {}
+    for o in overrides:
+        _set_dotted(raw, *parse_override(o))
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    stage = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "stage", "rl-nethack"], cwd=project,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    experiment = project / "data" / "rl_nethack" / "motif"
+    deadline = time.time() + 180
+    while (latest_checkpoint(experiment) or (None, 0))[1] == 0 and time.time() < deadline:
+        time.sleep(0.5)  # the first checkpoint (step 0) is written at start; wait for one with progress
+    _, steps_seen = latest_checkpoint(experiment) or (None, 0)
+    assert steps_seen > 0, "no checkpoint written in time"
+    trainers = psutil.Process(stage.pid).children(recursive=True)
+    assert trainers
+    stage.kill()  # SIGKILL: the stage gets no chance to clean up
+    stage.wait()
+    _, alive = psutil.wait_procs(trainers, timeout=60)
+    assert not alive  # the trainer went down with its stage (and saved on the way)
+    _, steps_at_kill = latest_checkpoint(experiment)
+    assert steps_seen <= steps_at_kill < 500000
+
+    params = load_params(project / "params.yaml", [f"data_dir={project / 'data'}",
+                                                   f"rl_nethack.train_for_env_steps={steps_at_kill + 1024}"])
+    resumed = train_variant(params, "motif", params.rl_nethack.variants["motif"])
+    assert resumed["action"] == "resumed" and resumed["resumed_from_env_steps"] == steps_at_kill
+    assert resumed["env_steps"] >= steps_at_kill + 1024
