@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
 import typer
 
 from pipeline.config import ConfigError, load_params
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Curio: agents trained from LLM feedback.")
 llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")

@@ -8,18 +8,22 @@ consistent: a ``dvc repro`` afterwards does nothing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect import flow, get_run_logger, task
-from prefect.task_runners import ThreadPoolTaskRunner
 
-from pipeline.artifacts import atomic_write_bytes, atomic_write_json
-from pipeline.config import Params, load_params
-from pipeline.stage import STAGES, execute
-from pipeline.tracking import pipeline_run
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect reads its settings
+
+from prefect import flow  # noqa: E402, get_run_logger, task
+from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
+
+from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
+from pipeline.config import Params, load_params  # noqa: E402
+from pipeline.stage import STAGES, execute  # noqa: E402
+from pipeline.tracking import pipeline_run  # noqa: E402
 
 
 def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
@@ -114,7 +118,7 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
 @task
 def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float) -> dict:
     from pipeline.play import summarize
-    from stages.evaluate import evaluate_policy
+    from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
 
     params = load_params(params_file)
     rows = evaluate_policy(params, checkpoint, split, seed, k, temperature)
@@ -137,6 +141,8 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
                     splits: list[str] | None = None, seeds: list[int] | None = None,
                     trajectories_per_task: int | None = None, out_dir: str | None = None) -> list[dict]:
     """Evaluate checkpoints × splits × seeds as parallel tasks; one results table (Parquet + markdown)."""
+    import stages.evaluate  # noqa: F401 - import the model stack once, in this thread, before fanning out
+
     params = load_params(params_file)
     cfg = params.eval_sweep
     k = trajectories_per_task or params.evaluate_text.trajectories_per_task

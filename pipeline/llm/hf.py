@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
 
+# Imported here, not lazily inside functions: transformers' lazy module is not safe when two threads
+# (e.g. the eval-sweep's parallel Prefect tasks) resolve the same name at once.
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+
+# from_pretrained initialises on the meta device through process-wide state: one load at a time.
+_LOAD_LOCK = threading.Lock()
 
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
     """Load a causal LM + tokenizer saved with ``save_pretrained`` (or any HF model id)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with _LOAD_LOCK:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     model.to(device).eval()
     return model, tokenizer
 
