@@ -17,7 +17,7 @@ import yaml
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect reads its settings
 
-from prefect import flow  # noqa: E402, get_run_logger, task
+from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
