@@ -89,7 +89,7 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
                   force: bool = False) -> dict[str, str]:
     """Run the DAG in dvc.yaml order; stages DVC considers current are skipped; each run is `dvc commit`ted."""
     logger = get_run_logger()
-    _params(params_file, overrides)  # validate before anything runs
+    params = _params(params_file, overrides)  # validate before anything runs
     if overrides:
         # Overrides must land in params.yaml for dvc.lock to describe what ran (as `dvc exp run -S` does).
         raw = yaml.safe_load(Path(params_file).read_text())
@@ -99,8 +99,7 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
             _set_dotted(raw, k, v)
         atomic_write_bytes(Path(params_file), yaml.safe_dump(raw, sort_keys=False).encode())
     summary: dict[str, str] = {}
-    with pipeline_run("pipeline", experiment=_params(params_file, None).tracking.experiment,
-                      enabled=_params(params_file, None).tracking.enabled):
+    with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled):
         for name in dag_order():
             if not force and stage_is_current(name):
                 logger.info("%s: up to date", name)

@@ -167,26 +167,26 @@ def deduce(size: int, board: dict[Cell, str]) -> tuple[set[Cell], set[Cell]]:
             if unknown:
                 constraints.append((frozenset(unknown), need))
         for unknown, need in constraints:
-            if need == 0:
-                safe |= unknown
-                changed = True
-            elif need == len(unknown):
-                mines |= unknown
-                changed = True
+            changed |= _settle(unknown, need, safe, mines)
         if changed:
             continue
         # Subset rule: if A's cells all border B, B's other cells hold exactly need_B - need_A mines.
         for a, need_a in constraints:
             for b, need_b in constraints:
                 if a < b:
-                    rest, extra = b - a, need_b - need_a
-                    if extra == 0:
-                        safe |= rest
-                        changed = True
-                    elif extra == len(rest):
-                        mines |= rest
-                        changed = True
+                    changed |= _settle(b - a, need_b - need_a, safe, mines)
     return safe, mines
+
+
+def _settle(cells: frozenset, need: int, safe: set, mines: set) -> bool:
+    """Cells holding exactly ``need`` mines: all safe when 0, all mines when every one; True if decided."""
+    if need == 0:
+        safe |= cells
+        return True
+    if need == len(cells):
+        mines |= cells
+        return True
+    return False
 
 
 def guess_risk(size: int, board: dict[Cell, str], mines: set[Cell], n_mines: int) -> dict[Cell, float]:
