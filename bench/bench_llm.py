@@ -3,8 +3,11 @@
     python bench/bench_llm.py [--latency 0.05] [--waves 20] [--nle-steps 20000]
 
 1. Throughput of the openai backend (through the cache wrapper, cold cache) at concurrency C ∈ {8, 64, 256}
-   against the fake server answering after L seconds, printed as a ratio to the limit C / L. The same run at
-   L = 0 gives what this machine's CPUs allow at all (client + server in Python), printed next to it.
+   against the fake server answering after L seconds, printed as a ratio to the limit C / L, side by side with
+   a bare aiohttp client (no SDK, no cache: ``bare``), the most this machine allows any Python client. Each is
+   also run at L = 0, which gives what the CPUs allow
+   at all, with the CPU time the client process and the server process spend per request (from the OS), and
+   the ceiling those imply on idle cores: 1000 / max(client ms, server ms, (client + server ms) / ncpu) req/s.
 2. The same batch again with the cache warm: requests the server saw (must be 0) and the speed-up.
 3. Dedup on real NetHack messages from a random policy: unique / total, and the requests ONI-style labelling
    of that stream really sends.
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
@@ -24,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_openai_server import CURIO_RULES, FakeServer  # noqa: E402
 
 from pipeline.config import LLMConfig  # noqa: E402
-from pipeline.llm import ResponseCache, make_backend  # noqa: E402
+from pipeline.llm import CachedBackend, ResponseCache, make_backend  # noqa: E402
 from pipeline.llm.annotation import label_messages  # noqa: E402
 from pipeline.llm.base import Sampling  # noqa: E402
 
@@ -55,59 +59,100 @@ def timed(backend, conversations) -> float:
     return elapsed
 
 
-def bare_rate(server: FakeServer, concurrency: int, n: int) -> float:
-    """Requests/s of a bare aiohttp client (no SDK, no cache): what this machine allows without our layer."""
-    import asyncio
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+
+class Meter:
+    """Wall time, this process's CPU and the server's CPU over a block, per request."""
+
+    def __init__(self, server: FakeServer, n: int) -> None:
+        self.server, self.n = server, n
+
+    def __enter__(self) -> Meter:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.server_cpu = process_cpu_s(self.server.proc.pid)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = (time.process_time() - self.cpu) / self.n * 1000
+        self.server_cpu = (process_cpu_s(self.server.proc.pid) - self.server_cpu) / self.n * 1000
+        self.rate = self.n / self.wall
+
+
+def make(server: FakeServer, concurrency: int, cache: ResponseCache) -> CachedBackend:
+    return make_backend(cfg(server, concurrency), role="bench", cache=cache)
+
+
+def bare_rate(server: FakeServer, concurrency: int, n: int, tag: str) -> Meter:
+    """Requests/s of a bare aiohttp client (no SDK, no cache): what this machine allows without our layer."""
     import aiohttp
 
-    async def run() -> float:
+    async def run() -> Meter:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
 
             async def work(todo) -> None:
                 for i in todo:
-                    body = {"model": "fake-model", "messages": [{"role": "user", "content": f"bare {i}"}]}
+                    body = {"model": "fake-model", "messages": [{"role": "user", "content": f"bare {tag} {i}"}]}
                     async with session.post(server.base_url + "/chat/completions", json=body) as resp:
                         await resp.json()
 
-            warmup = iter(range(concurrency))
+            warmup = iter(range(-concurrency, 0))
             await asyncio.gather(*(work(warmup) for _ in range(concurrency)))  # open the connections
             todo = iter(range(n))
-            start = time.perf_counter()
-            await asyncio.gather(*(work(todo) for _ in range(concurrency)))
-            return n / (time.perf_counter() - start)
+            with Meter(server, n) as m:
+                await asyncio.gather(*(work(todo) for _ in range(concurrency)))
+            return m
 
     return asyncio.run(run())
 
 
 def throughput(server: FakeServer, latency: float, waves: int, cache_root: Path) -> None:
     print(f"== throughput, L = {latency * 1000:.0f} ms, {waves} waves of C requests each ==")
-    print("ratio = req/s / (C/L). curio = openai backend through the cache wrapper, cold cache; bare = an aiohttp")
-    print("client with no SDK and no cache; cpu = the same curio run with L = 0, i.e. what the CPUs allow at all.")
+    print("ratio = req/s / (C/L). curio = the openai backend (official SDK client) through the cache wrapper, cold")
+    print("cache; bare = an aiohttp client, no SDK, no cache. L=0 columns: req/s, and")
+    print("CPU ms per request of this process (client) and of the server process; ceiling = the req/s those allow")
+    print(f"on {os.cpu_count()} idle cores, one core at most per process: 1000 / max(cli, srv, (cli + srv) / ncpu).")
     print(
-        f"{'C':>5} {'C/L':>6} {'curio req/s':>11} {'ratio':>6} {'bare req/s':>10} {'ratio':>6} {'cpu req/s':>9}"
-        f" {'cold s':>7} {'warm s':>7} {'warm sent':>9}"
+        f"{'C':>5} {'C/L':>6} {'client':>6} {'req/s':>7} {'ratio':>6} | {'L=0 req/s':>9} {'cli ms':>6}"
+        f" {'srv ms':>6} {'ceiling':>7} | {'warm s':>7} {'warm sent':>9}"
     )
+    ncpu = os.cpu_count() or 1
     for c in CONCURRENCY:
         n = c * waves
-        server.configure(latency_s=0.0)
-        cache = ResponseCache(cache_root / f"c{c}.sqlite")
-        backend = make_backend(cfg(server, c), role="bench", cache=cache)
-        timed(backend, batch(c, f"warmup{c}"))  # open the connections
-        cpu = n / timed(backend, batch(n, f"cpu{c}"))
-
-        server.configure(latency_s=latency)
-        cold = timed(backend, batch(n, f"lat{c}"))
-        server.configure(latency_s=latency)  # zero the counters
-        warm = timed(backend, batch(n, f"lat{c}"))
-        warm_sent = server.stats()["requests"]
-        backend.close()
-        bare = bare_rate(server, c, n)
+        n_cpu = max(n, 2000)  # enough requests for the OS's 10 ms CPU accounting ticks
         limit = c / latency
-        print(
-            f"{c:>5} {limit:>6.0f} {n / cold:>11.0f} {n / cold / limit:>6.2f} {bare:>10.0f} {bare / limit:>6.2f}"
-            f" {cpu:>9.0f} {cold:>7.3f} {warm:>7.3f} {warm_sent:>9}"
-        )
+        for kind in ("curio", "bare"):
+            if kind == "bare":
+                server.configure(latency_s=0.0)
+                cpu = bare_rate(server, c, n_cpu, "cpu")
+                server.configure(latency_s=latency)
+                lat = bare_rate(server, c, n, "lat")
+                warm_text = ""
+            else:
+                cache = ResponseCache(cache_root / f"{kind}{c}.sqlite")
+                backend = make(server, c, cache)
+                server.configure(latency_s=0.0)
+                timed(backend, batch(c, f"warmup{c}"))  # open the connections
+                with Meter(server, n_cpu) as cpu:
+                    timed(backend, batch(n_cpu, f"cpu{c}"))
+                server.configure(latency_s=latency)
+                with Meter(server, n) as lat:
+                    timed(backend, batch(n, f"lat{c}"))
+                server.configure(latency_s=latency)  # zero the counters
+                warm = timed(backend, batch(n, f"lat{c}"))
+                warm_text = f"{warm:>7.3f} {server.stats()['requests']:>9}"
+                backend.close()
+            # Each process runs on one core at most; together they share ncpu.
+            ceiling = 1000 / max(cpu.cpu, cpu.server_cpu, (cpu.cpu + cpu.server_cpu) / ncpu)
+            print(
+                f"{c:>5} {limit:>6.0f} {kind:>6} {lat.rate:>7.0f} {lat.rate / limit:>6.2f} | {cpu.rate:>9.0f}"
+                f" {cpu.cpu:>6.3f} {cpu.server_cpu:>6.3f} {ceiling:>7.0f} | {warm_text}",
+                flush=True,
+            )
 
 
 def nle_messages(steps: int, seed: int) -> list[str]:
@@ -162,7 +207,10 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=20)
     ap.add_argument("--nle-steps", type=int, default=20000)
     args = ap.parse_args()
-    print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}")
+    print(
+        f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        f"  python {sys.version.split()[0]}"
+    )
     server = FakeServer()
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -223,6 +223,15 @@ def read_rows(path: str | Path, columns: list[str] | None = None) -> list[dict]:
     return read_table(path, columns).to_pylist()
 
 
+def read_part(path: str | Path, index: int, columns: list[str] | None = None) -> list[dict]:
+    """Rows of one finished part of a dataset, complete or still being written (e.g. by ``run_chunked``)."""
+    manifest = read_manifest(path)
+    part = (manifest or {}).get("parts", {}).get(f"{index:05d}")
+    if part is None:
+        raise FileNotFoundError(f"{path}: part {index} is not finished")
+    return pq.read_table(Path(path) / part["file"], columns=columns).to_pylist()
+
+
 def part_files(path: str | Path) -> list[str]:
     """The part files of a complete dataset, for ``datasets.load_dataset('parquet', data_files=...)``."""
     manifest = read_manifest(path)

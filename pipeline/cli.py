@@ -2,7 +2,8 @@
 
     curio stage NAME [-S key=value ...]   run one stage (what dvc.yaml calls)
     curio pipeline                        the whole DAG as a Prefect flow (dvc.lock kept consistent)
-    curio eval-sweep                      checkpoints × splits × seeds, one results table
+    curio eval-sweep                      checkpoints × splits × seeds, per group, one results table + plots
+    curio logo GROUP                      leave-one-group-out: train without GROUP, evaluate on GROUP only
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
@@ -73,12 +74,45 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 def eval_sweep(params: ParamsOpt = "params.yaml",
                checkpoint: Annotated[list[str] | None, typer.Option(help="policy names or paths")] = None,
                split: Annotated[list[str] | None, typer.Option(help="train / eval")] = None,
-               seed: Annotated[list[int] | None, typer.Option(help="seeds")] = None) -> None:
-    """Evaluate checkpoints × splits × seeds in parallel; writes data/eval_sweep/results.{parquet,md}."""
+               seed: Annotated[list[int] | None, typer.Option(help="seeds")] = None,
+               group: Annotated[list[str] | None, typer.Option(help="task groups (default: evaluation groups)")] = None,
+               set_: SetOpt = None) -> None:
+    """Evaluate checkpoints × splits × seeds in parallel, per group; writes data/eval_sweep/results.{parquet,md,json}
+    and success.png / mean_turns.png (mean ± std over seeds)."""
+    from pipeline.config import parse_override
     from pipeline.flows import eval_sweep_flow
 
-    _load(params, None)
-    eval_sweep_flow(params_file=params, checkpoints=checkpoint, splits=split, seeds=seed)
+    _load(params, set_)
+    overrides = dict(parse_override(o) for o in set_ or [])
+    eval_sweep_flow(params_file=params, checkpoints=checkpoint, splits=split, seeds=seed, groups=group,
+                    overrides=overrides or None)
+
+
+@app.command()
+def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
+         pool: Annotated[list[str] | None, typer.Option(help="groups to leave GROUP out of (default: games.groups)")]
+         = None,
+         data_root: Annotated[str | None, typer.Option(help="parent of the run's data dir (default: data_dir)")]
+         = None,
+         report_only: Annotated[bool, typer.Option(help="print the held-out table of a finished run")] = False) -> None:
+    """Leave-one-group-out: train on the pool minus GROUP, evaluate on GROUP only, in DATA_DIR/logo_GROUP;
+    prints held-out success of base (before) vs sft / dpo / rl (after)."""
+    from pipeline.logo import logo_params, logo_report, run_logo
+
+    base = _load(params, set_)
+    try:
+        p = logo_params(base, group, pool=pool, data_root=data_root)
+    except ConfigError as e:
+        fail(str(e))
+    if not report_only:
+        try:
+            run_logo(p)
+        except (FileNotFoundError, ConfigError) as e:
+            fail(str(e).splitlines()[0])
+    try:
+        typer.echo(logo_report(p, group))
+    except FileNotFoundError as e:
+        fail(str(e))
 
 
 @app.command()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.artifacts import stable_hash
 
@@ -61,8 +61,18 @@ class PolicyConfig(Section):
         "builtin",
         description="'builtin' = the tiny LM built by the bootstrap stage; otherwise any HF model id or path",
     )
-    backend: Literal["hf", "vllm", "openai"] = Field("hf", description="backend that runs the policy")
+    backend: Literal["hf", "vllm", "openai", "scripted"] = Field(
+        "hf", description="backend that runs the policy; scripted = the games' scripted players (model "
+        "'scripted:NOISE', no weights; for benchmarks and tests of rollout / evaluation)")
     device: str = Field("cpu", description="torch device for hf training/inference")
+
+    @model_validator(mode="after")
+    def _scripted_model(self) -> PolicyConfig:
+        if self.backend == "scripted":
+            from pipeline.scripted import parse_noise
+
+            parse_noise(self.model)  # ValueError -> "params: policy: ..." (one line)
+        return self
 
 
 class TrackingConfig(Section):
@@ -77,9 +87,9 @@ class BootstrapConfig(Section):
     n_embd: int = Field(128, ge=16, le=4096)
     n_head: int = Field(4, ge=1, le=64)
     n_positions: int = Field(768, ge=64, le=8192)
-    episodes: int = Field(1500, ge=10, description="scripted episodes to pre-train on")
+    episodes: int = Field(2000, ge=10, description="scripted episodes to pre-train on")
     noise: float = Field(0.35, ge=0.0, le=1.0, description="probability a scripted move is random instead of good")
-    epochs: float = Field(2.0, gt=0)
+    epochs: float = Field(4.0, gt=0)
     lr: float = Field(3e-3, gt=0)
     batch_size: int = Field(16, ge=1)
 
@@ -88,6 +98,24 @@ class GamesConfig(Section):
     groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played")
     max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
     max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
+    eval_groups: list[str] | None = Field(
+        None, min_length=1, description="task groups evaluate-text / eval-sweep play (null = groups); training "
+        "stages only use groups, so groups minus G with eval_groups [G] is leave-one-group-out (`curio logo G`)",
+    )
+
+
+class CurriculumConfig(Section):
+    """PAPRIKA's UCB curriculum over difficulty arms (pipeline/curriculum.py) for rollout-text."""
+
+    enabled: bool = Field(False, description="play rounds of curriculum-picked tasks instead of every train "
+                          "task once (each round is one Parquet part)")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the UCB exploration bonus")
+    tasks_per_round: int = Field(16, ge=1, description="tasks picked per round (each played k times)")
+    rounds: int | None = Field(None, ge=1, description="rounds played; null = the uniform rollout's budget, "
+                               "ceil(train tasks / tasks_per_round)")
+    arms: Literal["difficulty", "group_difficulty"] = Field(
+        "difficulty", description="difficulty: one arm per label, pooled over groups; group_difficulty: one "
+        "arm per (group, label)")
 
 
 class RolloutTextConfig(Section):
@@ -102,22 +130,91 @@ class RolloutTextConfig(Section):
     batch_size: int = Field(64, ge=1, description="episodes generated together")
     environment: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="oracle"),
                                    description="who answers the agent: rules = program oracle")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
 
 
 class AnnotateTextConfig(Section):
     judge: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="exact_match"))
 
 
+class RewardWeightsConfig(Section):
+    """Weights of R = llm·mean(interactivity, information gain) + task·accuracy − min(cost·tokens, 1)."""
+
+    llm: float = Field(1.0, ge=0, description="w_llm: weight of mean(interactivity, information gain)")
+    task: float = Field(1.0, ge=0, description="w_task: weight of task accuracy")
+    cost: float = Field(5e-4, ge=0, description="w_cost: penalty per agent token (capped at 1 in total)")
+
+
+#: ``pairs_text.judge`` rules programs: ``exact`` = the scores computed from the game's knowledge base.
+MULTITURN_RULES_JUDGES = ("exact",)
+
+
 class PairsTextConfig(Section):
+    strategy: Literal["paprika", "multiturn"] = Field(
+        "paprika", description="paprika: one best-vs-worse pair of whole trajectories per task; multiturn: "
+        "per-turn pairs scored by forward-simulated continuations (CollabLLM-style multi-turn-aware reward)")
     turn_threshold: int = Field(2, ge=0, description="chosen must be within this many turns of the best success")
     judge_label_strategy: Literal["as_success", "as_failure", "drop"] = Field(
         "as_failure", description="how judge-invalid successes count"
     )
     pairs_per_task: int = Field(1, ge=1, le=100)
+    # -- strategy: multiturn -------------------------------------------------------------------------------
+    states_per_task: int = Field(4, ge=1, description="multiturn: conversation prefixes (states) sampled per task")
+    num_candidates: int = Field(3, ge=2, le=64, description="multiturn: candidate next turns sampled per state")
+    num_samples: int = Field(3, ge=1, le=64, description="multiturn: forward continuations per candidate")
+    window_size: int = Field(2, ge=0, le=20, description="multiturn: agent turns played after the candidate "
+                             "turn in each continuation (0 = the candidate and the reply to it only)")
+    min_margin: float = Field(0.0, ge=0, description="multiturn: keep a pair only when best and worst mean "
+                              "rewards differ by more than this")
+    tasks_per_chunk: int = Field(16, ge=1, description="multiturn: tasks per Parquet part (the unit of resume)")
+    reward_weights: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig)
+    judge: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(backend="rules", model="exact"),
+        description="multiturn: who scores interactivity / information gain / accuracy of a continuation: "
+        "rules 'exact' = computed from the game's knowledge base (twenty_questions, guess_my_city); any chat "
+        "backend = the multiturn_judge prompt")
+
+    @model_validator(mode="after")
+    def _judge_usable(self) -> PairsTextConfig:
+        if self.judge.backend == "embedding":
+            raise ValueError("judge: the embedding backend cannot score continuations; use rules, hf, "
+                             "vllm or openai")
+        if self.judge.backend == "rules" and self.judge.model not in MULTITURN_RULES_JUDGES:
+            raise ValueError(f"judge.model: unknown rules judge {self.judge.model!r} "
+                             f"(known: {', '.join(MULTITURN_RULES_JUDGES)})")
+        return self
 
 
 class ReflogprobsConfig(Section):
     batch_size: int = Field(16, ge=1)
+
+
+#: The loss types of TRL 1.16's DPOTrainer that train-policy accepts (``sft`` is RPO's term: ``rpo_alpha``).
+#: All of them read the reference log-probs from the batch, so they work with the stored ones of reflogprobs;
+#: the length-normalised ones (sigmoid_norm, ipo) divide by the assistant-only token count of that same mask.
+DPO_LOSS_TYPES = (
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sigmoid_norm",
+)
+#: Preference losses that are not DPOTrainer losses in TRL 1.16, and why train-policy cannot run them.
+_UNSUPPORTED_LOSSES = {
+    "sft": "is RPO's NLL term: set train_policy.dpo.rpo_alpha instead",
+    "simpo": "is reference-free (TRL's CPOTrainer, not DPOTrainer); for a length-normalised DPO against the "
+             "stored reference log-probs use sigmoid_norm",
+    "cpo": "is reference-free (TRL's CPOTrainer, not DPOTrainer)",
+    "orpo": "is reference-free (TRL's ORPOTrainer, not DPOTrainer)",
+}
+
+
+def check_dpo_loss_type(loss_type: str, label_smoothing: float | None = None) -> None:
+    """ValueError (one line) unless ``loss_type`` is a DPOTrainer loss that works with stored reference log-probs."""
+    if loss_type in _UNSUPPORTED_LOSSES:
+        raise ValueError(f"loss_type {loss_type!r} {_UNSUPPORTED_LOSSES[loss_type]}; "
+                         f"valid: {', '.join(DPO_LOSS_TYPES)}")
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; valid: {', '.join(DPO_LOSS_TYPES)}")
+    if loss_type == "exo_pair" and label_smoothing is not None and label_smoothing == 0:
+        raise ValueError("loss_type 'exo_pair' needs label_smoothing > 0 (the EXO paper uses 1e-3)")
 
 
 class SFTConfigSection(Section):
@@ -133,15 +230,44 @@ class DPOConfigSection(Section):
     batch_size: int = Field(8, ge=1)
     beta: float = Field(0.1, gt=0)
     rpo_alpha: float = Field(1.0, ge=0, description="weight of the NLL term on chosen (RPO); 0 = plain DPO")
-    loss_type: str = Field("sigmoid", description="TRL DPO loss type (sigmoid, ipo, sigmoid_norm, ...)")
+    loss_type: str = Field(
+        "sigmoid", description="TRL DPOTrainer loss type, one of DPO_LOSS_TYPES (sigmoid = DPO; sigmoid_norm and "
+        "ipo divide each log-ratio by its assistant token count)")
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="robust: probability a label is flipped; exo_pair: its epsilon (> 0, "
+        "paper 1e-3); aot/aot_unpaired: smoothing; ignored by the other loss types")
     init: Literal["sft", "base"] = Field(
         "sft", description="policy DPO starts from; the reference is always the base policy (reflogprobs)")
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
+
+    @field_validator("loss_type")
+    @classmethod
+    def _loss_type_known(cls, value: str) -> str:
+        check_dpo_loss_type(value)
+        return value
+
+    @model_validator(mode="after")
+    def _exo_needs_smoothing(self) -> DPOConfigSection:
+        check_dpo_loss_type(self.loss_type, self.label_smoothing)
+        return self
+
+
+class LoraConfigSection(Section):
+    """LoRA adapters (peft) for train-policy: SFT and DPO train adapters only, merged into the saved model."""
+
+    enabled: bool = Field(False, description="train LoRA adapters instead of every weight")
+    r: int = Field(8, ge=1, le=1024, description="adapter rank")
+    alpha: int = Field(16, ge=1, description="lora_alpha: adapters are scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
+    target_modules: list[str] | None = Field(
+        None, min_length=1, description="module names that get adapters; null = peft's default for the "
+        "architecture (GPT-2: c_attn; Llama: q_proj, v_proj); ['all-linear'] = every linear layer but the head")
 
 
 class TrainPolicyConfig(Section):
     sft: SFTConfigSection = Field(default_factory=SFTConfigSection)
     dpo: DPOConfigSection = Field(default_factory=DPOConfigSection)
+    lora: LoraConfigSection = Field(default_factory=LoraConfigSection)
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
 
 
@@ -166,6 +292,8 @@ class EvalSweepConfig(Section):
     checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1)
     splits: list[Literal["train", "eval"]] = Field(["eval"], min_length=1)
     seeds: list[int] = Field([0, 1], min_length=1)
+    groups: list[str] | None = Field(None, min_length=1, description="task groups, one results row each "
+                                     "(null = the evaluation groups: games.eval_groups, else games.groups)")
     max_workers: int = Field(2, ge=1)
 
 

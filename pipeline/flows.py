@@ -115,43 +115,123 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
 
 
 @task
-def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float) -> dict:
+def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float,
+                   groups: list[str], overrides: dict[str, Any] | None = None) -> list[dict]:
+    """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all."""
     from pipeline.play import summarize
     from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
 
-    params = load_params(params_file)
-    rows = evaluate_policy(params, checkpoint, split, seed, k, temperature)
-    return {"checkpoint": checkpoint, "split": split, "seed": seed, **summarize(rows)}
+    params = _params(params_file, overrides)
+    rows = evaluate_policy(params, checkpoint, split, seed, k, temperature, groups=groups)
+    cell = {"checkpoint": checkpoint, "split": split, "seed": seed}
+    per_group = [{**cell, "group": g, **summarize([r for r in rows if r["group"] == g])} for g in groups]
+    return [*per_group, {**cell, "group": "all", **summarize(rows)}] if len(groups) > 1 else per_group
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate_over_seeds(rows: list[dict]) -> list[dict]:
+    """One row per (checkpoint, split, group), in first-seen order: mean and std over seeds."""
+    cells: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["checkpoint"], r["split"], r["group"]), []).append(r)
+    out = []
+    for (checkpoint, split, group), rs in cells.items():
+        agg = {"checkpoint": checkpoint, "split": split, "group": group, "seeds": len(rs),
+               "episodes": sum(r["episodes"] for r in rs)}
+        for key in ("success_rate", "mean_turns", "invalid_rate"):
+            agg[key], agg[f"{key}_std"] = _mean_std([r[key] for r in rs])
+        out.append(agg)
+    return out
 
 
 def results_markdown(rows: list[dict]) -> str:
-    head = ("| checkpoint | split | seed | episodes | success rate | mean turns | invalid rate |\n"
-            "|---|---|---|---|---|---|---|")
+    """Per (checkpoint, split, group): mean ± sample std over seeds; then every seed's row."""
+    head = ("| checkpoint | split | group | seeds | episodes | success rate | mean turns | invalid rate |\n"
+            "|---|---|---|---|---|---|---|---|")
     lines = [
-        f"| {r['checkpoint']} | {r['split']} | {r['seed']} | {r['episodes']} | {r['success_rate']:.3f} | "
-        f"{r['mean_turns']:.2f} | {r['invalid_rate']:.3f} |"
+        f"| {a['checkpoint']} | {a['split']} | {a['group']} | {a['seeds']} | {a['episodes']} | "
+        f"{a['success_rate']:.3f} ± {a['success_rate_std']:.3f} | {a['mean_turns']:.2f} ± {a['mean_turns_std']:.2f} | "
+        f"{a['invalid_rate']:.3f} ± {a['invalid_rate_std']:.3f} |"
+        for a in aggregate_over_seeds(rows)
+    ]
+    seed_head = ("| checkpoint | split | group | seed | episodes | success rate | mean turns | invalid rate |\n"
+                 "|---|---|---|---|---|---|---|---|")
+    seed_lines = [
+        f"| {r['checkpoint']} | {r['split']} | {r['group']} | {r['seed']} | {r['episodes']} | "
+        f"{r['success_rate']:.3f} | {r['mean_turns']:.2f} | {r['invalid_rate']:.3f} |"
         for r in rows
     ]
-    return "\n".join([head, *lines]) + "\n"
+    return "\n".join(["Mean ± std over seeds:", "", head, *lines, "", "Per seed:", "", seed_head, *seed_lines]) + "\n"
+
+
+def plot_sweep(rows: list[dict], out: Path) -> list[Path]:
+    """``success.png`` and ``mean_turns.png``: bars per checkpoint, one per group, error bars = std over seeds
+    (one panel per split)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agg = aggregate_over_seeds(rows)
+    splits = list(dict.fromkeys(a["split"] for a in agg))
+    checkpoints = list(dict.fromkeys(a["checkpoint"] for a in agg))
+    groups = list(dict.fromkeys(a["group"] for a in agg))
+    width = 0.8 / len(groups)
+    written = []
+    for key, label in (("success_rate", "success rate"), ("mean_turns", "mean turns (successes)")):
+        panel = max(5.0, 1.0 + 0.45 * len(checkpoints) * len(groups))
+        fig, axes = plt.subplots(1, len(splits), figsize=(panel * len(splits), 3.6), squeeze=False)
+        for ax, split in zip(axes[0], splits, strict=True):
+            for j, g in enumerate(groups):
+                cells = {a["checkpoint"]: a for a in agg if a["split"] == split and a["group"] == g}
+                xs = [i + (j - (len(groups) - 1) / 2) * width for i, c in enumerate(checkpoints) if c in cells]
+                present = [c for c in checkpoints if c in cells]
+                ax.bar(xs, [cells[c][key] for c in present], width, yerr=[cells[c][f"{key}_std"] for c in present],
+                       capsize=3, label=g)
+            ax.set_xticks(range(len(checkpoints)), checkpoints, rotation=20, ha="right")
+            ax.set_title(f"{split} split")
+            ax.set_ylabel(label)
+            if key == "success_rate":
+                ax.set_ylim(0, 1.05)
+            ax.grid(axis="y", alpha=0.3)
+        axes[0][-1].legend(fontsize=8, title="group", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        path = out / ("success.png" if key == "success_rate" else "mean_turns.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 @flow(name="eval-sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=2))
 def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | None = None,
                     splits: list[str] | None = None, seeds: list[int] | None = None,
-                    trajectories_per_task: int | None = None, out_dir: str | None = None) -> list[dict]:
-    """Evaluate checkpoints × splits × seeds as parallel tasks; one results table (Parquet + markdown)."""
+                    trajectories_per_task: int | None = None, out_dir: str | None = None,
+                    groups: list[str] | None = None, overrides: dict[str, Any] | None = None) -> list[dict]:
+    """Evaluate checkpoints × splits × seeds as parallel tasks, each over every group (default: the evaluation
+    groups, ``games.eval_groups`` or ``games.groups``); results.{parquet,json} hold a row per checkpoint × split
+    × group × seed, results.md the mean ± std over seeds per group, success.png / mean_turns.png the same as
+    bars with error bars."""
     import stages.evaluate  # noqa: F401 - import the model stack once, in this thread, before fanning out
+    from pipeline.policies import eval_groups
 
-    params = load_params(params_file)
+    params = _params(params_file, overrides)
     cfg = params.eval_sweep
     k = trajectories_per_task or params.evaluate_text.trajectories_per_task
+    groups = list(groups or cfg.groups or eval_groups(params))
     futures = [
-        _evaluate_cell.submit(params_file, c, s, seed, k, params.evaluate_text.temperature)
+        _evaluate_cell.submit(params_file, c, s, seed, k, params.evaluate_text.temperature, groups, overrides)
         for c in checkpoints or cfg.checkpoints
         for s in splits or cfg.splits
         for seed in seeds or cfg.seeds
     ]
-    rows = [f.result() for f in futures]
+    rows = [row for f in futures for row in f.result()]
     out = Path(out_dir) if out_dir else params.data_path("eval_sweep")
     out.mkdir(parents=True, exist_ok=True)
     import pyarrow as pa
@@ -160,6 +240,7 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     pq.write_table(pa.Table.from_pylist(rows), out / "results.parquet")
     atomic_write_bytes(out / "results.md", results_markdown(rows).encode())
     atomic_write_json(out / "results.json", rows)
+    plot_sweep(rows, out)
     print(results_markdown(rows))
     return rows
 
@@ -170,6 +251,6 @@ def serve(limit: int | None = None) -> None:
 
     prefect_serve(
         pipeline_flow.to_deployment(name="default", description="the whole DAG, dvc.lock kept consistent"),
-        eval_sweep_flow.to_deployment(name="default", description="checkpoints × splits × seeds"),
+        eval_sweep_flow.to_deployment(name="default", description="checkpoints × splits × groups × seeds"),
         limit=limit,
     )

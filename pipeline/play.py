@@ -3,6 +3,7 @@
 Used by rollout, online RL and evaluation alike, so every stage plays by the same rules: the action is the
 text inside ``<Answer>…</Answer>``; an unparseable turn is re-sampled up to ``max_format_retries`` times and
 then the episode ends as invalid; the environment replies; the episode ends on success or at the turn limit.
+``resume_episodes`` plays on from given conversation prefixes (forward simulation for per-turn rewards).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Episode:
     format_retries: int = 0
     final_action: str | None = None
     actions: list[str] = field(default_factory=list)
+    tokens_out: int = 0  # tokens the policy generated in this episode, format retries included
+    stop_at: int | None = None  # stop playing (without ending the game) once ``turns`` reaches this
 
     def score(self) -> float:
         """PAPRIKA's score: turns used (failures count as the turn limit); reward tasks: minus total reward."""
@@ -86,11 +89,24 @@ def play_episodes(
         Episode(game=g, task=t, sample=s, state=g.reset(t, rng), conversation=g.conversation_start(t))
         for g, t, s in jobs
     ]
-    active = list(episodes)
+    _play(policy, episodes, sampling, max_format_retries, on_turn)
+    return [episode_row(e, seed, policy_name) for e in episodes]
+
+
+def _play(
+    policy: ChatBackend,
+    episodes: list[Episode],
+    sampling: Sampling,
+    max_format_retries: int,
+    on_turn: Callable[[int], None] | None = None,
+) -> None:
+    """Generate and step every unfinished episode, batched, until all are done (or reach ``stop_at``)."""
+    active = [e for e in episodes if not e.done]
     while active:
         gens = policy.generate([e.conversation for e in active], sampling)
         stepping: dict[int, list[tuple[Episode, str]]] = defaultdict(list)
         for ep, gen in zip(active, gens, strict=True):
+            ep.tokens_out += gen.tokens_out
             action = extract_answer(gen.text)
             if action is None:
                 ep.retries_this_turn += 1
@@ -113,11 +129,86 @@ def play_episodes(
                 if res.done or ep.turns >= game.max_turns:
                     ep.done = True
                     ep.success = bool(res.success)
+                elif ep.stop_at is not None and ep.turns >= ep.stop_at:
+                    ep.done = True  # the window ends here; the game itself goes on
         n_before = len(active)
         active = [e for e in active if not e.done]
         if on_turn is not None:
             on_turn(n_before - len(active))
-    return [episode_row(e, seed, policy_name) for e in episodes]
+
+
+def history_of(conversation: list[dict], prompt_messages: int = 2) -> list[tuple[str, str | None]]:
+    """(action, reply) of each agent turn after the opening messages; reply None for a trailing agent turn.
+
+    Raises ValueError for an agent message without a parseable ``<Answer>`` (play never records one).
+    """
+    moves: list[tuple[str, str | None]] = []
+    rest = conversation[prompt_messages:]
+    for i, msg in enumerate(rest):
+        if msg["role"] != "assistant":
+            continue
+        action = extract_answer(msg["content"])
+        if action is None:
+            raise ValueError(f"agent turn {len(moves) + 1} has no <Answer>: {msg['content'][:80]!r}")
+        reply = rest[i + 1]["content"] if i + 1 < len(rest) and rest[i + 1]["role"] == "user" else None
+        moves.append((action, reply))
+    return moves
+
+
+def resume_episodes(
+    policy: ChatBackend,
+    starts: list[tuple[Game, Task, int, list[dict]]],
+    sampling: Sampling,
+    seed: int,
+    max_format_retries: int = 3,
+    max_new_turns: int | None = None,
+    policy_name: str = "",
+) -> list[dict]:
+    """Play ``(game, task, sample_index, conversation)`` on from the given conversations.
+
+    Each conversation is a prefix of a game's conversation (opening messages, then agent / environment turns).
+    A fresh game state is rebuilt by replaying the prefix's actions; the recorded environment replies stay in
+    the conversation as they are. A trailing agent message (e.g. a candidate next turn) is played for real:
+    the environment's reply to it is appended. Then the policy plays on, batched across episodes, for at most
+    ``max_new_turns`` more agent turns (None = to the end of the game). Rows follow EPISODE_SCHEMA plus
+    ``start_turns`` (agent turns already in the prefix, trailing one excluded) and ``tokens_out`` (tokens the
+    policy generated after the prefix). Deterministic given ``seed`` and ``starts``.
+    """
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    episodes, moves = [], []
+    for g, t, s, conversation in starts:
+        episodes.append(Episode(game=g, task=t, sample=s, state=g.reset(t, rng),
+                                conversation=[dict(m) for m in conversation]))
+        moves.append(history_of(conversation))
+    start_turns = [sum(reply is not None for _, reply in m) for m in moves]
+    for k in range(max((len(m) for m in moves), default=0)):
+        stepping: dict[int, list[tuple[Episode, str, str | None]]] = defaultdict(list)
+        for ep, m in zip(episodes, moves, strict=True):
+            if k < len(m) and not ep.done:
+                stepping[id(ep.game)].append((ep, *m[k]))
+        for group in stepping.values():
+            game = group[0][0].game
+            results = game.step_batch([e.state for e, _, _ in group], [a for _, a, _ in group])
+            for (ep, action, recorded), res in zip(group, results, strict=True):
+                ep.turns += 1
+                ep.reward += res.reward
+                ep.actions.append(action)
+                ep.final_action = action
+                if recorded is None:
+                    ep.conversation.append({"role": "user", "content": res.reply})
+                if res.done or ep.turns >= game.max_turns:
+                    ep.done = True
+                    ep.success = bool(res.success)
+    for ep in episodes:
+        if max_new_turns is not None:
+            ep.stop_at = ep.turns + max_new_turns
+            ep.done = ep.done or max_new_turns == 0
+    _play(policy, episodes, sampling, max_format_retries)
+    return [
+        {**episode_row(e, seed, policy_name), "start_turns": n, "tokens_out": e.tokens_out}
+        for e, n in zip(episodes, start_turns, strict=True)
+    ]
 
 
 def episode_row(e: Episode, seed: int, policy_name: str) -> dict:

@@ -27,6 +27,11 @@ def policy_path(params: Params, name: str) -> str:
 def load_policy_backend(params: Params, name_or_path: str, batch_size: int | None = None) -> ChatBackend:
     """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so)."""
     path = policy_path(params, name_or_path)
+    if params.policy.backend == "scripted":
+        from pipeline.scripted import ScriptedPolicy, parse_noise
+
+        return ScriptedPolicy(make_games(params, list(dict.fromkeys(params.games.groups + eval_groups(params)))),
+                              parse_noise(params.policy.model))
     if params.policy.backend == "hf":
         from pipeline.llm.hf import HFBackend
 
@@ -39,12 +44,18 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
     return make_backend(cfg, role="policy")
 
 
-def make_games(params: Params) -> list[Game]:
-    """The configured games; None as environment = the game's own program answers, else an LLM simulates it."""
+def eval_groups(params: Params) -> list[str]:
+    """The task groups evaluation plays: ``games.eval_groups``, or the training groups when that is null."""
+    return list(params.games.eval_groups or params.games.groups)
+
+
+def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
+    """The games of ``groups`` (default: the training groups, ``games.groups``); None as environment = the
+    game's own program answers, else an LLM simulates it."""
     from pipeline.llm import make_environment
 
     env = make_environment(params.rollout_text.environment)
-    return [make_game(g, environment=env) for g in params.games.groups]
+    return [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
 
 
 def game_tasks(params: Params, game: Game, split: Split) -> list[Task]:

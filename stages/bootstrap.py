@@ -73,8 +73,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 params_hash=params.section_hash(PARAMS), desc="scripted play")
     conversations = [r["conversation"] for r in read_rows(data_dir, ["conversation"])]
 
-    texts = [tiny.conversation_text(c) for c in conversations]
-    texts += [g.system_prompt(t) + "\n" + g.first_message(t) for g, t in tasks]
+    texts = [m["content"] for c in conversations for m in c]
+    texts += [text for g, t in tasks for text in (g.system_prompt(t), g.first_message(t))]
     tokenizer = tiny.train_tokenizer(texts, cfg.vocab_size)
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
     lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations[:500])

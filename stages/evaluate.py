@@ -1,8 +1,11 @@
 """evaluate-text: held-out success rate and mean turns of the base, SFT, DPO and RL policies.
 
 Each policy plays every held-out task × k trajectories (one Parquet part per policy, so a kill loses at most
-one policy's evaluation). Metrics ``data/metrics/evaluate-text.json`` (``dvc metrics show``), plot data
-``data/plots/eval.json`` and a bar chart ``data/plots/eval.png``.
+one policy's evaluation). The groups played are ``games.eval_groups`` (null = ``games.groups``), so a run
+that trains on some groups can be evaluated on a held-out one (``curio logo GROUP``). Metrics
+``data/metrics/evaluate-text.json`` (``dvc metrics show``): ``POLICY/success_rate``, ``POLICY/mean_turns``, … and
+per group ``POLICY/GROUP/success_rate``, ``POLICY/GROUP/mean_turns``; plot data ``data/plots/eval.json``, a bar
+chart ``data/plots/eval.png`` and, with more than one group, per-group bars ``data/plots/eval_groups.png``.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 from pipeline.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
 from pipeline.config import Params
 from pipeline.llm.base import Sampling
+from pipeline.llm.environment import environment_accounting
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
+from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
 
 NAME = "evaluate-text"
@@ -19,10 +23,13 @@ PARAMS = ["seed", "policy", "games", "rollout_text.max_new_tokens", "rollout_tex
           "rollout_text.environment", "evaluate_text"]
 
 
-def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, temperature: float) -> list[dict]:
-    """Play every task of ``split`` k times with the named policy; episode rows."""
+def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, temperature: float,
+                    groups: list[str] | None = None) -> list[dict]:
+    """Play every task of ``split`` in ``groups`` (default: the evaluation groups) k times with the named
+    policy; episode rows."""
     backend = load_policy_backend(params, policy)
-    jobs = [(g, t, s) for g in make_games(params) for t in game_tasks(params, g, split) for s in range(k)]
+    games = make_games(params, eval_groups(params) if groups is None else groups)
+    jobs = [(g, t, s) for g in games for t in game_tasks(params, g, split) for s in range(k)]
     sampling = Sampling(temperature=temperature, top_p=params.rollout_text.top_p,
                         min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
     return play_episodes(backend, jobs, sampling, seed=seed,
@@ -49,26 +56,70 @@ def plot_bars(results: dict[str, dict], path) -> None:
     plt.close(fig)
 
 
+def group_summaries(rows: list[dict], policies: list[str], groups: list[str]) -> dict[str, dict[str, dict]]:
+    """policy -> group -> summarize() of that policy's episodes in that group."""
+    return {p: {g: summarize([r for r in rows if r["policy"] == p and r["group"] == g]) for g in groups}
+            for p in policies}
+
+
+def plot_group_bars(per_group: dict[str, dict[str, dict]], path) -> None:
+    """Grouped bars: success rate and mean turns per task group, one bar per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(per_group)
+    groups = list(next(iter(per_group.values())))
+    width = 0.8 / len(policies)
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) * 2), 3.6))
+    for j, p in enumerate(policies):
+        xs = [i + (j - (len(policies) - 1) / 2) * width for i in range(len(groups))]
+        axes[0].bar(xs, [per_group[p][g]["success_rate"] for g in groups], width, label=p)
+        axes[1].bar(xs, [per_group[p][g]["mean_turns"] for g in groups], width, label=p)
+    axes[0].set_ylabel("held-out success rate")
+    axes[0].set_ylim(0, 1)
+    axes[1].set_ylabel("mean turns (successes)")
+    for ax in axes:
+        ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right")
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].legend(fontsize=8, title="policy", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.evaluate_text
     out = params.data_path("evaluate_text")
     policies = list(cfg.policies)
     upstream = {p: dir_hash(policy_path(params, p)) for p in policies}
-    run_chunked(
-        out, num_chunks=len(policies),
-        make_chunk=lambda i: evaluate_policy(params, policies[i], "eval", chunk_seed(params.seed, NAME, 0),
-                                             cfg.trajectories_per_task, cfg.temperature),
-        params_hash=params.section_hash(PARAMS), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
-    )
+    with environment_accounting() as environment:  # one LLM-environment ledger over every policy's games
+        run_chunked(
+            out, num_chunks=len(policies),
+            make_chunk=lambda i: evaluate_policy(params, policies[i], "eval", chunk_seed(params.seed, NAME, 0),
+                                                 cfg.trajectories_per_task, cfg.temperature),
+            params_hash=params.section_hash(PARAMS), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
+        )
     rows = read_rows(out)
+    groups = eval_groups(params)
     results = {p: summarize([r for r in rows if r["policy"] == p]) for p in policies}
-    for p in policies:
-        for g in params.games.groups:
-            results[p][g] = summarize([r for r in rows if r["policy"] == p and r["group"] == g])["success_rate"]
+    per_group = group_summaries(rows, policies, groups)
     plots = params.data_path("plots")
     atomic_write_json(plots / "eval.json", [{"policy": p, "success_rate": results[p]["success_rate"],
                                             "mean_turns": results[p]["mean_turns"]} for p in policies])
     plot_bars(results, plots / "eval.png")
     ctx.tracker.log_artifact(plots / "eval.png")
+    group_png = plots / "eval_groups.png"
+    if len(groups) > 1:
+        plot_group_bars(per_group, group_png)
+        ctx.tracker.log_artifact(group_png)
+    else:
+        group_png.unlink(missing_ok=True)  # a single group: eval.png says it all; no stale multi-group plot
     metrics = {f"{p}/{k}": v for p, res in results.items() for k, v in res.items()}
+    for p in policies:
+        for g in groups:
+            metrics[f"{p}/{g}/success_rate"] = per_group[p][g]["success_rate"]
+            metrics[f"{p}/{g}/mean_turns"] = per_group[p][g]["mean_turns"]
+    metrics.update(environment.metrics())  # environment/... when an LLM answered as the environment
     return StageResult(metrics=metrics, outputs=[str(out)])

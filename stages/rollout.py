@@ -3,21 +3,36 @@
 Output: ``data/rollout_text`` — chunked Parquet, one row per episode (pipeline.play.EPISODE_SCHEMA). A chunk
 is ``tasks_per_chunk`` tasks × k samples with its own seed, so a killed run resumes at the first missing
 chunk and produces exactly the rows an uninterrupted run would.
+
+With ``rollout_text.curriculum.enabled`` the chunks are curriculum rounds instead (PAPRIKA): each round the
+UCB curriculum (pipeline/curriculum.py) picks ``tasks_per_round`` train tasks, they are played k times, and
+each task's learning potential (coefficient of variation of its k scores: turns, failures counted as the turn
+limit) updates its difficulty arm. The curriculum state before round i is rebuilt by replaying the picks and
+updates of the finished rounds 0..i-1 from their rows on disk (picks use per-round seeds), so a resumed run
+picks, plays and writes exactly what an uninterrupted one does.
 """
 
 from __future__ import annotations
 
+import math
+import random
+from collections import Counter, defaultdict
+
 from tqdm.auto import tqdm
 
-from pipeline.artifacts import chunk_seed, dir_hash, read_rows, run_chunked
+from pipeline.artifacts import chunk_seed, dir_hash, read_part, read_rows, run_chunked
 from pipeline.config import Params
-from pipeline.llm.base import Sampling
+from pipeline.curriculum import UCBCurriculum
+from pipeline.envs.base import Game, Task
+from pipeline.llm.base import ChatBackend, Sampling
+from pipeline.llm.environment import environment_metrics
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
 
 NAME = "rollout-text"
-PARAMS = ["seed", "policy", "games", "rollout_text"]
+# Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
+PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "rollout_text"]
 
 
 def sampling(params: Params) -> Sampling:
@@ -25,7 +40,119 @@ def sampling(params: Params) -> Sampling:
     return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, min_p=cfg.min_p, max_tokens=cfg.max_new_tokens)
 
 
+def task_key(group: str, task_id: str) -> str:
+    return f"{group}/{task_id}"
+
+
+class CurriculumRounds:
+    """Rollout rounds picked by PAPRIKA's UCB curriculum; round ``i`` is chunk ``i`` of ``out``.
+
+    The curriculum before round i = a fresh one + (pick, update) replayed for rounds 0..i-1, the picks with
+    each round's own seed and the updates from that round's rows on disk. Consecutive rounds in one process
+    just carry the in-memory state forward (the same arithmetic, in the same order).
+    """
+
+    def __init__(self, params: Params, jobs: list[tuple[Game, Task]], out, policy: ChatBackend | None = None,
+                 on_turn=None) -> None:
+        self.params, self.out, self.policy, self.on_turn = params, out, policy, on_turn
+        cfg = params.rollout_text.curriculum
+        self.k = params.rollout_text.trajectories_per_task
+        self.per_round = cfg.tasks_per_round
+        self.num_rounds = cfg.rounds or max(1, math.ceil(len(jobs) / cfg.tasks_per_round))
+        self.task_of = {task_key(g.name, t.task_id): (g, t) for g, t in jobs}
+        arm_of = {key: t.difficulty if cfg.arms == "difficulty" else f"{g.name}/{t.difficulty}"
+                  for key, (g, t) in self.task_of.items()}
+        self.new = lambda: UCBCurriculum(arm_of, alpha=cfg.alpha)
+        self.curriculum = self.new()
+        self.applied = 0  # rounds folded into self.curriculum
+
+    def pick_rng(self, index: int) -> random.Random:
+        return random.Random(chunk_seed(self.params.seed, f"{NAME}/curriculum", index))
+
+    def episode_jobs(self, picked: list[str]) -> list[tuple[Game, Task, int]]:
+        """k samples per pick; a task picked twice in a round gets samples k..2k-1 the second time."""
+        seen: Counter[str] = Counter()
+        jobs = []
+        for key in picked:
+            game, task = self.task_of[key]
+            first = seen[key] * self.k
+            seen[key] += 1
+            jobs.extend((game, task, first + s) for s in range(self.k))
+        return jobs
+
+    def apply(self, index: int, picked: list[str], rows: list[dict]) -> None:
+        """Update the arms with the round's rows: one learning potential per pick, from its k scores."""
+        scores: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+        for r in rows:
+            scores[(task_key(r["group"], r["task_id"]), r["sample"] // self.k)].append((r["sample"], r["score"]))
+        seen: Counter[str] = Counter()
+        for key in picked:
+            got = sorted(scores.pop((key, seen[key]), []))
+            seen[key] += 1
+            if len(got) != self.k:
+                raise RuntimeError(f"{self.out}: round {index} holds {len(got)} episodes of {key}, the curriculum "
+                                   f"expected {self.k}; remove the dataset to rebuild it")
+            self.curriculum.update(key, [s for _, s in got])
+        if scores:
+            raise RuntimeError(f"{self.out}: round {index} holds tasks the curriculum did not pick, e.g. "
+                               f"{next(iter(scores))[0]}; remove the dataset to rebuild it")
+
+    def state_before(self, index: int) -> UCBCurriculum:
+        if self.applied > index:
+            self.curriculum, self.applied = self.new(), 0
+        while self.applied < index:
+            r = self.applied
+            picked = self.curriculum.select(self.pick_rng(r), self.per_round)
+            self.apply(r, picked, read_part(self.out, r, ["group", "task_id", "sample", "score"]))
+            self.applied += 1
+        return self.curriculum
+
+    def make_chunk(self, index: int) -> list[dict]:
+        cfg = self.params.rollout_text
+        picked = self.state_before(index).select(self.pick_rng(index), self.per_round)
+        rows = play_episodes(
+            self.policy, self.episode_jobs(picked), sampling(self.params),
+            seed=chunk_seed(self.params.seed, NAME, index), max_format_retries=cfg.max_format_retries,
+            policy_name="base", on_turn=self.on_turn,
+        )
+        self.apply(index, picked, rows)
+        self.applied = index + 1
+        return rows
+
+    def metrics(self) -> dict[str, float]:
+        c = self.state_before(self.num_rounds)
+        count = sum(c.potential_count.values())
+        out: dict[str, float] = {
+            "curriculum/rounds": self.num_rounds,
+            "curriculum/mean_potential": sum(c.potential_sum.values()) / count if count else 0.0,
+        }
+        for arm in c.arms:
+            out[f"curriculum/{arm}/pulls"] = c.pulls[arm]
+            out[f"curriculum/{arm}/mean_potential"] = c.mean_potential(arm)
+        return out
+
+
+def run_curriculum(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.rollout_text
+    out = params.data_path("rollout_text")
+    policy = load_policy_backend(params, "base")
+    jobs = [(g, t) for g in make_games(params) for t in game_tasks(params, g, "train")]
+    bar = tqdm(total=0, desc="rollout episodes", unit="ep")
+    rounds = CurriculumRounds(params, jobs, out, policy, on_turn=bar.update)
+    bar.total = rounds.num_rounds * rounds.per_round * cfg.trajectories_per_task
+    run_chunked(out, num_chunks=rounds.num_rounds, make_chunk=rounds.make_chunk,
+                params_hash=params.section_hash(PARAMS), upstream={"policy": dir_hash(policy_path(params, "base"))},
+                schema=EPISODE_SCHEMA, desc="curriculum rounds")
+    bar.close()
+    rows = read_rows(out, ["success", "invalid", "turns", "score"])
+    metrics = {f"train/{k}": v for k, v in summarize(rows).items()}
+    metrics.update(environment_metrics(g for g, _ in jobs))  # the LLM environment's ledger, if any
+    return StageResult(metrics={**metrics, **rounds.metrics()}, outputs=[str(out)])
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
+    if params.rollout_text.curriculum.enabled:
+        return run_curriculum(params, ctx)
     cfg = params.rollout_text
     out = params.data_path("rollout_text")
     policy = load_policy_backend(params, "base")
@@ -46,4 +173,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 desc="rollout chunks")
     bar.close()
     rows = read_rows(out, ["success", "invalid", "turns", "score"])
-    return StageResult(metrics={f"train/{k}": v for k, v in summarize(rows).items()}, outputs=[str(out)])
+    metrics = {f"train/{k}": v for k, v in summarize(rows).items()}
+    metrics.update(environment_metrics(g for g, _ in jobs))  # the LLM environment's ledger, if any
+    return StageResult(metrics=metrics, outputs=[str(out)])

@@ -3,7 +3,8 @@
 SFT: assistant-only loss on ``data/pairs_text/sft``, from the base policy → ``data/train_policy/sft``.
 DPO: from the SFT policy (``train_policy.dpo.init``), pairs + stored reference log-probs from
 ``data/reflogprobs`` (reference = base policy; no reference model in memory) → ``data/train_policy/dpo``.
-Each phase checkpoints every ``save_steps`` steps and a rerun resumes from the last checkpoint.
+Each phase checkpoints every ``save_steps`` steps and a rerun resumes from the last checkpoint. With
+``train_policy.lora.enabled`` both phases train LoRA adapters only and save the merged (plain) model.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     metrics: dict[str, float] = {}
 
     sft_src = params.data_path("pairs_text", "sft")
-    sft_key = params.section_hash(["seed", "policy", "train_policy.sft"]) + dataset_hash(sft_src) + dir_hash(base)
+    sft_key = (params.section_hash(["seed", "policy", "train_policy.sft", "train_policy.lora"])
+               + dataset_hash(sft_src) + dir_hash(base))
     if not finished(sft_dir, sft_key):
         model, tokenizer = load_policy(base, params.policy.device)
         conversations = [r["messages"] for r in read_rows(sft_src, ["messages"])]
@@ -61,7 +63,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         model, history, resumed = sft_train(
             model, tokenizer, conversations, ckpt, lr=cfg.sft.lr, epochs=cfg.sft.epochs,
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
-            save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft",
+            save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
         )
         atomic_write_json(params.data_path("plots", "sft_loss.json"), history)
         finish(model, tokenizer, sft_dir, ckpt, sft_key)
@@ -71,8 +73,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
 
     pairs_src = params.data_path("reflogprobs")
     init = sft_dir if cfg.dpo.init == "sft" else Path(base)
-    dpo_key = (params.section_hash(["seed", "policy", "train_policy.dpo"]) + dataset_hash(pairs_src)
-               + dir_hash(init))
+    dpo_key = (params.section_hash(["seed", "policy", "train_policy.dpo", "train_policy.lora"])
+               + dataset_hash(pairs_src) + dir_hash(init))
     if not finished(dpo_dir, dpo_key):
         model, tokenizer = load_policy(init, params.policy.device)
         pairs = read_rows(pairs_src)
@@ -80,7 +82,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         model, history, resumed = dpo_train(
             model, tokenizer, pairs, ckpt, lr=cfg.dpo.lr, epochs=cfg.dpo.epochs, batch_size=cfg.dpo.batch_size,
             beta=cfg.dpo.beta, rpo_alpha=cfg.dpo.rpo_alpha, loss_type=cfg.dpo.loss_type,
-            warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed, save_steps=cfg.save_steps, tracker=ctx.tracker,
+            label_smoothing=cfg.dpo.label_smoothing, warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed,
+            save_steps=cfg.save_steps, tracker=ctx.tracker, lora=cfg.lora,
         )
         atomic_write_json(params.data_path("plots", "dpo_loss.json"), history)
         finish(model, tokenizer, dpo_dir, ckpt, dpo_key)

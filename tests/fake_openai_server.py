@@ -6,7 +6,9 @@ observed through ``GET /stats``. Faults are drawn from a hash of (seed, request 
 content was seen), so a given sequence of requests gets the same faults whatever the concurrency, and a
 retried request gets a fresh draw.
 
-Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /control``, ``GET /stats``.
+Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /control``, ``GET /stats``. The HTTP
+layer is a bare asyncio protocol (keep-alive, Content-Length or chunked bodies, no pipelining), so the server
+costs far less CPU per request than the client under test (see bench/bench_llm.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aiohttp import web
+try:  # optional: faster JSON
+    import orjson
+
+    _dumps, _loads = orjson.dumps, orjson.loads
+except ImportError:  # pragma: no cover
+
+    def _dumps(value: object) -> bytes:
+        return json.dumps(value).encode()
+
+    _loads = json.loads
 
 GARBAGE = [
     "qzx ~~ 0xDEADBEEF ]]] lorem ipsum",
@@ -61,6 +72,36 @@ CURIO_RULES = [
 ]
 
 
+# A deterministic LLM host for Curio's environment prompt (pipeline/llm/prompts/environment.yaml), on with
+# ``host=True``: see host_reply.
+HOST_PROMPT = "host of a guessing game"
+HOST_RETRY = "That reply is not allowed"
+HOST_NEVER = "riddle"  # a question with this word never gets a valid reply (the client ends on its default)
+_SECRET_RE = re.compile(r'you know it: "([^"]+)"')
+_QUESTION_RE = re.compile(r"New question: (.*)")
+
+
+def host_reply(text: str, invalid_rate: float = 0.0) -> str:
+    """The host's answer to one environment request (the request's messages as one text).
+
+    "Goal reached" when the question names the secret (whole words, any case); otherwise "Yes" or "No" from a
+    hash of (secret, question), so it is not the program oracle's answer; "Yes, it is." (not allowed, so
+    re-asked) on a first ask with probability ``invalid_rate``; never a valid reply to a question with "riddle".
+    """
+    secret = _SECRET_RE.search(text)
+    question = _QUESTION_RE.search(text)
+    if secret is None or question is None:
+        return "I do not understand the game."
+    name, q = secret.group(1).strip().lower(), question.group(1).strip()
+    if HOST_NEVER in q.lower():
+        return "Let me think about that riddle."
+    if HOST_RETRY not in text and _unit("host-invalid", name, q) < invalid_rate:
+        return "Yes, it is."
+    if re.search(rf"\b{re.escape(name)}\b", q.lower()):
+        return "Goal reached"
+    return "Yes" if _unit("host", name, q) < 0.5 else "No"
+
+
 @dataclass
 class Settings:
     """What the server does; every field can be changed through ``POST /control``."""
@@ -75,6 +116,8 @@ class Settings:
     seed: int = 0
     # [regex, reply] pairs matched against the whole request text; reply may be a list (picked by hash).
     rules: list = field(default_factory=list)
+    host: bool = False  # answer Curio's environment prompt with host_reply (before the rules)
+    host_invalid_rate: float = 0.0
 
 
 class State:
@@ -110,6 +153,8 @@ def _unit(*parts: object) -> float:
 
 
 def _reply_for(settings: Settings, text: str) -> str:
+    if settings.host and HOST_PROMPT in text:
+        return host_reply(text, settings.host_invalid_rate)
     for pattern, reply in settings.rules:
         if re.search(pattern, text, re.DOTALL):
             if isinstance(reply, list):
@@ -133,80 +178,165 @@ def _completion(model: str, content: str, prompt_words: int) -> dict:
     }
 
 
-async def chat(request: web.Request) -> web.Response:
-    state: State = request.app["state"]
+def _outcome(s: Settings, u: float) -> str:
+    edges = [s.error_rate, s.timeout_rate, s.garbage_rate, s.malformed_rate]
+    acc = 0.0
+    for name, rate in zip(["error", "timeout", "garbage", "malformed"], edges, strict=True):
+        if acc <= u < acc + rate:
+            return name
+        acc += rate
+    return "ok"
+
+
+Response = tuple[int, bytes, float]  # status, JSON body, seconds to wait before sending it
+
+
+def chat(state: State, headers: dict[str, str], raw: bytes) -> Response:
     s = state.settings
     state.requests += 1
-    state.in_flight += 1
-    state.max_in_flight = max(state.max_in_flight, state.in_flight)
-    state.last_authorization = request.headers.get("Authorization", "")
-    try:
-        if s.reject_auth:
-            state.by_outcome["rejected"] = state.by_outcome.get("rejected", 0) + 1
-            auth = request.headers.get("Authorization", "")
-            return web.json_response({"error": {"message": f"invalid credentials {auth}"}}, status=401)
-        body = await request.json()
-        messages = body.get("messages", [])
-        state.max_tokens_seen = max(state.max_tokens_seen, int(body.get("max_tokens") or 0))
-        text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
-        key = hashlib.sha256(text.encode()).hexdigest()
-        nth = state.seen.get(key, 0)
-        state.seen[key] = nth + 1
-        u = _unit(s.seed, key, nth)
-        if s.latency_s:
-            await asyncio.sleep(s.latency_s)
-        edges = [s.error_rate, s.timeout_rate, s.garbage_rate, s.malformed_rate]
-        outcome, acc = "ok", 0.0
-        for name, rate in zip(["error", "timeout", "garbage", "malformed"], edges, strict=True):
-            if acc <= u < acc + rate:
-                outcome = name
-                break
-            acc += rate
-        state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
-        words = len(text.split())
-        if outcome == "error":
-            status = [500, 502, 503, 429][int(_unit("status", key, nth) * 4)]
-            error = {"error": {"message": "injected failure", "type": "server_error"}}
-            return web.json_response(error, status=status)
-        if outcome == "timeout":
-            await asyncio.sleep(s.hang_s)
-            return web.json_response(_completion(body.get("model", ""), _reply_for(s, text), words))
-        if outcome == "garbage":
-            content = GARBAGE[int(_unit("garbage", key, nth) * len(GARBAGE))]
-            return web.json_response(_completion(body.get("model", ""), content, words))
-        if outcome == "malformed":
-            if _unit("malformed", key, nth) < 0.5:
-                return web.Response(text='{"choices": [{"message": ', content_type="application/json")
-            return web.json_response({"id": "x", "object": "chat.completion", "unexpected": True})
-        return web.json_response(_completion(body.get("model", ""), _reply_for(s, text), words))
-    finally:
-        state.in_flight -= 1
+    state.last_authorization = headers.get("authorization", "")
+    if s.reject_auth:
+        state.by_outcome["rejected"] = state.by_outcome.get("rejected", 0) + 1
+        return 401, _dumps({"error": {"message": f"invalid credentials {state.last_authorization}"}}), 0.0
+    body = _loads(raw)
+    messages = body.get("messages", [])
+    model = body.get("model", "")
+    state.max_tokens_seen = max(state.max_tokens_seen, int(body.get("max_tokens") or 0))
+    text = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    nth = state.seen.get(key, 0)
+    state.seen[key] = nth + 1
+    outcome = _outcome(s, _unit(s.seed, key, nth))
+    state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
+    words = len(text.split())
+    delay = s.latency_s
+    if outcome == "error":
+        status = [500, 502, 503, 429][int(_unit("status", key, nth) * 4)]
+        return status, _dumps({"error": {"message": "injected failure", "type": "server_error"}}), delay
+    if outcome == "timeout":
+        return 200, _dumps(_completion(model, _reply_for(s, text), words)), delay + s.hang_s
+    if outcome == "garbage":
+        content = GARBAGE[int(_unit("garbage", key, nth) * len(GARBAGE))]
+        return 200, _dumps(_completion(model, content, words)), delay
+    if outcome == "malformed":
+        if _unit("malformed", key, nth) < 0.5:
+            return 200, b'{"choices": [{"message": ', delay
+        return 200, _dumps({"id": "x", "object": "chat.completion", "unexpected": True}), delay
+    return 200, _dumps(_completion(model, _reply_for(s, text), words)), delay
 
 
-async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+def route(state: State, method: str, path: str, headers: dict[str, str], raw: bytes) -> Response:
+    if method == "POST" and path == "/v1/chat/completions":
+        return chat(state, headers, raw)
+    if method == "GET" and path == "/v1/models":
+        return 200, _dumps({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}), 0.0
+    if method == "POST" and path == "/control":
+        state.settings = Settings(**_loads(raw))
+        state.reset_counters()
+        return 200, _dumps(asdict(state.settings)), 0.0
+    if method == "GET" and path == "/stats":
+        return 200, _dumps(state.stats()), 0.0
+    return 404, _dumps({"error": {"message": f"no route {method} {path}"}}), 0.0
 
 
-async def control(request: web.Request) -> web.Response:
-    state: State = request.app["state"]
-    body = await request.json()
-    state.settings = Settings(**body)
-    state.reset_counters()
-    return web.json_response(asdict(state.settings))
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
-async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app["state"].stats())
+class HTTPProtocol(asyncio.Protocol):
+    """HTTP/1.1 with keep-alive, on a bare asyncio protocol: a fraction of a web framework's CPU per request.
 
+    Requests are read by Content-Length (or chunked); a delayed response is a timer, not a task. Clients must
+    not pipeline (none of the ones used here do): a delayed answer is sent whenever its timer fires.
+    """
 
-def make_app() -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app["state"] = State()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/control", control)
-    app.router.add_get("/stats", stats)
-    return app
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while self.transport is not None:
+            request = self._next_request()
+            if request is None:
+                return
+            method, path, headers, raw = request
+            try:
+                status, body, delay = route(self.state, method, path, headers, raw)
+            except Exception as e:  # noqa: BLE001 - a bad request is answered, never kills the server
+                status, body, delay = 400, _dumps({"error": {"message": f"{type(e).__name__}: {e}"}}), 0.0
+            close = headers.get("connection", "").lower() == "close"
+            if method == "POST" and path == "/v1/chat/completions":
+                self.state.in_flight += 1
+                self.state.max_in_flight = max(self.state.max_in_flight, self.state.in_flight)
+                if delay > 0:
+                    asyncio.get_running_loop().call_later(delay, self._send, status, body, close, True)
+                    continue
+                self._send(status, body, close, True)
+            else:
+                self._send(status, body, close, False)
+
+    def _next_request(self) -> tuple[str, str, dict[str, str], bytes] | None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        lines = self.buffer[:end].decode("latin-1").split("\r\n")
+        method, target = lines[0].split(" ", 2)[:2]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        start = end + 4
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            raw, pos = bytearray(), start
+            while True:
+                eol = self.buffer.find(b"\r\n", pos)
+                if eol < 0:
+                    return None
+                size = int(self.buffer[pos:eol].split(b";")[0], 16)
+                if len(self.buffer) < eol + 2 + size + 2:
+                    return None
+                raw += self.buffer[eol + 2 : eol + 2 + size]
+                pos = eol + 2 + size + 2
+                if size == 0:
+                    break
+            del self.buffer[:pos]
+            return method, target.split("?")[0], headers, bytes(raw)
+        length = int(headers.get("content-length") or 0)
+        if len(self.buffer) < start + length:
+            return None
+        raw = bytes(self.buffer[start : start + length])
+        del self.buffer[: start + length]
+        return method, target.split("?")[0], headers, raw
+
+    def _send(self, status: int, body: bytes, close: bool, chat_request: bool) -> None:
+        if chat_request:
+            self.state.in_flight -= 1
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # the client gave up (its timeout)
+        head = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n"
+        )
+        transport.write(head.encode() + body)
+        if close:
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
 
 
 async def _serve(port: int) -> None:
@@ -214,11 +344,11 @@ async def _serve(port: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(4096)
-    runner = web.AppRunner(make_app(), access_log=None)
-    await runner.setup()
-    await web.SockSite(runner, sock, backlog=4096).start()
+    state = State()
+    server = await asyncio.get_running_loop().create_server(lambda: HTTPProtocol(state), sock=sock, backlog=4096)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    await asyncio.Event().wait()
+    async with server:
+        await server.serve_forever()
 
 
 class FakeServer:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, TextGame, load_json, seeded, task_id
+from pipeline.envs.gamekit import Episode, load_json, seeded, task_id
+from pipeline.envs.llm_host import YesNoHostGame
 
 Predicate = tuple[str, Any]  # (kind, argument), e.g. ("continent", ("Europe",)) or ("capital", None)
 
@@ -211,9 +212,11 @@ class CityState(Episode):
 
 
 @register
-class GuessMyCity(TextGame):
+class GuessMyCity(YesNoHostGame):
     name = "guess_my_city"
     max_turns = 20
+    # An LLM host (``environment`` set, see pipeline.envs.llm_host) replies in the oracle's words.
+    host_reply_keys = {"Yes": "yes", "No": "no", "Goal reached": "solved"}
 
     def __init__(self, environment=None) -> None:
         super().__init__(environment)

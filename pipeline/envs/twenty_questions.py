@@ -20,10 +20,16 @@ import re
 from typing import Literal
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, TextGame, load_json
+from pipeline.envs.gamekit import Episode, load_json
+from pipeline.envs.llm_host import YesNoHostGame
 
 KB_FILE = "twenty_questions.json"
 EVAL_FRACTION = 0.25
+# Questions no yes/no table can answer: the noisy scripted player's off-script moves.
+UNREADABLE_QUESTIONS = (
+    "Can you give me a hint?", "Is it something I would like?", "What is it?", "Is it nice?",
+    "Is it a thing?", "Is it something?", "Tell me more.", "Is it good?", "Is it one or the other?",
+)
 
 # Openings dropped before a question is compared with the knowledge base's wording, so that "Does it fly?",
 # "Can it fly?" and "fly?" read the same. Tried longest first, so "i think it is" goes whole, not as "i".
@@ -291,8 +297,9 @@ def difficulty(name: str) -> str:
 
 
 @register
-class TwentyQuestions(TextGame):
-    """Find the secret object of a known category with yes/no questions; the host is the knowledge base."""
+class TwentyQuestions(YesNoHostGame):
+    """Find the secret object of a known category with yes/no questions; the host is the knowledge base
+    (or an LLM when ``environment`` is set: see ``pipeline.envs.llm_host``)."""
 
     name = "twenty_questions"
     max_turns = 20
@@ -324,16 +331,20 @@ class TwentyQuestions(TextGame):
     def scripted_action(self, task: Task, history: list[tuple[str, str]], rng: random.Random, noise: float) -> str:
         """Ask the best-splitting canonical question; guess when one candidate is left (or, half the time, two).
 
-        With probability ``noise`` a poor move instead: a random question (perhaps useless or already asked) or
-        a guess of an object the answers so far have already ruled out.
+        With probability ``noise`` a poor move instead: a random question (perhaps useless or already asked), a
+        question the host cannot read (so the data shows play going on after "Sorry, I cannot answer"), or a
+        guess of an object the answers so far have already ruled out.
         """
         kb = knowledge_base()
         # An LLM host can contradict itself and rule everything out; then start over from the whole category.
         candidates = kb.consistent(task.agent, history) or list(kb.members(task.agent))
         if rng.random() < noise:
             ruled_out = [o for o in kb.members(task.agent) if o not in candidates]
-            if ruled_out and rng.random() < 0.5:
+            kind = rng.random()
+            if ruled_out and kind < 0.35:
                 return kb.guess(rng.choice(ruled_out))
+            if kind < 0.5:
+                return rng.choice(UNREADABLE_QUESTIONS)
             return kb.question(rng.choice(kb.attributes))
         best = kb.best_attributes(candidates)
         if len(candidates) == 1 or not best or (len(candidates) == 2 and rng.random() < 0.5):

@@ -111,12 +111,22 @@ def make_backend(
     return CachedBackend(inner, cache, ledger)
 
 
-def make_environment(cfg: LLMConfig, *, game: Any = None) -> ChatBackend | None:
-    """The environment backend for a game: None for ``rules`` (the game's own program answers)."""
+def make_environment(cfg: LLMConfig, *, game: Any = None, ledger: Ledger | None = None) -> ChatBackend | None:
+    """The environment backend for a game: None for ``rules`` (the game's own program answers).
+
+    Inside :func:`pipeline.llm.environment.environment_accounting` the backend is shared by every call with
+    the same config (one connection pool, one cache handle) and accounts into the block's ledger, so a stage
+    that builds games several times (one set per evaluated policy) reports one ``environment/...`` ledger.
+    """
     if cfg.backend == "rules":
         return None
     if cfg.backend == "embedding":
         raise ValueError("llm: rollout_text.environment cannot use the embedding backend")
-    backend = make_backend(cfg, role="environment", game=game)
+    from pipeline.llm.environment import current_accounting
+
+    scope = current_accounting()
+    if scope is not None and ledger is None and game is None:
+        return scope.backend(cfg, lambda: make_environment(cfg, ledger=scope.ledger))
+    backend = make_backend(cfg, role="environment", game=game, ledger=ledger)
     assert isinstance(backend, ChatBackend)
     return backend

@@ -50,6 +50,29 @@ class Ledger:
             self.sent += n
             self._latencies.extend([latency_s] * n)
 
+    @classmethod
+    def merged(cls, ledgers: list[Ledger], role: str = "llm") -> Ledger:
+        """One ledger holding the sums (and all latencies) of ``ledgers``."""
+        out = cls(role)
+        counters = (
+            "requests",
+            "unique_requests",
+            "cache_hits",
+            "shared",
+            "sent",
+            "tokens_in",
+            "tokens_out",
+            "retries",
+            "failures",
+            "unknowns",
+        )
+        for ledger in ledgers:
+            with ledger._lock:
+                for name in counters:
+                    setattr(out, name, getattr(out, name) + getattr(ledger, name))
+                out._latencies.extend(ledger._latencies)
+        return out
+
     def count_unknown(self, n: int = 1) -> None:
         with self._lock:
             self.unknowns += n

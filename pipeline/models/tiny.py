@@ -20,13 +20,27 @@ CHAT_TEMPLATE = (
 )
 
 
+# Pre-token boundaries: the answer tags and line breaks. Merges may cross spaces, so a phrase the games use
+# often ("Is it bigger than a breadbox?", "Sorry, I cannot answer this question.") becomes one token while
+# rare text still spells out in bytes.
+PRE_TOKEN_SPLIT = r"</?Answer>|\n+"
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int):
-    """Byte-level BPE over the given texts, wrapped as a PreTrainedTokenizerFast with the chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE over the given texts, wrapped as a PreTrainedTokenizerFast with the chat template.
+
+    Pass one message per text: merges then never span two messages. Unlike a word-level BPE, merges may cross
+    spaces (pre-tokens are whole lines between answer tags), so with a few thousand tokens every frequent
+    question, guess and reply of the games is a single token and a move is one choice for a tiny model.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

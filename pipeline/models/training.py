@@ -3,6 +3,8 @@
 Both resume from the last checkpoint in their output directory, report losses to the stage tracker and
 return the loss history (for dvc plots). DPO reads reference log-probs stored by the ``reflogprobs`` stage
 and masks non-assistant tokens, so no reference model is loaded and environment turns never count.
+With ``lora`` enabled both train peft LoRA adapters only and return the model with the adapters merged in
+(``merge_and_unload``), so what is saved is a plain model every stage loads as before.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from pipeline.config import ConfigError, LoraConfigSection, check_dpo_loss_type
 from pipeline.tracking import Tracker
 
 
@@ -51,9 +54,40 @@ def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ra
         seed=seed,
         data_seed=seed,
         use_cpu=not torch.cuda.is_available(),
+        # TRL turns bf16 on by default; on CPU that is autocast to bf16 (slow without AMX, and its log-probs
+        # drift from the float32 ones reflogprobs stores). bf16 only where a GPU supports it.
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=bool(os.environ.get("TQDM_DISABLE")),
     )
+
+
+def peft_config(lora: LoraConfigSection | None, model):
+    """The peft ``LoraConfig`` for ``lora`` (None when LoRA is off): adapters on ``target_modules`` (peft's
+    default for the architecture when null), scaled by alpha / r."""
+    if lora is None or not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    targets = lora.target_modules
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        fan_in_fan_out=model.config.model_type == "gpt2",  # GPT-2 stores its linear layers transposed (Conv1D)
+        task_type="CAUSAL_LM",
+    )
+
+
+def trained_model(trainer, merge: bool = True):
+    """The trainer's model; with LoRA adapters merged into the base weights (a plain model) unless ``merge`` is
+    False (then the peft model, adapters separate)."""
+    model = trainer.model
+    if merge and hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return model
 
 
 def loss_history(trainer) -> list[dict]:
@@ -81,8 +115,14 @@ def sft_train(
     save_steps: int = 50,
     tracker: Tracker | None = None,
     prefix: str = "sft",
+    lora: LoraConfigSection | None = None,
+    merge: bool = True,
 ):
-    """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``."""
+    """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``.
+
+    With ``lora`` enabled only LoRA adapters train; they are merged into the returned model unless ``merge`` is
+    False.
+    """
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -100,9 +140,10 @@ def sft_train(
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[_TrackerCallback(tracker, prefix)] if tracker else None,
+        peft_config=peft_config(lora, model),
     )
     resumed = _train(trainer, checkpoint_dir)
-    return trainer.model, loss_history(trainer), resumed
+    return trained_model(trainer, merge), loss_history(trainer), resumed
 
 
 # -- DPO with stored reference log-probs and assistant-only masks ----------------------------------------------
@@ -202,14 +243,28 @@ def dpo_train(
     beta: float,
     rpo_alpha: float,
     loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
     warmup_ratio: float = 0.04,
     seed: int = 0,
     save_steps: int = 50,
     tracker: Tracker | None = None,
+    lora: LoraConfigSection | None = None,
+    merge: bool = True,
 ):
-    """DPO (+ RPO's α·NLL on chosen) from pairs carrying prompt/chosen/rejected ids, masks and ref log-probs."""
+    """DPO (+ RPO's α·NLL on chosen) from pairs carrying prompt/chosen/rejected ids, masks and ref log-probs.
+
+    ``loss_type`` is any TRL DPOTrainer loss of ``pipeline.config.DPO_LOSS_TYPES`` (ConfigError otherwise): every
+    one reads the stored reference log-probs, and the length-normalised ones (sigmoid_norm, ipo) divide both the
+    policy's and the reference's sums by the same assistant-only token count. With ``lora`` enabled only LoRA
+    adapters train; they are merged into the returned model unless ``merge`` is False.
+    """
     from datasets import Dataset
     from trl import DPOConfig
+
+    try:
+        check_dpo_loss_type(loss_type, label_smoothing)
+    except ValueError as e:
+        raise ConfigError(f"train_policy.dpo: {e}") from None
 
     keep = ("prompt_ids", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask", "ref_chosen_logps",
             "ref_rejected_logps")
@@ -224,6 +279,7 @@ def dpo_train(
         beta=beta,
         loss_type=losses,
         loss_weights=weights,
+        label_smoothing=label_smoothing,
         precompute_ref_log_probs=True,
         remove_unused_columns=False,
         max_length=None,
@@ -236,6 +292,7 @@ def dpo_train(
         processing_class=tokenizer,
         data_collator=_MaskedPreferenceCollator(tokenizer.pad_token_id),
         callbacks=[_TrackerCallback(tracker, "dpo")] if tracker else None,
+        peft_config=peft_config(lora, model),
     )
     resumed = _train(trainer, checkpoint_dir)
-    return trainer.model, loss_history(trainer), resumed
+    return trained_model(trainer, merge), loss_history(trainer), resumed

@@ -24,7 +24,7 @@ from pipeline.policies import game_tasks, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
 
 NAME = "rl-text"
-PARAMS = ["seed", "policy", "games", "rollout_text", "rl_text"]
+PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "rollout_text", "rl_text"]
 
 
 def top_fraction(rows: list[dict], fraction: float) -> list[dict]:

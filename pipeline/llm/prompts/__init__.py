@@ -6,6 +6,7 @@ Each parser is strict and returns a canonical label or ``None`` / ``"UNKNOWN"``;
 - ``judge.yaml``: was a claimed win real? (``<VALID>`` / ``<NOTVALID>``).
 - ``motif.yaml`` + ``nethack_goals.yaml``: which of two NetHack captions shows more progress.
 - ``oni.yaml``: is one NetHack message helpful (final ``<label>…</label>`` tag only).
+- ``multiturn_judge.yaml``: interactivity / information gain / accuracy of a forward-simulated continuation.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.llm.base import Conversation
+from pipeline.multiturn_reward import ACCURACY_SCORES
 
 PROMPT_DIR = Path(__file__).parent
 
@@ -106,6 +108,54 @@ def parse_verdict(text: str) -> Literal["VALID", "NOTVALID"] | None:
     if not tags:
         return None
     return "VALID" if re.sub(r"\s", "", tags[-1]).upper() == "VALID" else "NOTVALID"
+
+
+# -- multi-turn-aware reward judge --------------------------------------------------------------------------
+_SCORE_TAGS = ("interactivity", "information_gain")
+
+
+def _transcript(messages: Conversation, speakers: dict[str, str]) -> str:
+    return "\n".join(f"{speakers.get(m['role'], m['role'])}: {m['content']}" for m in messages
+                     if m["role"] != "system")
+
+
+def multiturn_judge_messages(secret: str, category: str, context: Conversation, continuation: Conversation
+                             ) -> Conversation:
+    """The judge's conversation for one continuation: the game so far (``context``, its system and opening
+    messages included or not) and the turns played from there (``continuation``)."""
+    p = load_prompt("multiturn_judge")
+    speakers = p["speakers"]
+    user = render(
+        p["user"],
+        secret=secret,
+        category=category,
+        context=_transcript(context, speakers) or p["empty_context"],
+        continuation=_transcript(continuation, speakers),
+    )
+    return [{"role": "system", "content": render(p["system"])}, {"role": "user", "content": user}]
+
+
+def parse_multiturn_scores(text: str) -> dict[str, float] | None:
+    """``{"interactivity", "information_gain", "accuracy"}`` in [0, 1] from the answer's last tag of each kind;
+    None when a tag is missing, a score is not a number in [0, 1], or the accuracy label is unknown."""
+    scores: dict[str, float] = {}
+    for tag in _SCORE_TAGS:
+        found = re.findall(rf"<\s*{tag}\s*>\s*([-+0-9.eE]+)\s*<\s*/\s*{tag}\s*>", text, re.IGNORECASE)
+        if not found:
+            return None
+        try:
+            value = float(found[-1])
+        except ValueError:
+            return None
+        if not 0.0 <= value <= 1.0:
+            return None
+        scores[tag] = value
+    labels = re.findall(r"<\s*accuracy\s*>(.*?)<\s*/\s*accuracy\s*>", text, re.IGNORECASE | re.DOTALL)
+    label = " ".join(re.findall(r"[a-z]+", labels[-1].lower())) if labels else ""
+    if label not in ACCURACY_SCORES:
+        return None
+    scores["accuracy"] = ACCURACY_SCORES[label]
+    return scores
 
 
 # -- Motif pairwise preference ------------------------------------------------------------------------------
