@@ -218,7 +218,7 @@ def check_dpo_loss_type(loss_type: str, label_smoothing: float | None = None) ->
 
 
 class SFTConfigSection(Section):
-    lr: float = Field(5e-4, gt=0)
+    lr: float = Field(1e-4, gt=0)
     epochs: float = Field(3.0, gt=0)
     batch_size: int = Field(16, ge=1)
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
@@ -277,13 +277,13 @@ class RLTextConfig(Section):
     tasks_per_round: int = Field(64, ge=1)
     trajectories_per_task: int = Field(4, ge=1)
     top_quantile: float = Field(0.1, gt=0, le=1, description="keep the best fraction of all trajectories so far")
-    lr: float = Field(3e-4, gt=0)
+    lr: float = Field(1e-4, gt=0)
     epochs: float = Field(2.0, gt=0)
     batch_size: int = Field(16, ge=1)
 
 
 class EvaluateTextConfig(Section):
-    trajectories_per_task: int = Field(2, ge=1)
+    trajectories_per_task: int = Field(4, ge=1)
     temperature: float = Field(0.7, ge=0.0)
     policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1)
 

@@ -223,8 +223,8 @@ class KnowledgeBase:
     def expected_turns(self, category: str) -> dict[str, float]:
         """Expected turns (final guess included) of the noise-free scripted player, per secret of ``category``.
 
-        Mirrors ``TwentyQuestions.scripted_action``: ask a uniformly chosen best-splitting attribute; with two
-        candidates left, half the time guess one of them instead; with one left, guess it.
+        Mirrors ``TwentyQuestions.scripted_action``: ask the first best-splitting attribute; with two candidates
+        left, half the time guess one of them instead; with one left, guess it.
         """
         if category in self._expected_turns:
             return self._expected_turns[category]
@@ -233,11 +233,8 @@ class KnowledgeBase:
         def turns(candidates: tuple[str, ...], secret: str) -> float:
             if len(candidates) == 1:
                 return 1.0
-            best = self.best_attributes(candidates)
-            ask = sum(
-                1 + turns(tuple(o for o in candidates if self.value(o, a) == self.value(secret, a)), secret)
-                for a in best
-            ) / len(best)
+            a = self.best_attributes(candidates)[0]
+            ask = 1 + turns(tuple(o for o in candidates if self.value(o, a) == self.value(secret, a)), secret)
             return 0.5 * ask + 0.5 * 1.5 if len(candidates) == 2 else ask
 
         members = self.members(category)
@@ -281,19 +278,17 @@ def split_of(name: str) -> Split:
 
 
 @functools.cache
-def _difficulty_bounds() -> tuple[float, float]:
-    """Expected-turn values that cut all objects into thirds."""
+def _difficulty_of() -> dict[str, str]:
+    """Every object's third by the turns the noise-free scripted player expects (ties broken by name)."""
     kb = knowledge_base()
-    turns = sorted(t for c in kb.categories for t in kb.expected_turns(c).values())
-    return turns[len(turns) // 3], turns[2 * len(turns) // 3]
+    ranked = sorted((kb.expected_turns(kb.category_of[o])[o], o) for o in kb.objects)
+    n = len(ranked)
+    return {o: ("easy", "medium", "hard")[min(2, 3 * i // n)] for i, (_, o) in enumerate(ranked)}
 
 
 def difficulty(name: str) -> str:
     """easy / medium / hard: the third of all objects by the turns the noise-free scripted player expects."""
-    kb = knowledge_base()
-    turns = kb.expected_turns(kb.category_of[name])[name]
-    low, high = _difficulty_bounds()
-    return "easy" if turns < low else "medium" if turns < high else "hard"
+    return _difficulty_of()[name]
 
 
 @register
@@ -329,17 +324,19 @@ class TwentyQuestions(YesNoHostGame):
         return knowledge_base().match_object(action) == task.env
 
     def scripted_action(self, task: Task, history: list[tuple[str, str]], rng: random.Random, noise: float) -> str:
-        """Ask the best-splitting canonical question; guess when one candidate is left (or, half the time, two).
+        """Ask the best-splitting canonical question (the first in knowledge-base order, so the noise-free player
+        is one fixed decision tree per category); guess when one candidate is left (or, half the time, two).
 
         With probability ``noise`` a poor move instead: a random question (perhaps useless or already asked), a
         question the host cannot read (so the data shows play going on after "Sorry, I cannot answer"), or a
-        guess of an object the answers so far have already ruled out.
+        guess of an object the answers so far have already ruled out (never one already guessed).
         """
         kb = knowledge_base()
         # An LLM host can contradict itself and rule everything out; then start over from the whole category.
         candidates = kb.consistent(task.agent, history) or list(kb.members(task.agent))
         if rng.random() < noise:
-            ruled_out = [o for o in kb.members(task.agent) if o not in candidates]
+            guessed = {kb.match_object(q) for q, _ in history}
+            ruled_out = [o for o in kb.members(task.agent) if o not in candidates and o not in guessed]
             kind = rng.random()
             if ruled_out and kind < 0.35:
                 return kb.guess(rng.choice(ruled_out))
@@ -349,4 +346,4 @@ class TwentyQuestions(YesNoHostGame):
         best = kb.best_attributes(candidates)
         if len(candidates) == 1 or not best or (len(candidates) == 2 and rng.random() < 0.5):
             return kb.guess(rng.choice(candidates))
-        return kb.question(rng.choice(best))
+        return kb.question(best[0])
