@@ -218,7 +218,7 @@ def check_dpo_loss_type(loss_type: str, label_smoothing: float | None = None) ->
 
 
 class SFTConfigSection(Section):
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(3e-4, gt=0)
     epochs: float = Field(3.0, gt=0)
     batch_size: int = Field(16, ge=1)
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
