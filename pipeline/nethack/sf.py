@@ -355,6 +355,27 @@ def _summary_observer(path: Path, resumed_from: int):
     return TrainingSummary()
 
 
+def _watch_parent(grace_s: float = 45.0) -> None:
+    """Stop when the process that started this trainer dies (a SIGKILLed stage), even if PR_SET_PDEATHSIG's
+    SIGINT was lost: SIGINT every few seconds (sample-factory stops cleanly and checkpoints), then exit hard."""
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        deadline = time.time() + grace_s
+        while time.time() < deadline:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="curio-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     from sample_factory.algo.utils.misc import ExperimentStatus
     from sample_factory.train import make_runner
@@ -362,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     # sample-factory's serial runner leaves torch at one thread per core; with the cores shared (env stepping,
     # other processes) OpenMP's spinning threads cost more than they give, so use one.
     torch.set_num_threads(1)
+    _watch_parent()
     register_components()
     cfg = parse_cfg(sys.argv[1:] if argv is None else argv)
     experiment_dir = Path(cfg.train_dir) / cfg.experiment
