@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, load_json, per_difficulty, seeded, task_id
+from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, per_difficulty, seeded, task_id
 
 ARM_NAMES = "ABCDEFGH"
 _PULL_RE = re.compile(r"^([A-H]): ([01])\b")
@@ -40,10 +40,6 @@ class Bandit(TextGame):
     budget = 20
     max_turns = budget + 1
     score_by_turns = False
-
-    def __init__(self, environment=None) -> None:
-        super().__init__(environment)
-        self.config = load_json("bandit.json")
 
     def make_tasks(self, split: Split) -> list[Task]:
         rng = seeded(self.name, split)

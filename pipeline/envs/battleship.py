@@ -17,7 +17,6 @@ from pipeline.envs.gamekit import (
     Episode,
     TextGame,
     cell_name,
-    load_json,
     parse_cell,
     per_difficulty,
     seeded,
@@ -67,10 +66,6 @@ class BattleshipState(Episode):
 class Battleship(TextGame):
     name = "battleship"
     max_turns = 20
-
-    def __init__(self, environment=None) -> None:
-        super().__init__(environment)
-        self.config = load_json("battleship.json")
 
     def make_tasks(self, split: Split) -> list[Task]:
         rng = seeded(self.name, split)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, load_json, per_difficulty, seeded, task_id
+from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, per_difficulty, seeded, task_id
 
 NEIGHBOURHOODS = ("111", "110", "101", "100", "011", "010", "001", "000")
 _EXAMPLE_RE = re.compile(r"\b([01]{4,}) -> ([01]{4,})\b")
@@ -66,10 +66,6 @@ class AutomatonState(Episode):
 class CellularAutomata(TextGame):
     name = "cellular_automata"
     max_turns = 6
-
-    def __init__(self, environment=None) -> None:
-        super().__init__(environment)
-        self.config = load_json("cellular_automata.json")
 
     def _rules(self, split: Split) -> list[int]:
         rules = list(range(256))

@@ -37,8 +37,8 @@ def load_lines(name: str) -> tuple[str, ...]:
 class Prompts:
     """The prompt templates of one game, read from the ``"prompts"`` object of its data file."""
 
-    def __init__(self, data_file: str) -> None:
-        self.templates: dict[str, str] = load_json(data_file)["prompts"]
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.templates: dict[str, str] = data["prompts"]
 
     def __call__(self, key: str, **fields: Any) -> str:
         return self.templates[key].format(**fields)
@@ -80,7 +80,8 @@ class TextGame(Game):
 
     def __init__(self, environment: Any = None) -> None:
         super().__init__(environment)
-        self.prompts = Prompts(self.data_file or f"{self.name}.json")
+        self.config: dict[str, Any] = load_json(self.data_file or f"{self.name}.json")  # the game's data file
+        self.prompts = Prompts(self.config)
         self._tasks: dict[str, list[Task]] = {}
 
     @abstractmethod

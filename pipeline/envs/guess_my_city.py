@@ -220,7 +220,6 @@ class GuessMyCity(YesNoHostGame):
 
     def __init__(self, environment=None) -> None:
         super().__init__(environment)
-        self.config = load_json("guess_my_city.json")
         self.kb = knowledge_base()
 
     @property

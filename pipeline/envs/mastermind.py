@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, load_json, per_difficulty, seeded, task_id
+from pipeline.envs.gamekit import DIFFICULTIES, Episode, TextGame, per_difficulty, seeded, task_id
 
 LENGTH = 4
 ALL_CODES: tuple[str, ...] = tuple("".join(p) for p in itertools.product("0123456789", repeat=LENGTH))
@@ -43,7 +43,6 @@ class Mastermind(TextGame):
 
     def __init__(self, environment=None) -> None:
         super().__init__(environment)
-        self.config = load_json("mastermind.json")
         self._consistent_cache: dict[tuple[tuple[str, int, int], ...], tuple[str, ...]] = {}
 
     def make_tasks(self, split: Split) -> list[Task]:

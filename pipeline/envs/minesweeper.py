@@ -19,7 +19,6 @@ from pipeline.envs.gamekit import (
     Episode,
     TextGame,
     cell_name,
-    load_json,
     neighbours,
     parse_cell,
     per_difficulty,
@@ -73,10 +72,6 @@ class MinesweeperState(Episode):
 class Minesweeper(TextGame):
     name = "minesweeper"
     max_turns = 20
-
-    def __init__(self, environment=None) -> None:
-        super().__init__(environment)
-        self.config = load_json("minesweeper.json")
 
     def make_tasks(self, split: Split) -> list[Task]:
         rng = seeded(self.name, split)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.envs.base import Split, StepResult, Task
-from pipeline.envs.gamekit import Episode, TextGame, load_json, seeded, task_id
+from pipeline.envs.gamekit import Episode, TextGame, seeded, task_id
 from pipeline.llm.base import Conversation, Sampling
 
 GOAL_RE = re.compile(r"goal\s+reached", re.IGNORECASE)
@@ -41,10 +41,6 @@ class SimulatedGame(TextGame):
     max_turns = 20
     env_sampling = Sampling(temperature=0.0, max_tokens=96)
     max_env_retries = 2
-
-    def __init__(self, environment: Any = None) -> None:
-        super().__init__(environment)
-        self.config = load_json(self.data_file or f"{self.name}.json")
 
     # -- tasks: one per written scenario, a fixed held-out share --------------------------------------------
     def make_tasks(self, split: Split) -> list[Task]:

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, TextGame, load_json, load_lines, seeded, task_id
+from pipeline.envs.gamekit import Episode, TextGame, load_lines, seeded, task_id
 
 WORDS: tuple[str, ...] = load_lines("wordle_words.txt")
 _WORD_SET = frozenset(WORDS)
@@ -75,7 +75,6 @@ class Wordle(TextGame):
 
     def __init__(self, environment=None) -> None:
         super().__init__(environment)
-        self.config = load_json("wordle.json")
         self._consistent_cache: dict[tuple[tuple[str, str], ...], tuple[str, ...]] = {}
 
     def make_tasks(self, split: Split) -> list[Task]:
