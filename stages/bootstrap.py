@@ -5,9 +5,12 @@ Inputs: the game modules. Outputs: ``data/bootstrap/model`` (save_pretrained, sa
 ``data/bootstrap/scripted`` (the scripted episodes, chunked Parquet), ``data/plots/bootstrap_loss.json``.
 Skipped (an empty model dir with a note) when ``policy.model`` names any HF model.
 
-The scripted player sees every secret of the knowledge base, train and held-out alike: this is the model's
-"world knowledge" (what pre-training gives a real LLM). Everything after bootstrap — rollouts, pairs, SFT,
-DPO, RL — touches train secrets only, and evaluation uses held-out secrets.
+The scripted player sees every secret of the knowledge base, train and held-out alike, and every group the
+run trains or evaluates on (``games.groups`` and ``games.eval_groups``): this is the model's "world knowledge"
+(what pre-training gives a real LLM, which has read about every game before it is fine-tuned on any). Everything
+after bootstrap — rollouts, pairs, SFT, DPO, RL — touches the training groups' train secrets only, and
+evaluation uses held-out secrets, so a leave-one-group-out run (``curio logo G``) fine-tunes without G, as
+PAPRIKA's does, on a model that was pre-trained with it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pipeline.models.training import sft_train
 from pipeline.stage import StageContext, StageResult
 
 NAME = "bootstrap"
-PARAMS = ["seed", "policy.model", "games.groups", "bootstrap"]
+PARAMS = ["seed", "policy.model", "games.groups", "games.eval_groups", "bootstrap"]
 EPISODES_PER_CHUNK = 500
 
 
@@ -42,6 +45,11 @@ def scripted_episode(game, task, rng: random.Random, noise: float) -> list[dict]
     return conversation
 
 
+def pretraining_groups(params: Params) -> list[str]:
+    """The groups of the scripted pre-training data: the training groups, then any evaluation-only group."""
+    return list(dict.fromkeys([*params.games.groups, *(params.games.eval_groups or [])]))
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.bootstrap
     out = params.data_path("bootstrap")
@@ -51,7 +59,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         (model_dir / "SKIPPED").write_text(f"policy.model = {params.policy.model}: nothing to bootstrap\n")
         return StageResult(metrics={"skipped": 1})
 
-    games = [make_game(g) for g in params.games.groups]
+    games = [make_game(g) for g in pretraining_groups(params)]
     scripted = [g for g in games if g.env_kind == "program"]
     tasks = [(g, t) for g in scripted for t in g.tasks("train") + g.tasks("eval")]
     num_chunks = max(1, -(-cfg.episodes // EPISODES_PER_CHUNK))

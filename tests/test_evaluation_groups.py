@@ -92,11 +92,21 @@ def test_logo_params_train_without_the_group_and_evaluate_on_it_alone(tmp_path):
 def test_training_stages_ignore_eval_groups_and_evaluation_does_not(tmp_path):
     a = params_in(tmp_path)
     b = params_in(tmp_path, "games.eval_groups=[mastermind]", "games.max_eval_tasks=5")
-    for name in ("bootstrap", "rollout-text", "rl-text"):
+    for name in ("rollout-text", "rl-text"):
         keys = stage_module(name).PARAMS
         assert a.section_hash(keys) == b.section_hash(keys), name
-    keys = stage_module("evaluate-text").PARAMS
-    assert a.section_hash(keys) != b.section_hash(keys)
+    # Evaluation plays them; pre-training (the model's world knowledge) covers them too.
+    for name in ("evaluate-text", "bootstrap"):
+        keys = stage_module(name).PARAMS
+        assert a.section_hash(keys) != b.section_hash(keys), name
+
+
+def test_bootstrap_pretrains_on_training_then_evaluation_only_groups(tmp_path):
+    from stages.bootstrap import pretraining_groups
+
+    assert pretraining_groups(params_in(tmp_path)) == GROUPS[:2]
+    assert pretraining_groups(params_in(tmp_path, "games.eval_groups=[mastermind,cellular_automata]")) == [
+        "wordle", "cellular_automata", "mastermind"]
 
 
 def test_run_logo_walks_the_text_dag_with_the_logo_params(tmp_path, monkeypatch):
@@ -112,19 +122,22 @@ def test_run_logo_walks_the_text_dag_with_the_logo_params(tmp_path, monkeypatch)
     assert seen == [(n, GROUPS[:2], str(tmp_path / "logo_mastermind")) for n in ran]
 
 
-def test_held_out_group_is_played_by_a_model_that_never_saw_it(tmp_path):
-    """The before-training half of a LOGO run for real: the built-in model bootstrapped on wordle only,
-    evaluated on cellular_automata only; `curio logo --report-only` prints the held-out table."""
+def test_held_out_group_is_pretrained_on_but_never_fine_tuned_on(tmp_path):
+    """The before-training half of a LOGO run for real: the built-in model is pre-trained on scripted play of
+    both groups (world knowledge), rollouts play wordle only, evaluation cellular_automata only;
+    `curio logo --report-only` prints the held-out table."""
     overrides = [
         "tracking.enabled=false", f"data_dir={tmp_path / 'data'}", "games.groups=[wordle,cellular_automata]",
         "games.max_eval_tasks=2", "evaluate_text.trajectories_per_task=1", "evaluate_text.policies=[base]",
-        "bootstrap.episodes=30", "bootstrap.n_layer=1", "bootstrap.n_embd=32", "bootstrap.n_head=2",
+        "games.max_train_tasks=2", "rollout_text.trajectories_per_task=1", "bootstrap.episodes=30", "bootstrap.n_layer=1", "bootstrap.n_embd=32", "bootstrap.n_head=2",
         "bootstrap.vocab_size=300", "bootstrap.epochs=1", "rollout_text.max_new_tokens=12",
     ]
     logo = logo_params(load_params(REPO / "params.yaml", overrides), "cellular_automata")
     execute("bootstrap", logo)
     scripted = read_rows(Path(logo.data_dir) / "bootstrap" / "scripted", ["group"])
-    assert {r["group"] for r in scripted} == {"wordle"}
+    assert {r["group"] for r in scripted} == {"wordle", "cellular_automata"}
+    execute("rollout-text", logo)
+    assert {r["group"] for r in read_rows(Path(logo.data_dir) / "rollout_text", ["group"])} == {"wordle"}
     execute("evaluate-text", logo)
     assert {r["group"] for r in read_rows(Path(logo.data_dir) / "evaluate_text")} == {"cellular_automata"}
     table = logo_report(logo, "cellular_automata")
