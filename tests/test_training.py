@@ -221,4 +221,19 @@ def test_lora_config_maps_onto_peft():
     model = tiny.build_model(tiny.train_tokenizer(["a b"], 70), n_layer=1, n_embd=16, n_head=2, n_positions=64)
     cfg = peft_config(p.train_policy.lora, model)
     assert (cfg.r, cfg.lora_alpha, cfg.lora_dropout, cfg.target_modules) == (16, 16, 0.0, "all-linear")
-    assert peft_config(load_params("params.yaml").train_policy.lora, model) is None  # off by default
+    assert peft_config(load_params("params.yaml", ["train_policy.lora.enabled=false"]).train_policy.lora,
+                       model) is None
+
+
+def test_default_lora_adapts_attention_only():
+    """On by default, with peft's GPT-2 default: adapters on the attention projection, nothing else trains."""
+    from peft import get_peft_model
+
+    from pipeline.config import load_params
+    from pipeline.models.training import peft_config
+
+    model = tiny.build_model(tiny.train_tokenizer(["a b"], 70), n_layer=2, n_embd=16, n_head=2, n_positions=64)
+    peft_model = get_peft_model(model, peft_config(load_params("params.yaml").train_policy.lora, model))
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable and all(".attn.c_attn.lora_" in n for n in trainable)
+    assert len(trainable) == 2 * 2  # lora_A and lora_B in each of the 2 layers
