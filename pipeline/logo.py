@@ -3,8 +3,9 @@ transfer to held-out task groups).
 
 ``logo_params(params, G)`` is ``params`` with ``games.groups`` = the pool minus G (the pool defaults to
 ``games.groups``), ``games.eval_groups = [G]``, ``data_dir = <data_dir>/logo_G`` and its own MLflow experiment.
-Training stages read only ``games.groups``, evaluate-text only the evaluation groups, so the run learns from
-the pool and is measured on G alone. ``run_logo`` runs evaluate-text and every stage it depends on in
+Rollouts and training read only ``games.groups``, evaluate-text only the evaluation groups, so the run learns
+from the pool and is measured on G alone; bootstrap pre-trains the built-in model on both (its world knowledge,
+as a real LLM's pre-training covers G too). ``run_logo`` runs evaluate-text and every stage it depends on in
 ``dvc.yaml``, in DAG order, with ``pipeline.stage.execute`` (the code ``dvc repro`` runs), into that data dir;
 each stage resumes from what is already there. ``logo_report`` prints held-out success before (base) and
 after training (sft / dpo / rl) and writes it to ``<data_dir>/logo.md``.
