@@ -49,3 +49,10 @@ def test_dvc_yaml_params_match_stage_modules():
     for name in STAGES:
         assert name in stages, name
         assert sorted(stages[name]["params"]) == sorted(stage_module(name).PARAMS), name
+
+
+def test_embedded_defaults_equal_params_yaml():
+    """The pydantic defaults are the shipped params.yaml: a section left out of params.yaml means the same run."""
+    from pipeline.config import Params
+
+    assert Params().model_dump(mode="json") == load_params("params.yaml").model_dump(mode="json")
