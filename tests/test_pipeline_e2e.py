@@ -201,6 +201,7 @@ def test_archer_resumes_after_sigkill_as_if_never_killed(trained, tmp_path):
 
     runs = {}
     for name in ("straight", "killed"):
+        (tmp_path / name).mkdir()
         proj = make_project(tmp_path / name, SMALL + ARCHER)
         (proj / "data").mkdir()
         os.symlink(trained / "data" / "train_policy", proj / "data" / "train_policy")

@@ -40,7 +40,8 @@ class CriticRerank(ChatBackend):
         states = [c for c in conversations for _ in range(k)]
         scores: list[float] = []
         for i in range(0, len(cands), self.batch_size):
-            q1, q2, _, _ = self.critic(states[i : i + self.batch_size], [g.text for g in cands[i : i + self.batch_size]])
+            batch = slice(i, i + self.batch_size)
+            q1, q2, _, _ = self.critic(states[batch], [g.text for g in cands[batch]])
             scores.extend(torch.minimum(q1, q2).tolist())
         out = []
         for j in range(len(conversations)):

@@ -1,4 +1,5 @@
-"""rl-text, ``rl_text.algorithm: filtered_bc``: online filtered behaviour cloning (the ArCHer paper's "Online Filtered BC" baseline).
+"""rl-text, ``rl_text.algorithm: filtered_bc``: online filtered behaviour cloning (the ArCHer paper's "Online
+Filtered BC" baseline).
 
 Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
 (success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
