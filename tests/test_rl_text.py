@@ -93,10 +93,10 @@ def test_critic_learns_the_values_of_a_two_step_chain():
     import copy
 
     target = copy.deepcopy(critic)
-    opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(critic.parameters(), lr=3e-2)
     batch = [{"state": s0, "action": "ask", "reward": -1.0, "next_state": s1, "done": False},
              {"state": s1, "action": "ask", "reward": -1.0, "next_state": s2, "done": True}]
-    for _ in range(600):
+    for _ in range(150):
         critic_step(critic, target, opt, batch, lambda states: ["ask"] * len(states), gamma=0.9, tau=0.1,
                     grad_clip=1.0)
     q1, q2, v1, v2 = critic([s0, s1], ["ask", "ask"])
@@ -197,3 +197,17 @@ def test_val_split_is_carved_from_train_deterministically_and_default_is_unchang
     assert sorted(t.task_id for t in train + val) == sorted(t.task_id for t in game.tasks("train"))
     assert val == game_tasks(carved, make_games(carved)[0], "val")  # the same tasks every run
     assert not {t.task_id for t in val} & {t.task_id for t in game_tasks(carved, game, "eval")}
+
+
+def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(tmp_path, monkeypatch):
+    import stages.rl.archer
+    from pipeline.config import load_params
+    from pipeline.stage import StageContext, StageResult, stage_module
+
+    params = load_params("params.yaml", [f"data_dir={tmp_path}", "rl_text.algorithm=archer"])
+    out = params.data_path("rl_text")
+    for name in ("rollouts", "rounds", "replay", "state"):
+        (out / name).mkdir(parents=True)
+    monkeypatch.setattr(stages.rl.archer, "run", lambda p, ctx: StageResult(metrics={"ran": p.rl_text.algorithm}))
+    assert stage_module("rl-text").run(params, StageContext()).metrics == {"ran": "archer"}
+    assert sorted(p.name for p in out.iterdir()) == ["replay", "state"]  # filtered_bc's are gone
