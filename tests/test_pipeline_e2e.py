@@ -228,3 +228,5 @@ def test_archer_resumes_after_sigkill_as_if_never_killed(trained, tmp_path):
         "the actor steps after the warm-up round changed no weight"
     metrics = json.loads((out.parent / "metrics" / "rl-text.json").read_text())
     assert metrics["rl/transitions"] > 0 and "rl/actor_loss" in metrics
+    history = json.loads((out.parent / "plots" / "rl_rounds.json").read_text())
+    assert [h["episodes"] for h in history] == [8, 16]  # environment samples so far: 4 tasks x 2 per round

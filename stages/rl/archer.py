@@ -387,7 +387,7 @@ def finish(params: Params, out: Path) -> StageResult:
         part = json.loads((out / "episodes" / f"round-{r:03d}.json").read_text())
         episodes += len(part)
         rows.extend(part)
-        history.append({"round": r, "episodes": episodes, "algorithm": cfg.algorithm, **summarize(part)})
+        history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
     atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
     metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()}
     if cfg.rounds:
