@@ -98,6 +98,9 @@ class GamesConfig(Section):
     groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played")
     max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
     max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of each group's train tasks carved "
+                                "(deterministically) into a validation split `val` for choosing hyperparameters; "
+                                "0 = none, train unchanged")
     eval_groups: list[str] | None = Field(
         None, min_length=1, description="task groups evaluate-text / eval-sweep play (null = groups); training "
         "stages only use groups, so groups minus G with eval_groups [G] is leave-one-group-out (`curio logo G`)",
@@ -271,15 +274,47 @@ class TrainPolicyConfig(Section):
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
 
 
+class CriticConfig(Section):
+    """ArCHer's utterance-level double critic (also CHAI's): Q1, Q2 on [h_s; h_a], V1, V2 on h_s."""
+
+    model: str = Field("policy", description="encoder of state and action: `policy` = the initial policy's "
+                       "transformer (no download), mean-pooled; or any HF encoder id / path (paper: roberta-base)")
+    gamma: float = Field(0.95, gt=0.0, le=1.0)
+    tau: float = Field(0.1, gt=0.0, le=1.0, description="Polyak rate of the target critic")
+    lr: float = Field(1e-4, gt=0, description="paper: 2e-5 with RoBERTa-base")
+    steps: int = Field(20, ge=1, description="critic gradient steps per round (paper: 50)")
+    batch_size: int = Field(32, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    buffer_capacity: int = Field(100_000, ge=1, description="newest transitions the critic samples from")
+    max_state_tokens: int = Field(256, ge=8, description="state text is left-truncated to this many tokens")
+
+
+class ArcherConfig(Section):
+    actor_lr: float = Field(1e-5, gt=0, description="paper: 1e-6 with GPT-2")
+    actor_steps: int = Field(3, ge=0, description="actor gradient steps per round (paper: 3)")
+    batch_size: int = Field(16, ge=1, description="states per actor step")
+    warmup_rounds: int = Field(1, ge=0, description="critic-only rounds first (paper: 20)")
+
+
+class ChaiConfig(Section):
+    num_samples: int = Field(5, ge=1, description="utterances sampled per turn; the argmax of min(Q1,Q2) is played")
+
+
 class RLTextConfig(Section):
-    algorithm: Literal["filtered_bc"] = Field("filtered_bc")
-    rounds: int = Field(2, ge=0)
+    algorithm: Literal["filtered_bc", "archer", "chai"] = Field(
+        "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
+        "online CHAI (critic re-ranks sampled utterances, no actor update)")
+    rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
     tasks_per_round: int = Field(64, ge=1)
     trajectories_per_task: int = Field(4, ge=1)
-    top_quantile: float = Field(0.25, gt=0, le=1, description="keep the best fraction of all trajectories so far")
-    lr: float = Field(1e-4, gt=0)
-    epochs: float = Field(2.0, gt=0)
-    batch_size: int = Field(16, ge=1)
+    top_quantile: float = Field(0.25, gt=0, le=1, description="filtered_bc: keep the best fraction of all "
+                                "trajectories so far")
+    lr: float = Field(1e-4, gt=0, description="filtered_bc")
+    epochs: float = Field(2.0, gt=0, description="filtered_bc")
+    batch_size: int = Field(16, ge=1, description="filtered_bc")
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    archer: ArcherConfig = Field(default_factory=ArcherConfig)
+    chai: ChaiConfig = Field(default_factory=ChaiConfig)
 
 
 class EvaluateTextConfig(Section):
@@ -290,7 +325,7 @@ class EvaluateTextConfig(Section):
 
 class EvalSweepConfig(Section):
     checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1)
-    splits: list[Literal["train", "eval"]] = Field(["eval"], min_length=1)
+    splits: list[Literal["train", "val", "eval"]] = Field(["eval"], min_length=1)
     seeds: list[int] = Field([0, 1], min_length=1)
     groups: list[str] | None = Field(None, min_length=1, description="task groups, one results row each "
                                      "(null = the evaluation groups: games.eval_groups, else games.groups)")

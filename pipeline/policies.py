@@ -6,7 +6,9 @@ Policies are addressed by name: ``base`` (bootstrap output, or ``policy.model`` 
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
+from typing import Literal
 
 from pipeline.config import LLMConfig, Params
 from pipeline.envs.base import Game, Split, Task, make_game
@@ -37,7 +39,11 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
 
         if not Path(path).exists() and name_or_path in {"base", "sft", "dpo", "rl"} and is_builtin(params.policy.model):
             raise FileNotFoundError(f"policy {name_or_path!r} not found at {path}: run its stage first")
-        return HFBackend(path, device=params.policy.device, batch_size=batch_size or params.rollout_text.batch_size)
+        backend = HFBackend(path, device=params.policy.device,
+                            batch_size=batch_size or params.rollout_text.batch_size)
+        from stages.rl.chai import is_chai_model, load_reranked
+
+        return load_reranked(backend, path, params.policy.device) if is_chai_model(path) else backend
     from pipeline.llm import make_backend
 
     cfg = LLMConfig(backend=params.policy.backend, model=path, batch_size=batch_size or 64)
@@ -58,7 +64,17 @@ def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
     return [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
 
 
-def game_tasks(params: Params, game: Game, split: Split) -> list[Task]:
-    tasks = game.tasks(split)
+def game_tasks(params: Params, game: Game, split: Split | Literal["val"]) -> list[Task]:
+    """Tasks of ``split``: ``eval`` is the game's held-out split; ``val`` is ``games.val_fraction`` of its train
+    tasks, carved out of ``train`` (the same ones every run), for choosing hyperparameters without the held-out
+    split. Caps: ``max_train_tasks`` on train, ``max_eval_tasks`` on val and eval."""
+    tasks = game.tasks("eval" if split == "eval" else "train")
+    if split != "eval" and params.games.val_fraction > 0:
+        order = list(range(len(tasks)))
+        random.Random(f"val-split/{game.name}").shuffle(order)
+        val = set(order[: max(1, round(params.games.val_fraction * len(tasks)))])
+        tasks = [t for i, t in enumerate(tasks) if (i in val) == (split == "val")]
+    elif split == "val":
+        raise ValueError("split 'val' needs games.val_fraction > 0")
     cap = params.games.max_train_tasks if split == "train" else params.games.max_eval_tasks
     return tasks[:cap] if cap else tasks

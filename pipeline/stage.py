@@ -25,7 +25,7 @@ STAGES: dict[str, str] = {
     "pairs-text": "stages.pairs",
     "reflogprobs": "stages.reflogprobs",
     "train-policy": "stages.train",
-    "rl-text": "stages.rl.filtered_bc",
+    "rl-text": "stages.rl.text",
     "evaluate-text": "stages.evaluate",
     "rollout-nethack": "stages.rollout_nethack",
     "annotate-nethack": "stages.annotate_nethack",

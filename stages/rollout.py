@@ -32,7 +32,7 @@ from pipeline.stage import StageContext, StageResult
 
 NAME = "rollout-text"
 # Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
-PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "rollout_text"]
+PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"]
 
 
 def sampling(params: Params) -> Sampling:

@@ -1,4 +1,5 @@
-"""rl-text: online filtered behaviour cloning (the ArCHer paper's "Online Filtered BC" baseline).
+"""rl-text, ``rl_text.algorithm: filtered_bc``: online filtered behaviour cloning (the ArCHer paper's "Online
+Filtered BC" baseline).
 
 Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
 (success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
@@ -22,9 +23,7 @@ from pipeline.models.training import sft_train
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
-
-NAME = "rl-text"
-PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "rollout_text", "rl_text"]
+from stages.rl.text import NAME, PARAMS
 
 
 def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
@@ -85,7 +84,11 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     shutil.copytree(current, final)
     rollouts.mark_complete(cfg.rounds)
     rows = read_rows(out / "rollouts", ["success", "invalid", "turns", "score"]) if cfg.rounds else []
-    history = [{"round": r, **summarize(read_part(rollouts, r))} for r in range(cfg.rounds)]
+    history, episodes = [], 0
+    for r in range(cfg.rounds):
+        part = read_part(rollouts, r)
+        episodes += len(part)
+        history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
     atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
     return StageResult(metrics={f"rollouts/{k}": v for k, v in summarize(rows).items()}, outputs=[str(final)])
 

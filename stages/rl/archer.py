@@ -1,0 +1,397 @@
+"""rl-text, ``rl_text.algorithm: archer``: ArCHer (Zhou et al., 2024), a hierarchical actor-critic.
+
+High level, an utterance-level off-policy critic; low level, a token-level policy gradient:
+
+- critic: an encoder of the state (the conversation so far) and of the action (the agent's utterance),
+  mean-pooled; Q1, Q2 heads on [h_s; h_a], V1, V2 heads on h_s; a target copy Polyak-averaged with τ.
+  Targets: Q_i(s, a) ← r + γ(1−d)·V̄_i(s′) and V_i(s) ← Q̄_i(s, a_π), a_π freshly sampled from the policy.
+- actor: A = min(Q1, Q2)(s, a_π) − min(V1, V2)(s); loss −mean(log π(a_π|s)·A), log π summed over the
+  utterance's tokens (batched, left-padded with explicit position ids: see ``utterance_logprobs``).
+- reward: games scored by turns (twenty questions, …) pay −1 per turn and 0 on the winning turn; games scored
+  by reward (bandits) pay the episode's reward on its last turn.
+
+A round (the unit of resume): the policy plays ``tasks_per_round × trajectories_per_task`` train episodes; their
+transitions (s, a, r, s′, done) become part r of the replay buffer (chunked Parquet, ``data/rl_text/replay``);
+``critic.steps`` critic steps on the newest ``critic.buffer_capacity`` transitions; then, after
+``archer.warmup_rounds`` critic-only rounds, ``archer.actor_steps`` actor steps. Policy, critic, target critic
+and both optimisers are then checkpointed (``data/rl_text/state``), so a SIGKILL loses at most the round in
+flight, and a resumed run equals an uninterrupted one (every round re-seeds its RNGs).
+Online CHAI (stages/rl/chai.py) trains the same critic with ``train_loop(..., actor=False)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from torch import nn
+
+from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.config import Params
+from pipeline.llm.base import ChatBackend, Sampling
+from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.models import tiny
+from pipeline.play import play_episodes, summarize
+from pipeline.policies import game_tasks, make_games, policy_path
+from pipeline.stage import StageContext, StageResult
+from stages.rl.text import NAME, PARAMS
+
+HEAD_HIDDEN = 256
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+TRANSITION_SCHEMA = pa.schema([
+    ("group", pa.string()), ("task_id", pa.string()), ("sample", pa.int32()), ("turn", pa.int32()),
+    ("state", pa.list_(MESSAGE)), ("action", pa.string()), ("reward", pa.float64()),
+    ("next_state", pa.list_(MESSAGE)), ("done", pa.bool_()), ("round", pa.int32()),
+])
+
+
+# -- the formulas (tested on hand-computed numbers) ---------------------------------------------------------
+def q_targets(reward: torch.Tensor, done: torch.Tensor, v1_next: torch.Tensor, v2_next: torch.Tensor,
+              gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q_i(s, a) ← r + γ(1−d)·V̄_i(s′), one target per head, from the target critic's V heads."""
+    live = 1.0 - done.float()
+    return reward + gamma * live * v1_next, reward + gamma * live * v2_next
+
+
+def advantage(q1: torch.Tensor, q2: torch.Tensor, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+    """A = min(Q1, Q2)(s, a) − min(V1, V2)(s): both minima curb over-estimation."""
+    return torch.minimum(q1, q2) - torch.minimum(v1, v2)
+
+
+def actor_loss(logp: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """−mean(log π(a|s)·A): minimising it raises the probability of utterances with positive advantage."""
+    return -(logp * adv.detach()).mean()
+
+
+@torch.no_grad()
+def polyak_(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """θ̄ ← (1−τ)·θ̄ + τ·θ, in place."""
+    for t, o in zip(target.parameters(), online.parameters(), strict=True):
+        t.mul_(1.0 - tau).add_(o, alpha=tau)
+
+
+# -- the critic ---------------------------------------------------------------------------------------------
+def state_text(conversation: list[dict]) -> str:
+    return "\n".join(f"{m['role']}: {m['content']}" for m in conversation)
+
+
+class DoubleCritic(nn.Module):
+    """Q1, Q2 on [h_s; h_a] and V1, V2 on h_s, over one shared text encoder (mean-pooled last hidden state)."""
+
+    def __init__(self, encoder: nn.Module, tokenizer, max_state_tokens: int = 256, max_action_tokens: int = 64):
+        super().__init__()
+        self.encoder, self.tokenizer = encoder, tokenizer
+        self.max_state_tokens, self.max_action_tokens = max_state_tokens, max_action_tokens
+        d = encoder.config.hidden_size
+
+        def head(n_in: int) -> nn.Module:
+            return nn.Sequential(nn.Linear(n_in, HEAD_HIDDEN), nn.ReLU(), nn.Linear(HEAD_HIDDEN, 1))
+
+        self.q1, self.q2, self.v1, self.v2 = head(2 * d), head(2 * d), head(d), head(d)
+
+    def embed(self, texts: list[str], max_tokens: int, keep_end: bool) -> torch.Tensor:
+        """Mean of the last hidden states over real tokens. Right padding: with the mask, no real token sees a
+        pad (causal encoders) and positions start at 0 (bidirectional ones). States keep their newest tokens."""
+        ids = [self.tokenizer(t, add_special_tokens=True)["input_ids"] or [self.tokenizer.pad_token_id]
+               for t in texts]
+        ids = [x[-max_tokens:] if keep_end else x[:max_tokens] for x in ids]
+        width = max(len(x) for x in ids)
+        device = next(self.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        batch = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
+        hidden = self.encoder(input_ids=batch, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1)
+
+    def forward(self, states: list[list[dict]], actions: list[str]) -> tuple[torch.Tensor, ...]:
+        """(Q1, Q2, V1, V2), each of shape [batch]."""
+        h_s = self.embed([state_text(s) for s in states], self.max_state_tokens, keep_end=True)
+        h_a = self.embed(actions, self.max_action_tokens, keep_end=False)
+        h_sa = torch.cat([h_s, h_a], dim=-1)
+        return tuple(f(x).squeeze(-1) for f, x in ((self.q1, h_sa), (self.q2, h_sa), (self.v1, h_s), (self.v2, h_s)))
+
+    def values(self, states: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
+        h_s = self.embed([state_text(s) for s in states], self.max_state_tokens, keep_end=True)
+        return self.v1(h_s).squeeze(-1), self.v2(h_s).squeeze(-1)
+
+    def save(self, path: Path) -> None:
+        """The encoder with save_pretrained (safetensors) and the heads as a safetensors file."""
+        from safetensors.torch import save_file
+
+        self.encoder.save_pretrained(path / "encoder", safe_serialization=True)
+        self.tokenizer.save_pretrained(path / "encoder")
+        heads = {f"{n}.{k}": v.contiguous() for n in ("q1", "q2", "v1", "v2")
+                 for k, v in getattr(self, n).state_dict().items()}
+        save_file(heads, str(path / "heads.safetensors"))
+        atomic_write_json(path / "critic.json", {"max_state_tokens": self.max_state_tokens,
+                                                 "max_action_tokens": self.max_action_tokens})
+
+    @classmethod
+    def load(cls, path: Path, device: str = "cpu") -> DoubleCritic:
+        from safetensors.torch import load_file
+
+        meta = json.loads((path / "critic.json").read_text())
+        encoder, tokenizer = load_encoder(path / "encoder")
+        critic = cls(encoder, tokenizer, **meta)
+        heads = load_file(str(path / "heads.safetensors"))
+        for n in ("q1", "q2", "v1", "v2"):
+            getattr(critic, n).load_state_dict({k.split(".", 1)[1]: v for k, v in heads.items()
+                                                if k.startswith(n + ".")})
+        return critic.to(device)
+
+
+def load_encoder(source: str | Path):
+    """Any HF model's base transformer (``AutoModel``): a causal LM checkpoint yields its body, no LM head."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return AutoModel.from_pretrained(str(source), dtype=torch.float32), tokenizer
+
+
+def critic_step(critic: DoubleCritic, target: DoubleCritic, opt: torch.optim.Optimizer, batch: list[dict],
+                sample_pi: Callable[[list[list[dict]]], list[str]], gamma: float, tau: float,
+                grad_clip: float) -> float:
+    """One gradient step on MSE to the four targets, then the Polyak update of the target; returns the loss."""
+    states = [b["state"] for b in batch]
+    with torch.no_grad():
+        reward = torch.tensor([b["reward"] for b in batch], dtype=torch.float32)
+        done = torch.tensor([b["done"] for b in batch])
+        vbar1, vbar2 = target.values([b["next_state"] for b in batch])
+        qt1, qt2 = q_targets(reward, done, vbar1, vbar2, gamma)
+        qbar1, qbar2, _, _ = target(states, sample_pi(states))
+    q1, q2, v1, v2 = critic(states, [b["action"] for b in batch])
+    mse = nn.functional.mse_loss
+    loss = mse(q1, qt1) + mse(q2, qt2) + mse(v1, qbar1) + mse(v2, qbar2)
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
+    opt.step()
+    polyak_(target, critic, tau)
+    return loss.item()
+
+
+# -- the actor ----------------------------------------------------------------------------------------------
+def utterance_logprobs(model, tokenizer, states: list[list[dict]], actions: list[str]) -> torch.Tensor:
+    """log π(a|s) summed over the utterance's tokens (its end-of-turn token included), batched.
+
+    Rows are left-padded so every utterance ends at the last position, with position ids counted from each
+    row's first real token: a padded row scores exactly as it does alone (the ArCHer code's right padding
+    shifted positions; tests/test_rl_text.py checks batched == one at a time).
+    """
+    seqs, lengths = [], []
+    max_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    for s, a in zip(states, actions, strict=True):
+        prompt = tokenizer.apply_chat_template(s, add_generation_prompt=True, tokenize=True)
+        full = tokenizer.apply_chat_template(s + [{"role": "assistant", "content": a}], tokenize=True)
+        if list(full[: len(prompt)]) != list(prompt):
+            raise ValueError("the chat template does not extend the generation prompt with the assistant turn")
+        n = len(full) - len(prompt)
+        full = list(full)[-max_pos:] if max_pos else list(full)  # keep the newest context
+        seqs.append(full)
+        lengths.append(min(n, len(full) - 1))
+    device = next(model.parameters()).device
+    width = max(len(x) for x in seqs)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in seqs], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1]
+    token_logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    cols = torch.arange(width - 1, device=device)
+    in_action = cols.unsqueeze(0) >= (width - 1 - torch.tensor(lengths, device=device)).unsqueeze(1)
+    return (token_logp * in_action).sum(-1)
+
+
+def actor_step(policy, tokenizer, critic: DoubleCritic, opt: torch.optim.Optimizer, states: list[list[dict]],
+               sample_pi: Callable[[list[list[dict]]], list[str]], grad_clip: float) -> dict[str, float]:
+    actions = sample_pi(states)
+    with torch.no_grad():
+        adv = advantage(*critic(states, actions))
+    logp = utterance_logprobs(policy, tokenizer, states, actions)
+    loss = actor_loss(logp, adv)
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    opt.step()
+    return {"loss": loss.item(), "advantage": adv.mean().item()}
+
+
+# -- replay buffer ------------------------------------------------------------------------------------------
+def transitions(row: dict, round_index: int, score_by_turns: bool) -> list[dict]:
+    """An episode row's utterance-level transitions. The last one is terminal (win, turn limit, or an
+    unparseable turn that ended the episode)."""
+    conv, start = row["conversation"], 2  # system prompt + first user message open every game
+    turns = [i for i in range(start, len(conv)) if conv[i]["role"] == "assistant"]
+    out = []
+    for k, i in enumerate(turns):
+        last = k == len(turns) - 1
+        if score_by_turns:
+            reward = 0.0 if last and row["success"] else -1.0
+        else:
+            reward = float(row["reward"]) if last else 0.0
+        out.append({"group": row["group"], "task_id": row["task_id"], "sample": row["sample"], "turn": k,
+                    "state": conv[:i], "action": conv[i]["content"], "reward": reward,
+                    "next_state": conv[: i + 2], "done": last, "round": round_index})
+    return out
+
+
+class ReplayBuffer:
+    """Transitions, one Parquet part per round; sampling sees the newest ``capacity`` of them."""
+
+    def __init__(self, path: Path, params_hash: str, upstream: dict[str, str], capacity: int) -> None:
+        self.data = ChunkedDataset(path, params_hash=params_hash, upstream=upstream)
+        self.capacity = capacity
+
+    def add(self, round_index: int, rows: list[dict]) -> None:
+        self.data.write_part(round_index, rows, TRANSITION_SCHEMA)
+
+    def contents(self, upto: int) -> list[dict]:
+        """The newest ``capacity`` transitions of rounds ≤ ``upto``."""
+        import pyarrow.parquet as pq
+
+        rows: list[dict] = []
+        for i in sorted(i for i in self.data.finished() if i <= upto):
+            rows.extend(pq.read_table(self.data.path / self.data.parts[i].file).to_pylist())
+        return rows[-self.capacity:]
+
+
+# -- the loop -----------------------------------------------------------------------------------------------
+def run(params: Params, ctx: StageContext) -> StageResult:
+    return train_loop(params, ctx, actor=True)
+
+
+def sampler(backend: ChatBackend, sampling: Sampling) -> Callable[[list[list[dict]]], list[str]]:
+    return lambda states: [g.text for g in backend.generate(states, sampling)]
+
+
+def train_loop(params: Params, ctx: StageContext, actor: bool,
+               acting: Callable[[HFBackend, DoubleCritic], ChatBackend] | None = None,
+               extra_outputs: Callable[[Path, DoubleCritic], None] | None = None) -> StageResult:
+    """Rounds of rollouts → critic steps → (``actor``) actor steps, each round checkpointed.
+
+    ``acting`` wraps the policy into the backend that plays and whose samples are a_π (CHAI: the critic's
+    re-ranking); ``extra_outputs`` adds files to the final model directory (CHAI: the critic).
+    """
+    cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
+    out = params.data_path("rl_text")
+    init = policy_path(params, "dpo")
+    key = params.section_hash(PARAMS)
+    replay = ReplayBuffer(out / "replay", key, {"init": dir_hash(init)}, ccfg.buffer_capacity)
+    state_dir = out / "state"
+    if not replay.data.finished():  # a fresh start (or changed inputs): earlier checkpoints are stale
+        shutil.rmtree(state_dir, ignore_errors=True)
+    games = make_games(params)
+    score_by_turns = {g.name: g.score_by_turns for g in games}
+    jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
+    sampling = Sampling(temperature=params.rollout_text.temperature, top_p=params.rollout_text.top_p,
+                        min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
+    device = params.policy.device
+
+    done_rounds = sorted(int(p.name.split("-")[1]) for p in state_dir.glob("round-*") if (p / "DONE").exists())
+    start = done_rounds[-1] + 1 if done_rounds else 0
+    ckpt = state_dir / f"round-{start - 1:03d}" if done_rounds else None
+    policy, tokenizer = load_policy(ckpt / "policy" if ckpt else init, device)
+    if ckpt:
+        critic = DoubleCritic.load(ckpt / "critic", device)
+        target = DoubleCritic.load(ckpt / "target", device)
+    else:
+        torch.manual_seed(chunk_seed(params.seed, NAME + "/critic", 0))
+        encoder, enc_tok = load_encoder(init if ccfg.model == "policy" else ccfg.model)
+        critic = DoubleCritic(encoder, enc_tok, ccfg.max_state_tokens, params.rollout_text.max_new_tokens).to(device)
+        target = copy.deepcopy(critic)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=ccfg.lr)
+    actor_opt = torch.optim.Adam(policy.parameters(), lr=acfg.actor_lr)
+    if ckpt:
+        opts = torch.load(ckpt / "optimizers.pt", weights_only=True)
+        critic_opt.load_state_dict(opts["critic"])
+        actor_opt.load_state_dict(opts["actor"])
+
+    backend = HFBackend(init, batch_size=params.rollout_text.batch_size, model_obj=policy, tokenizer=tokenizer,
+                        device=device)
+    player = acting(backend, critic) if acting else backend
+    sample_pi = sampler(player, sampling)
+    for r in range(start, cfg.rounds):
+        seed = chunk_seed(params.seed, NAME, r)
+        if r not in replay.data.finished():
+            picked = random.Random(seed).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+            with torch.no_grad():
+                rows = play_episodes(player, [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)],
+                                     sampling, seed=seed, max_format_retries=params.rollout_text.max_format_retries,
+                                     policy_name=f"{cfg.algorithm}-round-{r}")
+            atomic_write_json(out / "episodes" / f"round-{r:03d}.json",  # before the part that marks r played
+                              [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
+                               for row in rows])
+            replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
+        torch.manual_seed(chunk_seed(params.seed, NAME + "/train", r))  # same RNG whether rollouts ran or not
+        rng = random.Random(seed)
+        buffer = replay.contents(r)
+        stats: dict[str, float] = {}
+        if buffer:
+            losses = [critic_step(critic, target, critic_opt, rng.sample(buffer, min(ccfg.batch_size, len(buffer))),
+                                  sample_pi, ccfg.gamma, ccfg.tau, ccfg.grad_clip) for _ in range(ccfg.steps)]
+            stats["critic_loss"] = sum(losses) / len(losses)
+            if actor and r >= acfg.warmup_rounds and acfg.actor_steps:
+                steps = [actor_step(policy, tokenizer, critic, actor_opt,
+                                    [b["state"] for b in rng.sample(buffer, min(acfg.batch_size, len(buffer)))],
+                                    sample_pi, ccfg.grad_clip) for _ in range(acfg.actor_steps)]
+                stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
+                stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
+        round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
+        ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
+                                 **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
+        save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
+
+    final = out / "model"
+    if final.exists():
+        shutil.rmtree(final)
+    tiny.save(policy, tokenizer, final)
+    if extra_outputs:
+        extra_outputs(final, critic)
+    replay.data.mark_complete(cfg.rounds)
+    return finish(params, out)
+
+
+def save_round(state_dir: Path, r: int, policy, tokenizer, critic: DoubleCritic, target: DoubleCritic,
+               critic_opt: torch.optim.Optimizer, actor_opt: torch.optim.Optimizer, stats: dict) -> None:
+    """Write round r's checkpoint beside the previous one, mark it DONE, then drop the older one."""
+    tmp = state_dir / f".round-{r:03d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tiny.save(policy, tokenizer, tmp / "policy")
+    critic.save(tmp / "critic")
+    target.save(tmp / "target")
+    torch.save({"critic": critic_opt.state_dict(), "actor": actor_opt.state_dict()}, tmp / "optimizers.pt")
+    atomic_write_json(tmp / "stats.json", stats)
+    final = state_dir / f"round-{r:03d}"
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (final / "DONE").write_text("ok")
+    for old in state_dir.glob("round-*"):
+        if old != final:
+            shutil.rmtree(old)
+
+
+def finish(params: Params, out: Path) -> StageResult:
+    """Metrics over all rounds' episodes and the success-vs-episodes history (a dvc plot)."""
+    cfg = params.rl_text
+    history, rows, episodes = [], [], 0
+    for r in range(cfg.rounds):
+        part = json.loads((out / "episodes" / f"round-{r:03d}.json").read_text())
+        episodes += len(part)
+        rows.extend(part)
+        history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
+    atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
+    metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()}
+    if cfg.rounds:
+        metrics.update({f"rl/{k}": v for k, v in
+                        json.loads(next((out / "state").glob("round-*/stats.json")).read_text()).items()})
+    metrics["rl/transitions"] = len(read_rows(out / "replay", ["done"])) if cfg.rounds else 0
+    return StageResult(metrics=metrics, outputs=[str(out / "model")])

@@ -1,0 +1,33 @@
+"""The rl-text stage: online RL of the text policy from the DPO policy, by ``rl_text.algorithm``.
+
+- ``filtered_bc`` (stages/rl/filtered_bc.py): clone the best trajectories so far (ArCHer's Online Filtered BC);
+- ``archer`` (stages/rl/archer.py): utterance-level double critic + token-level policy gradient;
+- ``chai`` (stages/rl/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated.
+
+All three play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
+equal environment samples. Output: ``data/rl_text/model`` (CHAI adds its critic there) and the
+success-vs-episodes history ``data/plots/rl_rounds.json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+
+from pipeline.config import Params
+from pipeline.stage import StageContext, StageResult
+
+NAME = "rl-text"
+PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text",
+          "rl_text"]
+# What each algorithm writes under data/rl_text besides model/; another algorithm's leftovers are removed.
+OUTPUT_DIRS = {"filtered_bc": {"rollouts", "rounds"}, "archer": {"replay", "state", "episodes"},
+               "chai": {"replay", "state", "episodes"}}
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    algorithm = params.rl_text.algorithm
+    out = params.data_path("rl_text")
+    for name in set().union(*OUTPUT_DIRS.values()) - OUTPUT_DIRS[algorithm]:
+        shutil.rmtree(out / name, ignore_errors=True)
+    return importlib.import_module(f"stages.rl.{algorithm}").run(params, ctx)
