@@ -499,6 +499,9 @@ def _format_error(err: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     extra = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    relative = re.match(r"([a-z_]\w*(?:\.\w+)*): ", msg)  # a section's validator naming a key inside it
+    if relative and first["loc"]:
+        loc, msg = f"{loc}.{relative.group(1)}", msg[relative.end():]
     return f"params: {loc}: {msg}{extra}"
 
 

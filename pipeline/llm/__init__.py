@@ -66,10 +66,9 @@ def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
 
         return VLLMBackend(cfg.model, max_tokens=cfg.max_tokens)
     if cfg.backend == "openai":
-        from pipeline.llm.openai_backend import OpenAIBackend
-
         if not cfg.base_url:  # never the SDK's default public endpoint (load_params refuses this too)
             raise ConfigError("llm: the openai backend needs base_url (the server's URL)")
+        from pipeline.llm.openai_backend import OpenAIBackend
 
         return OpenAIBackend(
             cfg.model,
