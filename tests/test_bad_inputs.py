@@ -491,3 +491,98 @@ def test_annotate_text_stage_reasks_only_its_unknowns(project):
             s["judge_label"] for r, s in zip(first, second, strict=True) if r["judge_label"] != "UNKNOWN"]
     finally:
         server.close()
+
+
+# -- a flaky server: 20 % 5xx, 10 % hangs, 10 % garbage ----------------------------------------------------------
+FLAKY = {"error_rate": 0.2, "timeout_rate": 0.1, "garbage_rate": 0.1, "hang_s": 1.0, "rules": CURIO_RULES,
+         "record": True, "seed": 11}
+
+
+def llm_role(prefix: str, server: FakeServer) -> list[str]:
+    values = {"backend": "openai", "model": "fake-model", "base_url": server.base_url, "timeout_s": 0.4,
+              "max_retries": 2, "backoff_s": 0.01, "max_concurrency": 8}
+    return [arg for k, v in values.items() for arg in ("-S", f"{prefix}.{k}={v}")]
+
+
+def flaky_runs(server: FakeServer, stage: str, args: list[str], out: Path, label: str, owner) -> list[dict]:
+    """The first run and two reruns against the same flaky server, then one more that must send nothing.
+
+    ``owner(request_text, rows)`` → the rows a request may have been sent for. Returns per-run figures.
+    """
+    figures, seen = [], 0
+    previous_unknown: set[int] | None = None
+    for attempt in range(4):
+        result = run(["stage", stage, *args])
+        assert result.exit_code == 0, result.stderr
+        rows = read_table(out).to_pylist()
+        log = server.stats()["log"][seen:]
+        seen += len(log)
+        owners = [owner(text, rows) for text, _ in log]
+        if previous_unknown is not None:  # a rerun asks only for the rows still UNKNOWN
+            assert all(o & previous_unknown for o in owners)
+        unknown = {i for i, r in enumerate(rows) if r[label] == "UNKNOWN"}
+        outcomes: dict[str, int] = {}
+        for _, outcome in log:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        asked = set().union(*owners) & (previous_unknown if previous_unknown is not None else set(range(len(rows))))
+        figures.append({"run": attempt, "requests": len(log), "rows_asked": len(asked), "unknown": len(unknown),
+                        **outcomes})
+        previous_unknown = unknown
+    assert figures[-1]["requests"] == 0  # after the first run and two reruns every request hit max_attempts
+    return figures
+
+
+def assert_unknown_only_where_garbage_persisted(server: FakeServer, rows: list[dict], label: str, raw: str,
+                                                owner) -> None:
+    """Every row still UNKNOWN got max_attempts answers for its request(s), none of them parseable."""
+    per_row: dict[int, list[str]] = {}
+    for text, outcome in server.stats()["log"]:
+        for i in owner(text, rows):
+            per_row.setdefault(i, []).append(outcome)
+    for i, r in enumerate(rows):
+        if r[label] == "UNKNOWN":
+            assert "[request failed]" not in r[raw]  # a transport failure would have been re-asked
+            assert sum(o != "error" for o in per_row[i]) >= 3  # answered (garbage) on every attempt
+
+
+def test_flaky_server_annotate_text_ends_with_unknown_only_for_persistent_garbage(project):
+    write_dataset(project / "data" / "rollout_text", rollout_rows(64), ROLLOUT_SCHEMA)  # 48 claimed wins
+    server = FakeServer()
+    try:
+        server.configure(**FLAKY)
+
+        def owner(text: str, rows: list[dict]) -> set[int]:
+            return {int(text.split("(game ")[1].split(")")[0])}
+
+        out = project / "data" / "annotate_text"
+        figures = flaky_runs(server, "annotate-text", llm_role("annotate_text.judge", server), out, "judge_label",
+                             owner)
+        rows = read_table(out).to_pylist()
+        assert_unknown_only_where_garbage_persisted(server, rows, "judge_label", "judge_raw", owner)
+        assert figures[0]["unknown"] > figures[2]["unknown"]  # reruns recovered failures and one-off garbage
+        print("annotate-text flaky-server figures:", figures)
+    finally:
+        server.close()
+
+
+def test_flaky_server_annotate_nethack_ends_with_unknown_only_for_persistent_garbage(project):
+    messages = [f"You see here {i} gold pieces." if i % 3 else f"You kill the newt number {i}!" for i in range(40)]
+    write_dataset(project / "data" / "rollout_nethack",
+                  [{"episode": i // 10, "step": i % 10, "message": m} for i, m in enumerate(messages)])
+    server = FakeServer()
+    try:
+        server.configure(**FLAKY)
+
+        def owner(text: str, rows: list[dict]) -> set[int]:  # identical pairs share their requests
+            return {i for i, r in enumerate(rows) if r["caption_first"] in text and r["caption_second"] in text}
+
+        args = [*llm_role("annotate_nethack.annotator", server), "-S", "annotate_nethack.num_pairs=48",
+                "-S", "annotate_nethack.pairs_per_chunk=16"]
+        out = project / "data" / "annotate_nethack"
+        figures = flaky_runs(server, "annotate-nethack", args, out, "label", owner)
+        rows = read_table(out).to_pylist()
+        assert_unknown_only_where_garbage_persisted(server, rows, "label", "raw", owner)
+        assert figures[0]["unknown"] > figures[2]["unknown"]
+        print("annotate-nethack flaky-server figures:", figures)
+    finally:
+        server.close()

@@ -96,7 +96,7 @@ def annotate_preferences(
     for i, g in first.items():
         label = parse_preference(g.text) if g.error is None else "UNKNOWN"
         results[i] = (label, _raw(g))
-        if label == "UNKNOWN" and g.error is None:
+        if label == "UNKNOWN" and g.error is None and not g.meta.get("given_up"):  # a given-up row stays put
             retry.append(i)
     if retry:
         follow_ups = [

@@ -165,7 +165,8 @@ class ResponseCache:
                 f"SELECT key, attempts, text, error FROM failures WHERE key IN ({','.join('?' * len(part))})", part
             ).fetchall()
             for key, attempts, text, error in rows:
-                found[key] = (attempts, Generation(text=text, error=error, cached=True, meta={"attempts": attempts}))
+                found[key] = (attempts, Generation(text=text, error=error, cached=True,
+                                                   meta={"attempts": attempts, "given_up": True}))
         return found
 
     def record_failures(self, items: dict[str, Generation]) -> None:
@@ -271,7 +272,7 @@ class CachedBackend(ChatBackend):
             missing = [k for k in first if k not in results]
             for k, (attempts, failure) in self.cache.failures(missing).items():
                 if attempts >= self.max_attempts:
-                    results[k] = failure  # given up on: served as the last failure, not sent again
+                    results[k] = failure  # given up on (meta["given_up"]): the last failure, not sent again
         hits = len(results)
 
         mine: list[str] = []
