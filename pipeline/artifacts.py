@@ -322,8 +322,12 @@ def read_rows(path: str | Path, columns: list[str] | None = None) -> list[dict]:
 
 
 def read_part(path: str | Path, index: int, columns: list[str] | None = None) -> list[dict]:
-    """Rows of one finished part of a dataset, complete or still being written (e.g. by ``run_chunked``)."""
+    """Rows of one finished part of a dataset, complete or still being written (e.g. by ``run_chunked``: then
+    possibly in the staging directory beside a finished older output)."""
     path = Path(path)
+    staging = path.with_name(f".{path.name}.next")
+    if staging.is_dir():
+        path = staging
     part = (read_manifest(path) or {}).get("parts", {}).get(f"{index:05d}")
     if part is None:
         raise InputError(f"{path}: part {index} is not finished; {_rerun(path)}")

@@ -586,3 +586,15 @@ def test_flaky_server_annotate_nethack_ends_with_unknown_only_for_persistent_gar
         print("annotate-nethack flaky-server figures:", figures)
     finally:
         server.close()
+
+
+def test_a_producer_reading_its_own_parts_mid_run_sees_the_new_ones(tmp_path):
+    """rollout-text's curriculum reads the rounds it already wrote while the old output is still in place."""
+    from pipeline.artifacts import read_part
+
+    out = tmp_path / "ds"
+    run_chunked(out, num_chunks=2, make_chunk=lambda i: [{"x": i}], params_hash="old")
+    seen = []
+    run_chunked(out, num_chunks=2, make_chunk=lambda i: [{"x": 10 + i}], params_hash="new",
+                on_chunk=lambda i: seen.append(read_part(out, i)))
+    assert seen == [[{"x": 10}], [{"x": 11}]] and read_table(out).to_pylist() == [{"x": 10}, {"x": 11}]
