@@ -38,7 +38,6 @@ from pipeline.errors import InputError
 from pipeline.llm import make_backend
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache
-from pipeline.stage import execute
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import CURIO_RULES, FakeServer  # noqa: E402
@@ -357,7 +356,8 @@ def saved_model(root: Path) -> Path:
 
 
 @pytest.mark.parametrize(("damage", "needle"), [
-    (lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:100]), "model.safetensors"),
+    (lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:100]),
+     "model.safetensors"),
     (lambda m: (m / "config.json").write_text("garbage"), "config.json"),
     (lambda m: (m / "tokenizer.json").unlink(), "tokenizer.json"),
     (lambda m: (m / MODEL_MANIFEST).write_bytes(b"\xff\x00"), "manifest"),
