@@ -1,9 +1,17 @@
-"""Chunked, resumable Parquet datasets.
+"""Chunked, resumable Parquet datasets, and the file manifests of saved models.
 
 A dataset is a directory of Parquet parts (``part-00000.parquet`` …) plus ``_manifest.json``. Each part is
 written to a temporary name, fsynced and renamed; the manifest is then replaced atomically. A crash leaves
 either a finished part or none. On restart, parts whose recorded sha256 still matches the file and whose
-params hash equals the current one are kept; everything else is recomputed.
+params hash equals the current one are kept; everything else is recomputed. An unreadable manifest (corrupt
+JSON, not UTF-8, wrong shape) counts as none: the producer recomputes.
+
+A finished dataset whose params or inputs changed is not touched while the new one is computed: the new
+parts go to ``.NAME.next`` beside it, which replaces it only once complete (write aside, then swap).
+
+Consumers (``read_table`` and friends) check every part against the manifest (sha256, Arrow schema) before
+use; a mismatch is an ``InputError`` naming the stage to rerun. Saved models get ``_model_manifest.json``
+(file → sha256) at save time, checked by ``verify_model`` before a model is loaded.
 """
 
 from __future__ import annotations
@@ -20,8 +28,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import InputError
+
 SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
+MODEL_MANIFEST = "_model_manifest.json"
+_FULL_HASH_BYTES = 64 << 20  # model files up to this size are hashed whole; larger ones: size + both ends
 
 
 def stable_hash(obj: Any) -> str:
@@ -81,6 +93,28 @@ class PartInfo:
     file: str
     rows: int
     sha256: str
+    schema: str = ""  # the part's Arrow schema (schema_text); empty in manifests written before it was recorded
+
+
+def schema_text(schema: pa.Schema) -> str:
+    """A schema as one comparable line: ``name: type`` per field, metadata left out."""
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def producing_stage(path: str | Path) -> str | None:
+    """The dvc.yaml stage whose output holds ``path`` (``data/annotate_text`` → ``annotate-text``)."""
+    from pipeline.stage import STAGES
+
+    for part in reversed(Path(path).parts):
+        name = part.lstrip(".").removesuffix(".next").replace("_", "-")
+        if name in STAGES:
+            return name
+    return None
+
+
+def _rerun(path: str | Path) -> str:
+    stage = producing_stage(path)
+    return f"rerun `curio stage {stage}`" if stage else "rerun the stage that writes it"
 
 
 class ChunkedDataset:
@@ -108,17 +142,24 @@ class ChunkedDataset:
         return self.path / MANIFEST
 
     def _load(self) -> None:
-        """Keep only parts that are still valid for the current params; drop the rest."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Keep only parts that are still valid for the current params; drop the rest.
+
+        A complete dataset of other params / inputs stays in place (readers still see it); this run then works
+        in the staging directory beside it, swapped in by :meth:`mark_complete`.
+        """
+        self.final = self.path
+        staging = self.path.with_name(f".{self.path.name}.next")
+        if not self.path.exists() and _complete(read_manifest(staging)):
+            os.replace(staging, self.path)  # a swap interrupted after the old output was moved away
         manifest = read_manifest(self.path)
-        same_run = (
-            manifest is not None
-            and manifest.get("params_hash") == self.params_hash
-            and manifest.get("upstream", {}) == self.upstream
-            and manifest.get("schema_version") == self.schema_version
-        )
-        if same_run:
-            for key, info in manifest.get("parts", {}).items():
+        if _complete(manifest) and not self._same_run(manifest):
+            self.path = staging
+            manifest = read_manifest(self.path)
+        elif staging.exists():
+            shutil.rmtree(staging)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if manifest is not None and self._same_run(manifest):
+            for key, info in manifest["parts"].items():
                 part = PartInfo(**info)
                 file = self.path / part.file
                 if file.exists() and file_sha256(file) == part.sha256:
@@ -134,6 +175,13 @@ class ChunkedDataset:
                 else:
                     child.unlink()
         self._write_manifest(complete=False)
+
+    def _same_run(self, manifest: dict) -> bool:
+        return (
+            manifest.get("params_hash") == self.params_hash
+            and manifest.get("upstream", {}) == self.upstream
+            and manifest.get("schema_version") == self.schema_version
+        )
 
     def _write_manifest(self, complete: bool) -> None:
         atomic_write_json(
@@ -163,7 +211,8 @@ class ChunkedDataset:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(self.path)
-        self.parts[index] = PartInfo(file=name, rows=table.num_rows, sha256=file_sha256(final))
+        self.parts[index] = PartInfo(file=name, rows=table.num_rows, sha256=file_sha256(final),
+                                     schema=schema_text(pq.read_schema(final)))  # as Parquet stores it
         self._write_manifest(complete=False)
 
     def mark_complete(self, num_parts: int) -> None:
@@ -174,26 +223,77 @@ class ChunkedDataset:
             (self.path / self.parts.pop(extra).file).unlink(missing_ok=True)
         self.num_parts = num_parts
         self._write_manifest(complete=True)
+        if self.path != self.final:  # swap the finished new output in for the old one
+            old = self.final.with_name(f".{self.final.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(self.final, old)
+            os.replace(self.path, self.final)
+            _fsync_dir(self.final.parent)
+            shutil.rmtree(old)
+            self.path = self.final
 
     def fingerprint(self) -> str:
         return dataset_hash(self.path)
 
 
 def read_manifest(path: str | Path) -> dict | None:
+    """The manifest of a dataset directory; None when missing or unreadable (the producer then recomputes)."""
     file = Path(path) / MANIFEST
-    if not file.exists():
-        return None
     try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError:
+        manifest = json.loads(file.read_bytes().decode("utf-8"))
+        parts = manifest["parts"]
+        for info in parts.values():
+            PartInfo(**info)
+        int(manifest.get("rows", 0))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # corrupt, not UTF-8, wrong shape
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _complete(manifest: dict | None) -> bool:
+    return manifest is not None and manifest.get("complete") is True
+
+
+def _complete_manifest(path: str | Path) -> dict:
+    manifest = read_manifest(path)
+    if manifest is None and (Path(path) / MANIFEST).exists():
+        raise InputError(f"{path}: its manifest is unreadable; {_rerun(path)}")
+    if not _complete(manifest):
+        raise InputError(f"{path}: no complete dataset; {_rerun(path)}")
+    assert manifest is not None
+    return manifest
+
+
+def _verify_part(path: Path, info: dict) -> Path:
+    """The part's file after checking it against its manifest entry; InputError naming the stage otherwise."""
+    file = path / info["file"]
+    if not file.is_file():
+        raise InputError(f"{file}: missing; {_rerun(path)}")
+    if file_sha256(file) != info["sha256"]:
+        raise InputError(f"{file}: content does not match its manifest (corrupt or changed); {_rerun(path)}")
+    if info.get("schema"):
+        try:
+            found = schema_text(pq.read_schema(file))
+        except (pa.ArrowException, OSError):
+            raise InputError(f"{file}: not a readable Parquet file; {_rerun(path)}") from None
+        if found != info["schema"]:
+            raise InputError(f"{file}: schema {found!r} is not the manifest's; {_rerun(path)}")
+    return file
+
+
+def _read_parquet(file: Path, columns: list[str] | None, path: Path) -> pa.Table:
+    try:
+        return pq.read_table(file, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{file}: cannot be read ({str(e).splitlines()[0]}); {_rerun(path)}") from None
 
 
 def dataset_hash(path: str | Path) -> str:
     """Content hash of a finished dataset (from its parts' sha256), used as an upstream hash downstream."""
-    manifest = read_manifest(path)
-    if manifest is None or not manifest.get("complete"):
-        raise FileNotFoundError(f"{path}: no complete dataset (run its stage first)")
+    manifest = _complete_manifest(path)
     return stable_hash([p["sha256"] for _, p in sorted(manifest["parts"].items())])
 
 
@@ -207,13 +307,11 @@ def dir_hash(path: str | Path) -> str:
 
 
 def read_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """Read a complete dataset as one Arrow table, parts in index order."""
+    """Read a complete dataset as one Arrow table, parts in index order, each verified against the manifest."""
     path = Path(path)
-    manifest = read_manifest(path)
-    if manifest is None or not manifest.get("complete"):
-        raise FileNotFoundError(f"{path}: no complete dataset (run its stage first)")
-    files = [path / p["file"] for _, p in sorted(manifest["parts"].items())]
-    tables = [pq.read_table(f, columns=columns) for f in files]
+    manifest = _complete_manifest(path)
+    files = [_verify_part(path, p) for _, p in sorted(manifest["parts"].items())]
+    tables = [_read_parquet(f, columns, path) for f in files]
     if not tables:
         return pa.table({})
     return pa.concat_tables(tables, promote_options="default")
@@ -224,20 +322,119 @@ def read_rows(path: str | Path, columns: list[str] | None = None) -> list[dict]:
 
 
 def read_part(path: str | Path, index: int, columns: list[str] | None = None) -> list[dict]:
-    """Rows of one finished part of a dataset, complete or still being written (e.g. by ``run_chunked``)."""
-    manifest = read_manifest(path)
-    part = (manifest or {}).get("parts", {}).get(f"{index:05d}")
+    """Rows of one finished part of a dataset, complete or still being written (e.g. by ``run_chunked``: then
+    possibly in the staging directory beside a finished older output)."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.next")
+    if staging.is_dir():
+        path = staging
+    part = (read_manifest(path) or {}).get("parts", {}).get(f"{index:05d}")
     if part is None:
-        raise FileNotFoundError(f"{path}: part {index} is not finished")
-    return pq.read_table(Path(path) / part["file"], columns=columns).to_pylist()
+        raise InputError(f"{path}: part {index} is not finished; {_rerun(path)}")
+    return _read_parquet(_verify_part(path, part), columns, path).to_pylist()
 
 
 def part_files(path: str | Path) -> list[str]:
-    """The part files of a complete dataset, for ``datasets.load_dataset('parquet', data_files=...)``."""
-    manifest = read_manifest(path)
-    if manifest is None or not manifest.get("complete"):
-        raise FileNotFoundError(f"{path}: no complete dataset (run its stage first)")
-    return [str(Path(path) / p["file"]) for _, p in sorted(manifest["parts"].items())]
+    """The verified part files of a complete dataset, for ``datasets.load_dataset('parquet', data_files=...)``."""
+    path = Path(path)
+    manifest = _complete_manifest(path)
+    return [str(_verify_part(path, p)) for _, p in sorted(manifest["parts"].items())]
+
+
+# -- saved models ------------------------------------------------------------------------------------------
+def model_file_hash(file: Path) -> str:
+    """sha256 of a model file; above 64 MiB, of its size and first and last MiB (loads stay cheap)."""
+    size = file.stat().st_size
+    if size <= _FULL_HASH_BYTES:
+        return file_sha256(file)
+    h = hashlib.sha256(str(size).encode())
+    with open(file, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(size - (1 << 20))
+        h.update(f.read(1 << 20))
+    return "ends:" + h.hexdigest()
+
+
+def write_model_manifest(directory: str | Path, files: Iterable[str] | None = None) -> None:
+    """Record ``files`` (default: every file under ``directory``) with their hashes, for :func:`verify_model`."""
+    directory = Path(directory)
+    names = sorted(files) if files is not None else sorted(
+        str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MODEL_MANIFEST)
+    atomic_write_json(directory / MODEL_MANIFEST, {name: model_file_hash(directory / name) for name in names})
+
+
+def verify_model(directory: str | Path) -> None:
+    """InputError (one line, naming the stage to rerun) unless the files match the model's manifest.
+
+    Directories without a manifest (a model not saved by Curio, a hub snapshot) and hub ids pass unchecked.
+    """
+    directory = Path(directory)
+    manifest_file = directory / MODEL_MANIFEST
+    if not manifest_file.is_file():
+        return
+    try:
+        recorded = json.loads(manifest_file.read_bytes().decode("utf-8"))
+        items = list(recorded.items())
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"{directory}: its model manifest is unreadable; {_rerun(directory)}") from None
+    for name, digest in items:
+        file = directory / name
+        if not file.is_file():
+            raise InputError(f"{file}: missing from the saved model; {_rerun(directory)}")
+        if model_file_hash(file) != digest:
+            raise InputError(f"{file}: does not match the model's manifest (corrupt or changed); {_rerun(directory)}")
+
+
+def save_model_dir(directory: str | Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` a model into a directory beside ``directory``, record its manifest, then swap it in:
+    the previous model stays whole until the new one is complete."""
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.next")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    write(staging)
+    write_model_manifest(staging)
+    old = directory.with_name(f".{directory.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(staging, directory)
+    _fsync_dir(directory.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def redo_rows(
+    ds: ChunkedDataset,
+    column: str,
+    value: str,
+    fix: Callable[[pa.Table, list[int]], pa.Table],
+    schema: pa.Schema | None = None,
+) -> int:
+    """Rewrite each finished part whose ``column`` equals ``value`` in some rows with ``fix(part, rows)`` (e.g.
+    ask an annotator again for its UNKNOWN rows); returns how many rows were redone. Parts are replaced one
+    at a time, atomically, so a kill keeps every part whole."""
+    redone = 0
+    for index in sorted(ds.finished()):
+        table = pq.read_table(ds.path / ds.parts[index].file)
+        rows = [i for i, v in enumerate(table[column].to_pylist()) if v == value]
+        if rows:
+            ds.write_part(index, fix(table, rows), schema)
+            redone += len(rows)
+    return redone
+
+
+def replace_rows(table: pa.Table, rows: list[int], values: dict[str, list]) -> pa.Table:
+    """``table`` with ``values[column][j]`` written into row ``rows[j]`` of each named column."""
+    for name, new in values.items():
+        column = table[name].to_pylist()
+        for i, v in zip(rows, new, strict=True):
+            column[i] = v
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, table.schema.field(index), pa.array(column, table.schema.field(index).type))
+    return table
 
 
 def run_chunked(

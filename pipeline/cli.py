@@ -7,18 +7,26 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
+
+Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
+rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
+a request to report it).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-from typing import Annotated
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
 from pipeline.config import ConfigError, load_params
+from pipeline.errors import CurioError
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
@@ -35,6 +43,36 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+BUG_HINT = ("curio: internal error (a bug, not a problem with your input); please report it to the project's "
+            "issue tracker with the command and the traceback above")
+
+
+def boundary(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The one error boundary: an expected failure is one line and its exit code, anything else a bug report."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except CurioError as e:
+            fail(_one_line(e), e.exit_code)
+        except FileNotFoundError as e:  # a missing input: the message names it (and the stage to run)
+            fail(_one_line(e))
+        except Exception:  # noqa: BLE001 - the bug path: full traceback, then the hint
+            traceback.print_exc()
+            typer.echo(BUG_HINT, err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _load(params: str, overrides: list[str] | None):
     try:
         return load_params(params, overrides or [])
@@ -43,21 +81,19 @@ def _load(params: str, overrides: list[str] | None):
 
 
 @app.command()
+@boundary
 def stage(name: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Run one stage of the DAG."""
     from pipeline.stage import STAGES, execute
 
     if name not in STAGES:
         fail(f"unknown stage {name!r}; known: {', '.join(STAGES)}")
-    p = _load(params, set_)
-    try:
-        result = execute(name, p)
-    except (FileNotFoundError, ConfigError) as e:
-        fail(str(e).splitlines()[0])
+    result = execute(name, _load(params, set_))
     typer.echo(json.dumps(result.metrics, indent=2, default=str))
 
 
 @app.command()
+@boundary
 def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
              force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False) -> None:
     """Run the whole DAG as a Prefect flow (same stages as `dvc repro`)."""
@@ -71,6 +107,7 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 
 
 @app.command("eval-sweep")
+@boundary
 def eval_sweep(params: ParamsOpt = "params.yaml",
                checkpoint: Annotated[list[str] | None, typer.Option(help="policy names or paths")] = None,
                split: Annotated[list[str] | None, typer.Option(help="train / eval")] = None,
@@ -89,6 +126,7 @@ def eval_sweep(params: ParamsOpt = "params.yaml",
 
 
 @app.command()
+@boundary
 def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
          pool: Annotated[list[str] | None, typer.Option(help="groups to leave GROUP out of (default: games.groups)")]
          = None,
@@ -105,17 +143,12 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
     except ConfigError as e:
         fail(str(e))
     if not report_only:
-        try:
-            run_logo(p)
-        except (FileNotFoundError, ConfigError) as e:
-            fail(str(e).splitlines()[0])
-    try:
-        typer.echo(logo_report(p, group))
-    except FileNotFoundError as e:
-        fail(str(e))
+        run_logo(p)
+    typer.echo(logo_report(p, group))
 
 
 @app.command()
+@boundary
 def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow runs")] = None) -> None:
     """Serve the `pipeline` and `eval-sweep` deployments; then `prefect deployment run 'eval-sweep/default'`."""
     from pipeline.flows import serve as serve_flows
@@ -124,12 +157,14 @@ def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow ru
 
 
 @app.command("params")
+@boundary
 def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Validate params.yaml (+ overrides) and print the result."""
     typer.echo(_load(params, set_).model_dump_json(indent=2))
 
 
 @llm_app.command("check")
+@boundary
 def llm_check(role: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Send one request with the backend configured for ROLE; print the answer and its latency."""
     from pipeline.llm.check import CheckFailed, check_role

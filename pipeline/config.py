@@ -6,6 +6,8 @@ the key (``ConfigError``); the CLI turns it into exit code 2 before anything is 
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,9 +15,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.artifacts import stable_hash
+from pipeline.errors import CurioError
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, CurioError):
     """A params.yaml problem, phrased as one line naming the key."""
 
 
@@ -52,7 +55,17 @@ class LLMConfig(Section):
         "too; null = a fresh draw every time (never cached)"
     )
     cache: bool = Field(True, description="use the content-addressed response cache")
+    max_attempts: int = Field(
+        3, ge=1, le=100, description="times one request is sent, over reruns, while its answer is unparseable "
+        "or failed (recorded in the cache); after that it stays UNKNOWN and is not sent again")
     device: str = Field("cpu", description="hf: torch device")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"base_url {value!r} must start with http:// or https://")
+        return value
 
 
 # -- shared -----------------------------------------------------------------------------------------------
@@ -521,6 +534,9 @@ def _format_error(err: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     extra = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    relative = re.match(r"([a-z_]\w*(?:\.\w+)*): ", msg)  # a section's validator naming a key inside it
+    if relative and first["loc"]:
+        loc, msg = f"{loc}.{relative.group(1)}", msg[relative.end():]
     return f"params: {loc}: {msg}{extra}"
 
 
@@ -533,20 +549,168 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None) -> Params:
-    """Load, apply ``key=value`` overrides, validate. Raises ConfigError (one line) on any problem."""
+    """Load, apply ``key=value`` overrides, validate, then :func:`check_params`. Raises ConfigError (one line)."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise ConfigError(f"params: {path} not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"params: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if raw is None:
+        raise ConfigError(f"params: {path} is empty (it must be a mapping of sections; see the repo's params.yaml)")
     if not isinstance(raw, dict):
-        raise ConfigError(f"params: {path} must be a mapping")
+        raise ConfigError(f"params: {path} must be a mapping of sections, not a {type(raw).__name__}")
     items = overrides.items() if isinstance(overrides, dict) else [parse_override(o) for o in overrides or []]
     for key, value in items:
         _set_dotted(raw, key, value)
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
+    check_params(params)
+    return params
+
+
+# -- load-time checks beyond the schema: names, files, environment --------------------------------------------
+#: The rules programs each LLM role accepts (others: the programs registered in ``pipeline.llm.rules``).
+RULES_MODELS = {
+    "rollout_text.environment": ("oracle",),
+    "annotate_text.judge": ("exact_match",),
+    "pairs_text.judge": MULTITURN_RULES_JUDGES,
+}
+#: Roles that may use the embedding backend (similarity to a goal sentence needs no chat).
+EMBEDDING_ROLES = ("annotate_nethack.annotator",)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_hub_reachable: bool | None = None
+
+
+def llm_roles(params: BaseModel, prefix: str = "") -> dict[str, LLMConfig]:
+    """Every LLMConfig in ``params`` by dotted key (e.g. ``annotate_text.judge``)."""
+    found: dict[str, LLMConfig] = {}
+    for name in type(params).model_fields:
+        value = getattr(params, name)
+        if isinstance(value, LLMConfig):
+            found[prefix + name] = value
+        elif isinstance(value, BaseModel):
+            found.update(llm_roles(value, prefix + name + "."))
+    return found
+
+
+def check_params(params: Params) -> None:
+    """What the schema cannot check: names that must exist, files, hub models, environment variables.
+
+    Runs when params load (every entry point), so a stage never fails on these half-way; cheap: no heavy
+    imports, and the hub is probed (2 s at most, once) only for a model id that is neither a local path nor
+    in the Hugging Face cache.
+    """
+    from pipeline.envs.base import game_class
+
+    for key, groups in (("games.groups", params.games.groups), ("games.eval_groups", params.games.eval_groups),
+                        ("eval_sweep.groups", params.eval_sweep.groups)):
+        for group in groups or []:
+            try:
+                game_class(group)
+            except KeyError:
+                raise ConfigError(f"params: {key}: unknown game group {group!r}") from None
+    if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
+        _check_model("policy.model", params.policy.model)
+    if params.policy.backend == "openai":
+        raise ConfigError("params: policy.backend: openai is not supported for the policy (it has no base_url; "
+                          "serve the policy with hf or vllm)")
+    for key, cfg in llm_roles(params).items():
+        _check_role(key, cfg)
+    cfg_nh = params.annotate_nethack
+    from pipeline.llm.prompts import preference_goals, preference_templates
+
+    if cfg_nh.goal not in preference_goals():
+        raise ConfigError(f"params: annotate_nethack.goal: unknown goal {cfg_nh.goal!r} "
+                          f"(known: {', '.join(preference_goals())})")
+    if cfg_nh.template not in preference_templates():
+        raise ConfigError(f"params: annotate_nethack.template: unknown template {cfg_nh.template!r} "
+                          f"(known: {', '.join(preference_templates())})")
+    if params.rollout_nethack.policy == "checkpoint" and not Path(params.rollout_nethack.checkpoint).is_dir():
+        raise ConfigError(f"params: rollout_nethack.checkpoint: {params.rollout_nethack.checkpoint!r} "
+                          "is not a directory")
+    known = {"random", *params.rl_nethack.variants}
+    for name in params.evaluate_nethack.policies:
+        if name not in known:
+            raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is not 'random' or a "
+                              f"rl_nethack.variants name ({', '.join(sorted(known))})")
+
+
+def _check_role(key: str, cfg: LLMConfig) -> None:
+    if cfg.backend == "rules":
+        known = RULES_MODELS.get(key)
+        if known is None:
+            from pipeline.llm.rules import program_names
+
+            known = tuple(program_names())
+        if cfg.model not in known:
+            raise ConfigError(f"params: {key}.model: unknown rules program {cfg.model!r} (known: {', '.join(known)})")
+    elif cfg.backend == "embedding":
+        if key not in EMBEDDING_ROLES:
+            raise ConfigError(f"params: {key}.backend: the embedding backend cannot answer as {key}; "
+                              "use rules, hf, vllm or openai")
+        from pipeline.llm.embedding import is_packaged_model
+
+        if not is_packaged_model(cfg.model) and not Path(cfg.model).is_dir():
+            raise ConfigError(f"params: {key}.model: {cfg.model!r} is neither the packaged embedding model "
+                              "nor a local sentence-transformers directory")
+    elif cfg.backend == "openai":
+        if not cfg.base_url:
+            raise ConfigError(f"params: {key}.base_url: required for the openai backend (the server's URL, "
+                              "e.g. http://127.0.0.1:8000/v1); requests never go to a default endpoint")
+        if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+            raise ConfigError(f"params: {key}.api_key_env: environment variable {cfg.api_key_env} is not set")
+    elif cfg.backend in ("hf", "vllm"):
+        _check_model(f"{key}.model", cfg.model)
+
+
+def _check_model(key: str, model: str) -> None:
+    """A local path must exist; a hub id must be in the Hugging Face cache or the hub reachable."""
+    if not model:
+        raise ConfigError(f"params: {key}: empty (a local model directory or a Hugging Face model id)")
+    if Path(model).expanduser().exists():
+        return
+    if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
+        raise ConfigError(f"params: {key}: {model!r} does not exist")
+    if _in_hf_cache(model):
+        return
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if offline or not _hub_is_reachable():
+        raise ConfigError(f"params: {key}: {model!r} is not a local path, not in the Hugging Face cache, and the "
+                          "hub cannot be reached")
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    snapshots = Path(hub) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def _hub_is_reachable(timeout_s: float = 2.0) -> bool:
+    """One TCP connect to the hub's host (answer cached per process); False when it takes over ``timeout_s``."""
+    global _hub_reachable
+    if _hub_reachable is None:
+        import socket
+        import threading
+        from urllib.parse import urlparse
+
+        host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+        result: list[bool] = []
+
+        def probe() -> None:
+            try:
+                socket.create_connection((host, 443), timeout=timeout_s).close()
+                result.append(True)
+            except OSError:
+                result.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)  # DNS has no timeout of its own
+        thread.start()
+        thread.join(timeout_s)
+        _hub_reachable = bool(result and result[0])
+    return _hub_reachable

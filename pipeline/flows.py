@@ -22,6 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.config import Params, load_params  # noqa: E402
+from pipeline.errors import CurioError  # noqa: E402
 from pipeline.stage import STAGES, execute  # noqa: E402
 from pipeline.tracking import pipeline_run  # noqa: E402
 
@@ -76,7 +77,11 @@ def _params(params_file: str, overrides: dict[str, Any] | None) -> Params:
 def _stage_flow(stage: str):
     @flow(name=stage, log_prints=True)
     def run_stage(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:
-        return execute(stage, _params(params_file, overrides)).metrics
+        try:
+            return execute(stage, _params(params_file, overrides)).metrics
+        except (CurioError, FileNotFoundError) as e:  # the line `curio stage` prints, then the flow fails
+            get_run_logger().error("curio: %s", str(e).strip().splitlines()[0] if str(e).strip() else e)
+            raise
 
     return run_stage
 

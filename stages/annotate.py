@@ -3,7 +3,8 @@
 The judge is a backend chosen in params (``annotate_text.judge``): ``rules`` = the game's program check
 (exact match of the final guess), or any LLM backend with the trajectory-judge prompt. Output:
 ``data/annotate_text`` — the rollout rows plus ``judge_label`` and ``judge_raw``. Judged in chunks, so a
-rerun after a kill (or with the response cache warm) repeats no call.
+rerun after a kill (or with the response cache warm) repeats no call; a rerun asks again for the UNKNOWN
+verdicts only (each request at most ``judge.max_attempts`` times over all runs).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 
 import pyarrow as pa
 
-from pipeline.artifacts import dataset_hash, read_table, run_chunked
+from pipeline.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
 from pipeline.config import Params
 from pipeline.llm.judge import JudgeItem, make_judge
 from pipeline.stage import StageContext, StageResult
@@ -20,6 +21,19 @@ from pipeline.stage import StageContext, StageResult
 NAME = "annotate-text"
 PARAMS = ["annotate_text"]
 ROWS_PER_CHUNK = 1024
+
+
+def judge_items(rows: list[dict]) -> list[JudgeItem]:
+    return [
+        JudgeItem(
+            task={"group": r["group"], "task_id": r["task_id"], "env": json.loads(r["secret"]),
+                  "agent": r["category"], "difficulty": r["difficulty"], "split": r["split"]},
+            conversation=r["conversation"],
+            final_action=r["final_action"],
+            claimed_success=r["success"],
+        )
+        for r in rows
+    ]
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -31,23 +45,21 @@ def run(params: Params, ctx: StageContext) -> StageResult:
 
     def make_chunk(index: int) -> pa.Table:
         part = table.slice(index * ROWS_PER_CHUNK, ROWS_PER_CHUNK)
-        rows = part.to_pylist()
-        items = [
-            JudgeItem(
-                task={"group": r["group"], "task_id": r["task_id"], "env": json.loads(r["secret"]),
-                      "agent": r["category"], "difficulty": r["difficulty"], "split": r["split"]},
-                conversation=r["conversation"],
-                final_action=r["final_action"],
-                claimed_success=r["success"],
-            )
-            for r in rows
-        ]
-        verdicts = judge.judge(items)
+        verdicts = judge.judge(judge_items(part.to_pylist()))
         part = part.append_column("judge_label", pa.array([v.label for v in verdicts], pa.string()))
         return part.append_column("judge_raw", pa.array([v.raw for v in verdicts], pa.string()))
 
-    run_chunked(out, num_chunks=num_chunks, make_chunk=make_chunk, params_hash=params.section_hash(PARAMS),
-                upstream={"rollout_text": dataset_hash(src)}, desc="judging")
+    def rejudge(part: pa.Table, rows: list[int]) -> pa.Table:
+        verdicts = judge.judge(judge_items(part.take(rows).to_pylist()))
+        return replace_rows(part, rows, {"judge_label": [v.label for v in verdicts],
+                                         "judge_raw": [v.raw for v in verdicts]})
+
+    params_hash, upstream = params.section_hash(PARAMS), {"rollout_text": dataset_hash(src)}
+    # A rerun asks again for the UNKNOWN verdicts of finished parts (bounded by judge.max_attempts per request).
+    redone = redo_rows(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), "judge_label", "UNKNOWN",
+                       rejudge)
+    run_chunked(out, num_chunks=num_chunks, make_chunk=make_chunk, params_hash=params_hash, upstream=upstream,
+                desc="judging")
     labels = read_table(out, ["judge_label", "success"]).to_pylist()
     n = max(1, len(labels))
     metrics = {
@@ -55,6 +67,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         "valid_rate": sum(r["judge_label"] == "VALID" for r in labels) / n,
         "unknown": sum(r["judge_label"] == "UNKNOWN" for r in labels),
         "claimed_but_invalid": sum(r["success"] and r["judge_label"] == "NOTVALID" for r in labels),
+        "unknown_redone": redone,
     }
     metrics.update(judge.ledger.metrics("judge"))
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -23,9 +23,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_table, run_chunked
+from pipeline.artifacts import (
+    ChunkedDataset,
+    chunk_seed,
+    dataset_hash,
+    read_table,
+    redo_rows,
+    replace_rows,
+    run_chunked,
+)
 from pipeline.config import AnnotateNetHackConfig, Params
 from pipeline.nethack.captions import window_captions
 from pipeline.stage import StageContext, StageResult
@@ -83,24 +90,15 @@ def pair_indices(params: Params, index: int, num_steps: int) -> tuple[np.ndarray
 
 
 def redo_unknown(ds: ChunkedDataset, backend: Any, cfg: AnnotateNetHackConfig) -> int:
-    """Ask again for the UNKNOWN rows of finished parts; returns how many rows were asked."""
-    asked = 0
-    for index in sorted(ds.finished()):
-        table = pq.read_table(ds.path / ds.parts[index].file)
-        labels = table["label"].to_pylist()
-        todo = [i for i, label in enumerate(labels) if label == "UNKNOWN"]
-        if not todo:
-            continue
+    """Ask again for the UNKNOWN rows of finished parts (each request at most ``annotator.max_attempts`` times
+    over all runs: the cache counts them); returns how many rows were asked."""
+
+    def fix(table: pa.Table, rows: list[int]) -> pa.Table:
         first, second = table["caption_first"].to_pylist(), table["caption_second"].to_pylist()
-        answers = annotate(backend, cfg, [(first[i], second[i]) for i in todo])
-        raw = table["raw"].to_pylist()
-        for i, (label, answer) in zip(todo, answers, strict=True):
-            labels[i], raw[i] = label, answer
-        table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.string()))
-        table = table.set_column(table.schema.get_field_index("raw"), "raw", pa.array(raw, pa.string()))
-        ds.write_part(index, table, SCHEMA)
-        asked += len(todo)
-    return asked
+        answers = annotate(backend, cfg, [(first[i], second[i]) for i in rows])
+        return replace_rows(table, rows, {"label": [a[0] for a in answers], "raw": [a[1] for a in answers]})
+
+    return redo_rows(ds, "label", "UNKNOWN", fix, SCHEMA)
 
 
 def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:

@@ -208,6 +208,7 @@ class ContinuationJudge:
         """One Scores (None = the judge's answer could not be read) per (game, task, prefix, continuation row)."""
         if self.rules:
             return [self._exact(*item) for item in items]
+        from pipeline.llm.annotation import ask
         from pipeline.llm.prompts import multiturn_judge_messages, parse_multiturn_scores
 
         asks = []
@@ -215,7 +216,11 @@ class ContinuationJudge:
             secret = task.env if isinstance(task.env, str) else json.dumps(task.env, sort_keys=True)
             asks.append(multiturn_judge_messages(secret, task.agent, prefix, row["conversation"][len(prefix):]))
         out: list[Scores | None] = []
-        for g in self.backend.generate(asks, self.sampling):  # type: ignore[union-attr]
+        # Only answers that parse are cached as answers; the others are re-asked on a rerun (bounded).
+        def parses(text: str) -> bool:
+            return parse_multiturn_scores(text) is not None
+
+        for g in ask(self.backend, asks, self.sampling, parses):  # type: ignore[arg-type]
             parsed = parse_multiturn_scores(g.text) if g.error is None else None
             if parsed is None:
                 self.ledger.count_unknown()

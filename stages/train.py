@@ -39,9 +39,7 @@ def finished(model_dir: Path, key: str) -> bool:
 
 
 def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str) -> None:
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    tiny.save(model, tokenizer, model_dir)
+    tiny.save(model, tokenizer, model_dir)  # swaps the new model in whole
     (model_dir / "DONE").write_text(key)
     shutil.rmtree(ckpt, ignore_errors=True)  # keep the DVC output small once the phase is done
 

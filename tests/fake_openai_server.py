@@ -118,6 +118,7 @@ class Settings:
     rules: list = field(default_factory=list)
     host: bool = False  # answer Curio's environment prompt with host_reply (before the rules)
     host_invalid_rate: float = 0.0
+    record: bool = False  # keep every chat request's text and outcome (``GET /stats`` → "log")
 
 
 class State:
@@ -133,6 +134,7 @@ class State:
         self.seen: dict[str, int] = {}
         self.max_tokens_seen = 0
         self.last_authorization = ""
+        self.log: list[tuple[str, str]] = []  # (request text, outcome) when settings.record
         self.started = time.monotonic()
 
     def stats(self) -> dict:
@@ -144,6 +146,7 @@ class State:
             "unique_contents": len(self.seen),
             "max_tokens_seen": self.max_tokens_seen,
             "last_authorization": self.last_authorization,
+            "log": self.log,
         }
 
 
@@ -208,6 +211,8 @@ def chat(state: State, headers: dict[str, str], raw: bytes) -> Response:
     state.seen[key] = nth + 1
     outcome = _outcome(s, _unit(s.seed, key, nth))
     state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
+    if s.record:
+        state.log.append((text, outcome))
     words = len(text.split())
     delay = s.latency_s
     if outcome == "error":

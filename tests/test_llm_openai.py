@@ -152,12 +152,22 @@ def test_warm_rerun_sends_zero_requests(server, key, cache_dir):
     assert first[-2] == ("TIE", "") and first[-1] == first[0]
     assert sent == cold.ledger.sent and sent >= 40
 
-    server.configure(latency_s=0.01, rules=CURIO_RULES)  # zero the counters
-    warm = make_backend(cfg, role="annotator")
-    second = annotate_preferences(warm, pairs, "defaultgoal", "default", sampling_from_config(cfg))
-    warm.close()
-    assert server.stats()["requests"] == 0 and warm.ledger.sent == 0
-    assert second == first and warm.ledger.cache_hits == warm.ledger.unique_requests
+    # Parsed answers are served from the cache; only the UNKNOWN ones (this server's answers to them never
+    # parse) are asked again, until annotator.max_attempts sends of each request; then nothing is sent.
+    unknown = sum(label == "UNKNOWN" for label, _ in first[:-1])
+    assert unknown > 0
+    for attempt in range(2, cfg.max_attempts + 2):
+        server.configure(latency_s=0.01, rules=CURIO_RULES)  # zero the counters
+        warm = make_backend(cfg, role="annotator")
+        second = annotate_preferences(warm, pairs, "defaultgoal", "default", sampling_from_config(cfg))
+        warm.close()
+        assert [lab for lab, _ in second] == [lab for lab, _ in first]
+        assert [x for x in second if x[0] != "UNKNOWN"] == [x for x in first if x[0] != "UNKNOWN"]
+        assert server.stats()["requests"] == warm.ledger.sent
+        if attempt <= cfg.max_attempts:
+            assert 0 < warm.ledger.sent <= 2 * unknown  # the request and, maybe, its retry turn
+        else:
+            assert warm.ledger.sent == 0 and warm.ledger.cache_hits == warm.ledger.unique_requests
 
 
 def test_fault_injected_run_labels_every_item(server, key, cache_dir):
@@ -179,14 +189,16 @@ def test_fault_injected_run_labels_every_item(server, key, cache_dir):
     assert stats["by_outcome"]["garbage"] > 0
     assert stats["requests"] <= 4 * ledger.sent  # 1 attempt + at most 3 retries per request
 
-    # Rerun with the faults still on: only the requests that failed for good are sent again.
-    failed = ledger.failures
-    server.configure(rules=CURIO_RULES)
+    # Rerun without faults: requests are sent only for the items that ended UNKNOWN (failed or unparseable).
+    unknown_pairs = [pairs[i] for i, (lab, _) in enumerate(labels) if lab == "UNKNOWN"]
+    server.configure(rules=CURIO_RULES, record=True)
     again = make_backend(cfg, role="annotator")
     relabelled = annotate_preferences(again, pairs, "stairs", "reworded", sampling_from_config(cfg))
     again.close()
-    assert again.ledger.sent == server.stats()["requests"]
-    assert again.ledger.sent <= 2 * failed  # each failed item: its request, maybe its retry turn
+    log = server.stats()["log"]
+    assert 0 < again.ledger.sent <= len(log) and again.ledger.sent <= 2 * len(unknown_pairs)
+    assert all(any(a in text and b in text for a, b in unknown_pairs) for text, _ in log)
+    assert all(relabelled[i] == labels[i] for i in range(len(pairs)) if labels[i][0] != "UNKNOWN")
     assert [lab for lab, _ in relabelled if lab != "UNKNOWN"]
 
 

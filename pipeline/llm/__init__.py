@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import LLMConfig
+from pipeline.config import ConfigError, LLMConfig
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
 from pipeline.llm.embedding import EmbeddingBackend
@@ -66,6 +66,8 @@ def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
 
         return VLLMBackend(cfg.model, max_tokens=cfg.max_tokens)
     if cfg.backend == "openai":
+        if not cfg.base_url:  # never the SDK's default public endpoint (load_params refuses this too)
+            raise ConfigError("llm: the openai backend needs base_url (the server's URL)")
         from pipeline.llm.openai_backend import OpenAIBackend
 
         return OpenAIBackend(
@@ -108,7 +110,7 @@ def make_backend(
         cache = None  # programs cost nothing; dedup and accounting still apply
     elif cache is None:
         cache = ResponseCache()
-    return CachedBackend(inner, cache, ledger)
+    return CachedBackend(inner, cache, ledger, max_attempts=cfg.max_attempts)
 
 
 def make_environment(cfg: LLMConfig, *, game: Any = None, ledger: Ledger | None = None) -> ChatBackend | None:

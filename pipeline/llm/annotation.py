@@ -7,7 +7,10 @@ answer and are counted in the backend's ledger.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.llm.cache import CachedBackend
 from pipeline.llm.embedding import EmbeddingBackend
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import (
@@ -29,6 +32,24 @@ RETRY_SEPARATOR = "\n[retry]\n"
 
 def _ledger(backend: object) -> Ledger | None:
     return getattr(backend, "ledger", None)
+
+
+def ask(
+    backend: ChatBackend, conversations: list, sampling: Sampling, accept: Callable[[str], bool]
+) -> list[Generation]:
+    """``backend.generate``; a cached backend stores only answers ``accept`` parses (failures are re-asked on a
+    rerun, a bounded number of times)."""
+    if isinstance(backend, CachedBackend):
+        return backend.generate(conversations, sampling, accept=accept)
+    return backend.generate(conversations, sampling)
+
+
+def _preference_parses(text: str) -> bool:
+    return parse_preference(text) != "UNKNOWN"
+
+
+def _label_parses(text: str) -> bool:
+    return parse_message_label(text) != "UNKNOWN"
 
 
 def _raw(g: Generation) -> str:
@@ -69,12 +90,13 @@ def annotate_preferences(
 
     sampling = sampling or PREFERENCE_SAMPLING
     conversations = {i: preference_messages(*pairs[i], goal=goal, template=template) for i in asked}
-    first = dict(zip(asked, backend.generate([conversations[i] for i in asked], sampling), strict=True))
+    first = dict(zip(asked, ask(backend, [conversations[i] for i in asked], sampling, _preference_parses),
+                     strict=True))
     retry: list[int] = []
     for i, g in first.items():
         label = parse_preference(g.text) if g.error is None else "UNKNOWN"
         results[i] = (label, _raw(g))
-        if label == "UNKNOWN" and g.error is None:
+        if label == "UNKNOWN" and g.error is None and not g.meta.get("given_up"):  # a given-up row stays put
             retry.append(i)
     if retry:
         follow_ups = [
@@ -85,9 +107,14 @@ def annotate_preferences(
             ]
             for i in retry
         ]
-        for i, g in zip(retry, backend.generate(follow_ups, sampling), strict=True):
+        resolved = []
+        for i, g in zip(retry, ask(backend, follow_ups, sampling, _preference_parses), strict=True):
             label = parse_preference(g.text) if g.error is None else "UNKNOWN"
             results[i] = (label, results[i][1] + RETRY_SEPARATOR + _raw(g))  # type: ignore[index]
+            if label != "UNKNOWN":
+                resolved.append(i)
+        if resolved and isinstance(backend, CachedBackend):  # the first answer led to a label: replay it
+            backend.keep([conversations[i] for i in resolved], sampling, [first[i] for i in resolved])
     out = [r for r in results if r is not None]
     ledger = _ledger(backend)
     if ledger is not None:
@@ -123,7 +150,7 @@ def label_messages(
 
     conversations = [message_label_messages(messages[i], goal=goal) for i in asked]
     unknown = 0
-    for i, g in zip(asked, backend.generate(conversations, sampling or LABEL_SAMPLING), strict=True):
+    for i, g in zip(asked, ask(backend, conversations, sampling or LABEL_SAMPLING, _label_parses), strict=True):
         label = parse_message_label(g.text) if g.error is None else "UNKNOWN"
         unknown += label == "UNKNOWN"
         results[i] = (label, _raw(g))

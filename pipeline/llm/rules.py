@@ -23,6 +23,11 @@ def register_program(name: str) -> Callable[[ProgramFactory], ProgramFactory]:
     return wrap
 
 
+def program_names() -> list[str]:
+    """The registered program names (what a rules role's ``model`` may be)."""
+    return sorted(_PROGRAMS)
+
+
 def rules_program(name: str, game: Any = None) -> Program:
     if name not in _PROGRAMS:
         raise KeyError(f"llm: unknown rules program {name!r} (known: {', '.join(sorted(_PROGRAMS))})")

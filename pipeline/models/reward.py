@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pipeline.artifacts import atomic_write_json
+from pipeline.artifacts import atomic_write_json, verify_model, write_model_manifest
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -133,10 +133,12 @@ def save_reward_model(
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / WEIGHTS))
     atomic_write_json(directory / CONFIG, asdict(model.config))
     atomic_write_json(directory / STATS, {**asdict(stats), **(extra or {})})
+    write_model_manifest(directory, [WEIGHTS, CONFIG, STATS])
 
 
 def load_reward_model(directory: str | Path) -> tuple[MessageRewardNet, RewardStats]:
     directory = Path(directory)
+    verify_model(directory)
     model = MessageRewardNet(RewardNetConfig(**json.loads((directory / CONFIG).read_text())))
     model.load_state_dict(load_file(str(directory / WEIGHTS)))
     model.eval()

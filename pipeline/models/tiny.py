@@ -99,6 +99,12 @@ def param_count(model) -> int:
 
 
 def save(model, tokenizer, path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    """save_pretrained beside ``path``, with a manifest of file hashes, then swapped in (the old model is
+    replaced only once the new one is complete; ``verify_model`` checks it at load)."""
+    from pipeline.artifacts import save_model_dir
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    save_model_dir(path, write)
