@@ -217,7 +217,7 @@ class OnlineModel:
             loss.backward()
             self.opt.step()
             self.steps += 1
-        return float(loss)
+        return float(loss.detach())
 
     def state(self) -> dict:
         return {"net": self.net.state_dict(), "opt": self.opt.state_dict(), "steps": self.steps,
