@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -223,3 +224,108 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
     assert again.status()["pending"] == 0 and again.status()["labels"] == 12
     assert sorted(first.asked + second.asked) == sorted(messages)  # every message paid for exactly once
     assert again.model.steps == steps + updates_for_batch(3, 20, 2)
+
+
+
+# -- configuration --------------------------------------------------------------------------------------------
+def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp_path):
+    from pathlib import Path
+
+    from pipeline.config import ConfigError, load_params
+    from stages.evaluate_nethack import policy_names
+    from stages.rl.appo import sf_args
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    p = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "evaluate_nethack.policies=[random, all]"])
+    v = p.rl_nethack.variants
+    assert {k: (x.reward, x.ext_coef, x.int_coef) for k, x in v.items()} == {
+        "motif": ("motif", 0.1, 0.4), "extrinsic": ("none", 0.1, 0.0),
+        "oni_retrieval": ("retrieval", 0.1, 0.4), "oni_classification": ("classification", 0.1, 0.4),
+        "oni_ranking": ("ranking", 0.1, 0.4), "oni_cosine": ("cosine", 0.1, 0.4),
+    }
+    assert p.rl_nethack.extended_actions and p.rl_nethack.count_exponent == 3.0
+    assert policy_names(p) == ["random", *v]
+    goal = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "rl_nethack.task=staircase"])
+    assert {x.ext_coef for x in goal.rl_nethack.variants.values()} == {10.0}
+
+    args = sf_args(p, "oni_ranking", v["oni_ranking"], Path("/t"), Path("/r"))
+    assert "--intrinsic_reward=ranking" in args and "--reward_model_dir=" in args
+    assert json.loads(next(a for a in args if a.startswith("--oni_config="))[13:])["ranking_quantile"] == 0.5
+    assert "--intrinsic_reward=none" in sf_args(p, "extrinsic", v["extrinsic"], Path("/t"), Path("/r"))
+    with pytest.raises(ConfigError, match="int_coef 0"):
+        load_params(tmp_path / "params.yaml", ["rl_nethack.variants={x: {reward: none, ext_coef: 1, int_coef: 1}}"])
+
+
+# -- a SIGKILLed online run -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_paying_twice(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from collections import Counter
+    from pathlib import Path
+
+    import psutil
+    import yaml
+
+    from pipeline.config import _set_dotted, load_params, parse_override
+    from pipeline.nethack.sf import latest_checkpoint
+    from stages.rl.appo import train_variant
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai_server import FakeServer
+
+    server = FakeServer()
+    server.configure(latency_s=0.3)
+    project = tmp_path / "proj"
+    project.mkdir()
+    raw: dict = {}
+    for o in ["tracking.enabled=false", "rl_nethack.train_for_env_steps=500000",
+              "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256", "rl_nethack.max_episode_steps=400",
+              "rl_nethack.variants={oni: {reward: classification, ext_coef: 0.1, int_coef: 0.4}}",
+              "rl_nethack.extra_args=['--save_every_sec=2']", "rl_nethack.timeout_s=300",
+              "rl_nethack.oni.batch_size=8", "rl_nethack.oni.updates_first=20",
+              f"rl_nethack.oni.annotator={{backend: openai, model: fake, base_url: '{server.base_url}', "
+              "temperature: 0.1, top_p: 0.95, max_tokens: 256}"]:
+        _set_dotted(raw, *parse_override(o))
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("CURIO_CACHE_DIR", str(tmp_path / "cache"))
+    experiment = project / "data" / "rl_nethack" / "oni"
+    labels = experiment / "oni" / oni.LABELS
+    try:
+        stage = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "stage", "rl-nethack"], cwd=project,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        while time.time() < deadline and not (
+            (latest_checkpoint(experiment) or (None, 0))[1] > 0 and (experiment / "oni" / oni.MODEL).exists()
+            and labels.exists() and len(labels.read_text().splitlines()) >= 16
+        ):
+            time.sleep(0.5)
+        assert (experiment / "oni" / oni.MODEL).exists(), "no labels / model in time"
+        children = psutil.Process(stage.pid).children(recursive=True)
+        annotators = [p for p in children if "pipeline.nethack.oni" in " ".join(p.cmdline())]
+        assert annotators
+        for p in [stage, *annotators]:
+            os.kill(p.pid, signal.SIGKILL)  # the stage and the annotator get no chance to clean up
+        stage.wait()
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert not alive
+        rows_before = len(labels.read_text().splitlines())
+        _, steps_at_kill = latest_checkpoint(experiment)
+
+        params = load_params(project / "params.yaml", [f"data_dir={project / 'data'}",
+                                                       f"rl_nethack.train_for_env_steps={steps_at_kill + 4096}"])
+        monkeypatch.chdir(project)
+        resumed = train_variant(params, "oni", params.rl_nethack.variants["oni"])
+        assert resumed["action"] == "resumed" and resumed["resumed_from_env_steps"] == steps_at_kill
+        rows = [json.loads(x) for x in labels.read_text().splitlines()]
+        assert len(rows) > rows_before  # labelling went on after the resume
+        final = Counter(r["message"] for r in rows if r["label"] in oni.LABELLED)
+        assert max(final.values()) == 1  # no message got a second label
+        # every request the server saw is a row of labels.jsonl, except at most the batch cut by the kill
+        assert server.stats()["requests"] <= len(rows) + 8
+        status = json.loads((experiment / "oni" / oni.STATUS).read_text())
+        assert status["labels"] == len(final) and status["batches"] > 2
+    finally:
+        server.close()

@@ -283,6 +283,7 @@ class OnlineAnnotator:
         self.started = time.monotonic()
         self.labelled_this_run = 0
         self.errors = 0
+        self._published = False
         self._load()
 
     # -- state
@@ -365,7 +366,7 @@ class OnlineAnnotator:
         batch = self.pending()[: self.cfg["batch_size"]]
         if batch:
             self._label(batch)
-        if batch or new or self.version == 0:
+        if batch or new or not self._published:
             if self.kind in {"classification", "ranking"} and batch:
                 self._train()
             self._publish()
@@ -449,6 +450,7 @@ class OnlineAnnotator:
     def _publish(self) -> None:
         table = {m: r for m, r in self.rewards().items() if r != 0.0}  # absent = 0: keeps the file small
         atomic_write_json(self.directory / TABLE, {"version": self.batches, "rewards": table})
+        self._published = True
 
     def status(self) -> dict[str, float | int]:
         final = [label for label in self.labels.values() if label in LABELLED]

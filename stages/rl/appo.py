@@ -152,25 +152,28 @@ def oni_progress(params: Params, name: str) -> list[dict[str, float]]:
 
 
 def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str]:
-    """ONI's annotation over env steps: to MLflow (step = env steps), to the dvc plot, and the last values."""
-    plot = params.data_path("plots") / "rl-nethack-oni.csv"
-    plot.parent.mkdir(parents=True, exist_ok=True)
+    """ONI's annotation over env steps: to MLflow (step = env steps), to the dvc plots (one CSV per online
+    variant in ``data/plots/rl-nethack-oni/``) and the last values as metrics."""
+    plots = params.data_path("plots") / "rl-nethack-oni"
+    if plots.exists():
+        shutil.rmtree(plots)  # variants no longer configured leave no stale curve
+    plots.mkdir(parents=True)
     metrics: dict[str, float | int | str] = {}
-    with open(plot, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["variant", *PROGRESS_COLUMNS], extrasaction="ignore")
-        writer.writeheader()
-        for name, variant in params.rl_nethack.variants.items():
-            if variant.reward not in ONLINE_REWARDS or variant.int_coef == 0:
-                continue
-            rows = oni_progress(params, name)
-            for row in rows:
-                writer.writerow({"variant": name, **row})
-                ctx.tracker.log_metrics({f"{name}/oni_{k}": v for k, v in row.items() if k != "env_steps"},
-                                        step=int(row["env_steps"]))
-            if rows:
-                metrics.update({f"{name}/oni_{k}": v for k, v in rows[-1].items()
-                                if k in {"labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
-                                         "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns"}})
+    for name, variant in params.rl_nethack.variants.items():
+        if variant.reward not in ONLINE_REWARDS or variant.int_coef == 0:
+            continue
+        rows = oni_progress(params, name)
+        with open(plots / f"{name}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(PROGRESS_COLUMNS), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        for row in rows:
+            ctx.tracker.log_metrics({f"{name}/oni_{k}": v for k, v in row.items() if k != "env_steps"},
+                                    step=int(row["env_steps"]))
+        if rows:
+            metrics.update({f"{name}/oni_{k}": v for k, v in rows[-1].items()
+                            if k in {"labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
+                                     "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns"}})
     return metrics
 
 
@@ -193,4 +196,4 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         })
     metrics.update(report_oni(params, ctx))
     return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack")),
-                                                 str(params.data_path("plots") / "rl-nethack-oni.csv")])
+                                                 str(params.data_path("plots") / "rl-nethack-oni")])
