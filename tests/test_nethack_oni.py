@@ -296,7 +296,7 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     try:
         stage = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "stage", "rl-nethack"], cwd=project,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 240
+        deadline = time.time() + 600  # generous: the annotator loads torch and the embedder first
         while time.time() < deadline and not (
             (latest_checkpoint(experiment) or (None, 0))[1] > 0 and (experiment / "oni" / oni.MODEL).exists()
             and labels.exists() and len(labels.read_text().splitlines()) >= 16

@@ -497,13 +497,13 @@ class OnlineAnnotator:
 
 
 def annotator_preexec() -> None:
-    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a lower CPU priority than
-    the trainer, so labelling takes the cycles RL leaves."""
+    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a slightly lower CPU priority
+    than the trainer, so RL keeps its pace when the cores are busy."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.nice(5)
+    os.nice(2)
 
 
 def main(argv: Iterable[str] | None = None) -> int:

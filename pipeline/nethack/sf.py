@@ -417,7 +417,8 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
             )
             log.close()
 
-        def on_start(self, runner) -> None:
+        def on_init(self, runner) -> None:
+            # Before sample-factory starts its workers: the annotator's imports and model loading overlap theirs.
             self.start = time.time()
             self._launch()
 
