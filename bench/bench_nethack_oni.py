@@ -34,7 +34,7 @@ from stages.rl.appo import sf_args
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from fake_openai_server import FakeServer  # noqa: E402
+from fake_openai_server import CURIO_RULES, FakeServer  # noqa: E402
 
 
 def run_once(params: Params, name: str, variant: RLNetHackVariant, train_dir: Path, steps: int) -> dict:
@@ -64,7 +64,7 @@ def main() -> None:
 
     base = load_params(args.params) if Path(args.params).exists() else Params()
     server = FakeServer()
-    server.configure(latency_s=args.latency)
+    server.configure(latency_s=args.latency, rules=CURIO_RULES)  # answers Curio's label prompt
     fake = LLMConfig(backend="openai", model="fake", base_url=server.base_url, temperature=0.1, top_p=0.95,
                      max_tokens=256, max_concurrency=16)
     served = base.model_copy(update={"rl_nethack": base.rl_nethack.model_copy(update={

@@ -274,17 +274,17 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     from stages.rl.appo import train_variant
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from fake_openai_server import FakeServer
+    from fake_openai_server import CURIO_RULES, FakeServer
 
     server = FakeServer()
-    server.configure(latency_s=0.3)
+    server.configure(latency_s=0.3, rules=CURIO_RULES)
     project = tmp_path / "proj"
     project.mkdir()
     raw: dict = {}
     for o in ["tracking.enabled=false", "rl_nethack.train_for_env_steps=500000",
               "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256", "rl_nethack.max_episode_steps=400",
               "rl_nethack.variants={oni: {reward: classification, ext_coef: 0.1, int_coef: 0.4}}",
-              "rl_nethack.extra_args=['--save_every_sec=2']", "rl_nethack.timeout_s=300",
+              "rl_nethack.extra_args=['--save_every_sec=2']", "rl_nethack.timeout_s=1500",
               "rl_nethack.oni.batch_size=8", "rl_nethack.oni.updates_first=20",
               f"rl_nethack.oni.annotator={{backend: openai, model: fake, base_url: '{server.base_url}', "
               "temperature: 0.1, top_p: 0.95, max_tokens: 256}"]:
