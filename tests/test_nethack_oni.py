@@ -256,6 +256,44 @@ def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp
         load_params(tmp_path / "params.yaml", ["rl_nethack.variants={x: {reward: none, ext_coef: 1, int_coef: 1}}"])
 
 
+
+def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_online_variant(tmp_path):
+    import csv
+
+    from pipeline.config import load_params
+    from pipeline.nethack.sf import PROGRESS_COLUMNS
+    from pipeline.stage import StageContext
+    from stages.rl.appo import report_oni
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    p = load_params(tmp_path / "params.yaml", [f"data_dir={tmp_path / 'data'}", "rl_nethack.variants={"
+                    "ext: {reward: none, ext_coef: 1, int_coef: 0}, cls: {reward: classification, ext_coef: 0.1, "
+                    "int_coef: 0.4}}"])
+    progress = p.data_path("rl_nethack", "cls", "oni", oni.PROGRESS)
+    progress.parent.mkdir(parents=True)
+    with open(progress, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerow({"env_steps": 1024, "labels": 8, "pending": 30, "helpful_share": 0.25, "llm_sent": 8})
+        w.writerow({"env_steps": 2048, "labels": 16, "pending": 22, "helpful_share": 0.5, "heldout_accuracy": 0.75})
+
+    class Tracker:
+        logged: list = []
+
+        def log_metrics(self, metrics, step=None):
+            self.logged.append((step, metrics))
+
+    tracker = Tracker()
+    metrics = report_oni(p, StageContext(tracker=tracker))  # type: ignore[arg-type]
+    assert [step for step, _ in tracker.logged] == [1024, 2048]
+    assert tracker.logged[0][1]["cls/oni_pending"] == 30 and tracker.logged[1][1]["cls/oni_heldout_accuracy"] == 0.75
+    assert metrics["cls/oni_pending"] == 22 and metrics["cls/oni_labels"] == 16
+    plots = sorted((p.data_path("plots") / "rl-nethack-oni").iterdir())
+    assert [x.name for x in plots] == ["cls.csv"]  # extrinsic-only variants have no annotation to plot
+    rows = list(csv.DictReader(open(plots[0])))
+    assert [(r["env_steps"], r["pending"]) for r in rows] == [("1024", "30.0"), ("2048", "22.0")]
+
+
 # -- a SIGKILLed online run -----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_paying_twice(tmp_path, monkeypatch):

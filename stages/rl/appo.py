@@ -148,7 +148,8 @@ def oni_progress(params: Params, name: str) -> list[dict[str, float]]:
     if not path.exists():
         return []
     with open(path, newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return [{**row, "env_steps": int(row["env_steps"])} for row in rows]
 
 
 def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str]:
