@@ -4,6 +4,9 @@
   (:class:`IntrinsicRewardWrapper`) and the policy's view of the game (:class:`PolicyObservation`).
 - ``global_model_factory().register_encoder_factory(NetHackEncoder)``: a small encoder (a conv over the characters
   around the agent + an MLP over the bottom-line stats) that trains at thousands of frames/s on a CPU.
+- ONI's online rewards (``--intrinsic_reward`` retrieval / classification / ranking / cosine): the env wrapper reads
+  the annotator's published table (``oni.OnlineRewards``) and an ``AlgoObserver`` runs the annotator process
+  beside training (started with the runner, restarted if it dies, progress logged by env steps).
 - Episode statistics (extrinsic return, score, depth, intrinsic return) reach sample-factory's summaries through
   ``info["episode_extra_stats"]`` and ``info["true_objective"]``.
 
