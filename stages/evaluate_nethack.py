@@ -86,13 +86,23 @@ def plot(summary: dict[str, dict[str, float]], path) -> None:
     plt.close(fig)
 
 
+def policy_names(params: Params) -> list[str]:
+    """evaluate_nethack.policies with 'all' standing for every rl_nethack variant, each name once."""
+    names: list[str] = []
+    for name in params.evaluate_nethack.policies:
+        names.extend(params.rl_nethack.variants if name == "all" else [name])
+    return list(dict.fromkeys(names))
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     import torch
 
     cfg = params.evaluate_nethack
+    policies = policy_names(params)
     torch.set_num_threads(1)  # batches of 8 observations: threads only add contention on shared cores
-    upstream = {}
-    for name in cfg.policies:
+    # 'all' hides which variants were evaluated from the params hash: name them in the upstream instead.
+    upstream = {"policies": ",".join(policies)} if "all" in cfg.policies else {}
+    for name in policies:
         if name == "random":
             continue
         if name not in params.rl_nethack.variants:
@@ -107,14 +117,14 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     out = params.data_path("evaluate_nethack")
     run_chunked(
         out,
-        num_chunks=len(cfg.policies),
-        make_chunk=lambda i: evaluate_policy(params, i, cfg.policies[i]),
+        num_chunks=len(policies),
+        make_chunk=lambda i: evaluate_policy(params, i, policies[i]),
         params_hash=params.section_hash(PARAMS),
         upstream=upstream,
         schema=EPISODE_SCHEMA,
         desc="evaluate-nethack policies",
     )
-    summary = summarize(read_table(out).to_pylist(), cfg.policies)
+    summary = summarize(read_table(out).to_pylist(), policies)
     plots = params.data_path("plots")
     plots.mkdir(parents=True, exist_ok=True)
     with open(plots / f"{NAME}.csv", "w", newline="") as f:

@@ -4,6 +4,9 @@
   (:class:`IntrinsicRewardWrapper`) and the policy's view of the game (:class:`PolicyObservation`).
 - ``global_model_factory().register_encoder_factory(NetHackEncoder)``: a small encoder (a conv over the characters
   around the agent + an MLP over the bottom-line stats) that trains at thousands of frames/s on a CPU.
+- ONI's online rewards (``--intrinsic_reward`` retrieval / classification / ranking / cosine): the env wrapper reads
+  the annotator's published table (``oni.OnlineRewards``) and an ``AlgoObserver`` runs the annotator process
+  beside training (started with the runner, restarted if it dies, progress logged by env steps).
 - Episode statistics (extrinsic return, score, depth, intrinsic return) reach sample-factory's summaries through
   ``info["episode_extra_stats"]`` and ``info["true_objective"]``.
 
@@ -32,6 +35,7 @@ from torch import nn
 
 from pipeline.envs.nethack import TASK_NAMES, decode_message, make_env
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
+from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
 
 ENV_NAME = "curio_nethack"
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
@@ -67,6 +71,11 @@ def add_nethack_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--count_exponent", default=3.0, type=float, help="beta: r_int is divided by N_ep(m)^beta")
     p.add_argument("--threshold_quantile", default=None, type=optional_quantile,
                    help="epsilon as a quantile of the normalised reward; 'none' = no threshold")
+    p.add_argument("--intrinsic_reward", default="motif", choices=REWARD_TYPES,
+                   help="motif: the offline reward model; retrieval/classification/ranking/cosine: ONI's online "
+                   "rewards (an annotator process labels messages while training runs); none: extrinsic only")
+    p.add_argument("--oni_config", default="{}", type=str, help="JSON settings of the ONI annotator (oni.DEFAULTS)")
+    p.add_argument("--oni_refresh_s", default=2.0, type=float, help="how often workers re-read the reward table")
 
 
 # Sizes for a 2-core CPU machine: a few thousand frames/s. Anything here can be overridden on the command line.
@@ -210,6 +219,11 @@ def threshold_value(directory: str, quantile: float | None) -> float | None:
     return load_reward_model(directory)[1].threshold(quantile)
 
 
+def oni_directory(cfg: Any) -> Path:
+    """Where an experiment's online annotation lives (spools, labels, model, table, status)."""
+    return Path(cfg.train_dir) / cfg.experiment / "oni"
+
+
 def make_nethack_env(full_env_name: str, cfg: Any = None, env_config: Any = None, render_mode: str | None = None):
     """sample-factory's env factory signature: (full_env_name, cfg, env_config, render_mode)."""
     env = make_env(
@@ -217,6 +231,18 @@ def make_nethack_env(full_env_name: str, cfg: Any = None, env_config: Any = None
         extended_actions=cfg.nethack_extended_actions,
         max_episode_steps=cfg.nethack_max_episode_steps,
     )
+    kind = getattr(cfg, "intrinsic_reward", "motif")
+    if kind == "none" and cfg.int_coef != 0:
+        raise ValueError("--intrinsic_reward=none needs --int_coef=0")
+    if kind in ONLINE_REWARDS and cfg.int_coef != 0:
+        # ONI's reward types carry their own thresholds; the count exponent applies to all of them.
+        reward = EpisodicIntrinsicReward(
+            online_rewards(oni_directory(cfg), cfg.oni_refresh_s),
+            ext_coef=cfg.ext_coef,
+            int_coef=cfg.int_coef,
+            count_exponent=cfg.count_exponent,
+        )
+        return PolicyObservation(IntrinsicRewardWrapper(env, reward), crop_size=cfg.crop_size)
     use_model = cfg.int_coef != 0
     if use_model and not cfg.reward_model_dir:
         raise ValueError("--int_coef != 0 needs --reward_model_dir")
@@ -355,6 +381,88 @@ def _summary_observer(path: Path, resumed_from: int):
     return TrainingSummary()
 
 
+PROGRESS_COLUMNS = (
+    "env_steps", "seconds", "seen", "labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
+    "errors", "annotator_restarts", "llm_requests", "llm_cache_hits", "llm_sent", "llm_failures", "llm_unknowns",
+    "llm_tokens_in", "llm_tokens_out", "llm_latency_p50_s",
+)
+
+
+def _online_annotation(cfg: Any, every_s: float = 5.0):
+    """An AlgoObserver that runs the ONI annotator beside training: started with the runner, restarted if it
+    dies, stopped with it; every ``every_s`` it appends the annotator's status with the env steps to
+    ``oni/progress.csv`` (labels/s, queue length, share helpful, held-back accuracy, LLM ledger)."""
+    import csv
+    import subprocess
+    import time
+
+    from sample_factory.algo.runners.runner import AlgoObserver
+
+    from pipeline.nethack import oni
+
+    directory = oni_directory(cfg)
+    settings = {**json.loads(cfg.oni_config), "reward": cfg.intrinsic_reward, "seed": cfg.seed or 0}
+
+    class OnlineAnnotation(AlgoObserver):
+        proc: subprocess.Popen | None = None
+        restarts = 0
+        last = 0.0
+
+        def _launch(self) -> None:
+            directory.mkdir(parents=True, exist_ok=True)
+            log = open(directory / "annotator.log", "a")  # noqa: SIM115 — the child holds it
+            root = str(Path(__file__).resolve().parents[2])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.nethack.oni", "--dir", str(directory),
+                 "--config", json.dumps(settings)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=oni.annotator_preexec,
+            )
+            log.close()
+
+        def on_init(self, runner) -> None:
+            # Before sample-factory starts its workers: the annotator's imports and model loading overlap theirs.
+            self.start = time.time()
+            self._launch()
+
+        def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+            now = time.time()
+            if now - self.last < every_s:
+                return
+            self.last = now
+            if self.proc is not None and self.proc.poll() is not None:
+                self.restarts += 1  # a crashed annotator costs labels, never training
+                self._launch()
+            self.record(int(sum(runner.env_steps.values())))
+
+        def record(self, env_steps: int) -> None:
+            try:
+                status = json.loads((directory / oni.STATUS).read_text())
+            except (OSError, ValueError):
+                return
+            row = {**status, "env_steps": env_steps, "seconds": round(time.time() - self.start, 1),
+                   "annotator_restarts": self.restarts}
+            path = directory / oni.PROGRESS
+            new = not path.exists()
+            with open(path, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+                if new:
+                    writer.writeheader()
+                writer.writerow(row)
+
+        def on_stop(self, runner) -> None:
+            if self.proc is None:
+                return
+            self.proc.terminate()  # it finishes its batch's bookkeeping; the queue is on disk
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.record(int(sum(runner.env_steps.values())))
+
+    return OnlineAnnotation()
+
+
 def _watch_parent(grace_s: float = 45.0) -> None:
     """Stop when the process that started this trainer dies (a SIGKILLed stage), even if PR_SET_PDEATHSIG's
     SIGINT was lost: SIGINT every few seconds (sample-factory stops cleanly and checkpoints), then exit hard."""
@@ -390,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     found = latest_checkpoint(experiment_dir)
     cfg, runner = make_runner(cfg)
     runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0))
+    if cfg.intrinsic_reward in ONLINE_REWARDS and cfg.int_coef != 0:
+        runner.register_observer(_online_annotation(cfg))
     status = runner.init()
     if status == ExperimentStatus.SUCCESS:
         status = runner.run()

@@ -2,7 +2,10 @@
 
 Each variant of ``rl_nethack.variants`` trains with r = ext_coef·r_ext + int_coef·1[r̃ > ε]·r̃ / N_ep(m)^β, where r̃
 is the normalised output of the train-reward model for the step's message (``pipeline.nethack.intrinsic``);
-the default trains Motif (ext + int), an extrinsic-only and an intrinsic-only agent. Training runs
+the default trains Motif (ext + int), an extrinsic-only and an intrinsic-only agent. A variant whose ``reward`` is
+retrieval / classification / ranking / cosine uses ONI's online reward instead (``pipeline.nethack.oni``): an
+annotator process labels messages while it trains; its progress over env steps goes to MLflow and to
+``data/plots/rl-nethack-oni/<variant>.csv``. ``rl_nethack.preset: oni`` sets up ONI's comparison. Training runs
 ``python -m pipeline.nethack`` (sample-factory with Curio's env and encoder registered) in a child process.
 
 Resume is sample-factory's own: the experiment directory keeps checkpoints (every 30 s and at the end) and a
@@ -18,6 +21,7 @@ Output: ``data/rl_nethack/<variant>/`` (sample-factory experiment: config.json, 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -29,7 +33,8 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.config import Params, RLNetHackVariant
-from pipeline.nethack.sf import SUMMARY, latest_checkpoint
+from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
+from pipeline.nethack.sf import PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
 from pipeline.stage import StageContext, StageResult
 
 NAME = "rl-nethack"
@@ -40,7 +45,7 @@ IDENTITY = "curio_identity.json"  # what a checkpoint was trained under, apart f
 def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Path, reward_dir: Path) -> list[str]:
     """The sample-factory command line of one variant (without --train_for_env_steps)."""
     cfg = params.rl_nethack
-    uses_model = variant.int_coef != 0
+    uses_model = variant.reward == "motif" and variant.int_coef != 0
     threshold = "none" if cfg.threshold_quantile is None else str(cfg.threshold_quantile)
     args = {
         "experiment": name,
@@ -65,7 +70,12 @@ def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Pat
         "batch_size": cfg.batch_size,
         "rollout": cfg.rollout,
         "use_rnn": cfg.use_rnn,
+        "intrinsic_reward": variant.reward if variant.int_coef != 0 else "none",
     }
+    if variant.reward in ONLINE_REWARDS and variant.int_coef != 0:
+        oni = cfg.oni.model_dump(mode="json")
+        args["oni_refresh_s"] = oni.pop("refresh_s")
+        args["oni_config"] = json.dumps(oni, sort_keys=True, separators=(",", ":"))
     return [f"--{k}={v}" for k, v in args.items()] + list(cfg.extra_args)
 
 
@@ -97,7 +107,7 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     reward_dir = params.data_path("reward_model")
     experiment = train_dir / name
     args = sf_args(params, name, variant, train_dir, reward_dir)
-    ident = identity(args, reward_dir, variant.int_coef != 0)
+    ident = identity(args, reward_dir, variant.reward == "motif" and variant.int_coef != 0)
     id_file = experiment / IDENTITY
     if experiment.exists() and (not id_file.exists() or json.loads(id_file.read_text())["identity"] != ident):
         shutil.rmtree(experiment)  # trained under other settings: its checkpoints must not be continued
@@ -135,10 +145,51 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     return {**summary, "action": action, "wall_seconds": round(time.time() - start, 1)}
 
 
+def oni_progress(params: Params, name: str) -> list[dict[str, float]]:
+    """The annotator's status over env steps of one online variant (``oni/progress.csv``), as numbers."""
+    path = params.data_path("rl_nethack", name, "oni", PROGRESS)
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return [{**row, "env_steps": int(row["env_steps"])} for row in rows]
+
+
+def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str]:
+    """ONI's annotation over env steps: to MLflow (step = env steps), to the dvc plots (one CSV per online
+    variant in ``data/plots/rl-nethack-oni/``) and the last values as metrics."""
+    plots = params.data_path("plots") / "rl-nethack-oni"
+    if plots.exists():
+        shutil.rmtree(plots)  # variants no longer configured leave no stale curve
+    plots.mkdir(parents=True)
+    metrics: dict[str, float | int | str] = {}
+    for name, variant in params.rl_nethack.variants.items():
+        if variant.reward not in ONLINE_REWARDS or variant.int_coef == 0:
+            continue
+        rows = oni_progress(params, name)
+        with open(plots / f"{name}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(PROGRESS_COLUMNS), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        for row in rows:
+            ctx.tracker.log_metrics({f"{name}/oni_{k}": v for k, v in row.items() if k != "env_steps"},
+                                    step=int(row["env_steps"]))
+        if rows:
+            metrics.update({f"{name}/oni_{k}": v for k, v in rows[-1].items()
+                            if k in {"labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
+                                     "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns"}})
+    if not any(plots.iterdir()):  # `dvc plots show` warns about an empty plots directory; a header reads as no data
+        (plots / "none.csv").write_text(",".join(PROGRESS_COLUMNS) + "\n")
+    return metrics
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_nethack
     metrics: dict[str, float | int | str] = {}
     for name, variant in cfg.variants.items():
+        if variant.reward == "motif" and variant.int_coef != 0 and not params.data_path("reward_model").exists():
+            raise FileNotFoundError(f"{params.data_path('reward_model')}: variant {name} needs the train-reward "
+                                    "model (run train-reward first)")
         summary = train_variant(params, name, variant)
         print(f"rl-nethack: {name}: {summary['action']} to {summary['env_steps']} env steps", flush=True)
         stats = summary.get("episode_stats", {})
@@ -149,4 +200,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             **{f"{name}/train_{k}": round(v, 4) for k, v in stats.items()
                if k in {"true_objective", "len", "score", "depth", "intrinsic_return", "extrinsic_return"}},
         })
-    return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack"))])
+    metrics.update(report_oni(params, ctx))
+    return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack")),
+                                                 str(params.data_path("plots") / "rl-nethack-oni")])
