@@ -636,7 +636,7 @@ RULES_MODELS = {
     "pairs_text.judge": MULTITURN_RULES_JUDGES,
 }
 #: Roles that may use the embedding backend (similarity to a goal sentence needs no chat).
-EMBEDDING_ROLES = ("annotate_nethack.annotator",)
+EMBEDDING_ROLES = ("annotate_nethack.annotator", "rl_nethack.oni.annotator")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _hub_reachable: bool | None = None
 
@@ -688,10 +688,10 @@ def check_params(params: Params) -> None:
     if params.rollout_nethack.policy == "checkpoint" and not Path(params.rollout_nethack.checkpoint).is_dir():
         raise ConfigError(f"params: rollout_nethack.checkpoint: {params.rollout_nethack.checkpoint!r} "
                           "is not a directory")
-    known = {"random", *params.rl_nethack.variants}
+    known = {"random", "all", *params.rl_nethack.variants}
     for name in params.evaluate_nethack.policies:
         if name not in known:
-            raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is not 'random' or a "
+            raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is not 'random', 'all' or a "
                               f"rl_nethack.variants name ({', '.join(sorted(known))})")
 
 
