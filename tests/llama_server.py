@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -76,15 +77,18 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
         self.model = MODEL_ALIAS
-        self.log = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
+        # Its log (model loading, one line per request) goes to a file: a pipe nobody reads would block it.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            server_command(server_python(), self.gguf, self.port, n_ctx), stdout=self.log, stderr=subprocess.PIPE
+            server_command(server_python(), self.gguf, self.port, n_ctx), stdout=self.log, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + start_timeout_s
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.stderr else ""
-                raise RuntimeError(f"llama.cpp server exited with {self.proc.returncode}:\n{err}")
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace")[-2000:]
+                self.log.close()
+                raise RuntimeError(f"llama.cpp server exited with {self.proc.returncode}:\n{tail}")
             try:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
                     if resp.status == 200:
@@ -95,13 +99,6 @@ class LlamaServer:
                 self.close()
                 raise RuntimeError(f"llama.cpp server not up after {start_timeout_s:.0f} s")
             time.sleep(0.5)
-        # Its startup log goes to stderr; drain it so a full pipe never blocks the server.
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for _ in self.proc.stderr:
-            pass
 
     def close(self) -> None:
         self.proc.terminate()
