@@ -124,8 +124,9 @@ def replicas_throughput(latency: float, waves: int, per_server: int, cache_dir: 
     servers = [FakeServer(), FakeServer()]
     try:
         n1 = per_server * waves
-        one = annotate_run([servers[0].base_url], servers[:1], per_server, n1, latency, cache_dir, "r1")
-        two = annotate_run([s.base_url for s in servers], servers, per_server, 2 * n1, latency, cache_dir, "r2")
+        urls = [s.base_url for s in servers]
+        one = annotate_run(urls[:1], servers[:1], per_server, n1, latency, cache_dir, f"one{per_server}")
+        two = annotate_run(urls, servers, per_server, 2 * n1, latency, cache_dir, f"two{per_server}")
         print(f"1 server: {one['rate']:.1f} pairs/s ({n1} pairs); 2 servers: {two['rate']:.1f} pairs/s"
               f" ({2 * n1} pairs); ratio 2/1 = {two['rate'] / one['rate']:.2f}  (goal >= 1.8)")  # fmt: skip
     finally:
