@@ -65,9 +65,12 @@ class LLMConfig(Section):
 
     @field_validator("base_url")
     @classmethod
-    def _url_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url {value!r} must start with http:// or https://")
+    def _url_scheme(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for url in [value] if isinstance(value, str) else value or []:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"base_url {url!r} must start with http:// or https://")
+        if isinstance(value, list) and not value:
+            raise ValueError("base_url: an empty list (give one URL or several replicas)")
         return value
 
 
