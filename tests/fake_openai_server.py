@@ -357,11 +357,14 @@ async def _serve(port: int) -> None:
 
 
 class FakeServer:
-    """The server in a child process (its own CPU core and event loop); stops on ``close``."""
+    """The server in a child process (its own CPU core and event loop); stops on ``close``.
 
-    def __init__(self) -> None:
+    ``port`` 0 picks a free one; a given port brings a killed server back at the same address.
+    """
+
+    def __init__(self, port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--port", "0"],
+            [sys.executable, str(Path(__file__).resolve()), "--port", str(port)],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -1,10 +1,16 @@
 """Any OpenAI-compatible chat server (vLLM's server, FastChat, OpenAI) through the official async client.
 
 ``generate`` is synchronous: requests run on an event loop owned by the backend (one background thread), so
-stages, Prefect tasks and tests call it like any other backend. Concurrency is bounded by one semaphore of
-``max_concurrency`` shared by every batch; each request has a timeout; 429 / 5xx / timeouts / connection
-errors / malformed bodies are retried with exponential backoff and jitter; a request that fails for good
-comes back as ``Generation(text="", error=...)`` instead of raising.
+stages, Prefect tasks and tests call it like any other backend. Each request has a timeout; 429 / 5xx /
+timeouts / connection errors / malformed bodies are retried with exponential backoff and jitter; a request
+that fails for good comes back as ``Generation(text="", error=...)`` instead of raising.
+
+Several servers (``base_url`` a list: vLLM / llama.cpp replicas of one model) are used at once: each request
+goes to the live replica with the fewest requests outstanding, each replica has at most ``max_concurrency``
+in flight (over every concurrent batch). A replica whose connection fails (or that fails ``TRIP_AFTER``
+requests in a row) is skipped for a cool-down that doubles on each new trip, then gets one probe request, and
+its full share again once that succeeds; its requests move to the others at once. With one server, failures
+are only retried with backoff.
 
 The API key is read from the environment variable *named* in params (``api_key_env``) and lives only in the
 client object; error messages are scrubbed of it before they are stored or logged.
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 409, 425, 429})
 NO_KEY = "EMPTY"  # local servers accept any key; sent when no api_key_env is configured
+TRIP_AFTER = 3  # consecutive failed requests (5xx, timeouts) that take a replica out; a refused connection: 1
 
 
 class MalformedResponse(ValueError):
@@ -70,6 +77,16 @@ def _http_client(max_concurrency: int) -> Any:
     return openai.DefaultAsyncHttpxClient(limits=limits)
 
 
+def _refused(e: BaseException) -> bool:
+    """A connection-level failure (refused, reset, server gone), not a slow answer."""
+    if not isinstance(e, openai.APIConnectionError):
+        return False
+    root = _root_cause(e)
+    return not isinstance(root, asyncio.TimeoutError | TimeoutError) and not (
+        root is e and isinstance(e, openai.APITimeoutError)
+    )
+
+
 def parse_completion(data: Any, want_logprobs: bool) -> Generation:
     """A chat-completion JSON body → Generation; raises MalformedResponse on anything else."""
     try:
@@ -89,18 +106,35 @@ def parse_completion(data: Any, want_logprobs: bool) -> Generation:
         raise MalformedResponse(f"malformed completion body ({type(e).__name__})") from None
 
 
+class _Replica:
+    """One server: its client, requests in flight, and circuit-breaker state."""
+
+    __slots__ = ("url", "client", "outstanding", "failures", "trips", "down_until")
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.client: openai.AsyncOpenAI | None = None
+        self.outstanding = 0
+        self.failures = 0  # consecutive failed requests
+        self.trips = 0  # consecutive cool-downs (doubles the next one)
+        self.down_until = 0.0
+
+
 class OpenAIBackend(ChatBackend):
     """Batched chat over HTTP with bounded concurrency, timeouts and retries.
 
     Args:
         model: the served model name.
-        base_url: server URL ending in ``/v1``; None = the SDK default (api.openai.com or $OPENAI_BASE_URL).
+        base_url: server URL ending in ``/v1``, or a list of them (replicas of one model); None = the SDK
+            default (api.openai.com or $OPENAI_BASE_URL).
         api_key_env: NAME of the environment variable holding the key; None sends a placeholder key.
-        max_concurrency: requests in flight at once, over all concurrent ``generate`` calls.
+        max_concurrency: requests in flight at once per server, over all concurrent ``generate`` calls.
         timeout_s: per-request timeout (each attempt).
         max_retries: retries after the first attempt on retryable errors.
         max_tokens: hard cap on generated tokens, whatever the sampling asks for.
         backoff_s: first retry delay; doubles per retry (with jitter), capped at ``backoff_max_s``.
+        cooldown_s: how long a failed replica is skipped (doubling per consecutive trip, capped at
+            ``backoff_max_s``); only with several servers.
     """
 
     name = "openai"
@@ -108,7 +142,7 @@ class OpenAIBackend(ChatBackend):
     def __init__(
         self,
         model: str,
-        base_url: str | None = None,
+        base_url: str | list[str] | None = None,
         *,
         api_key_env: str | None = None,
         max_concurrency: int = 16,
@@ -117,9 +151,14 @@ class OpenAIBackend(ChatBackend):
         max_tokens: int = 128,
         backoff_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        cooldown_s: float = 5.0,
     ) -> None:
         super().__init__(model)
+        urls = [base_url] if base_url is None or isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("llm: base_url is an empty list")
         self.base_url = base_url
+        self.cooldown_s = cooldown_s
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -128,11 +167,12 @@ class OpenAIBackend(ChatBackend):
         self.backoff_max_s = backoff_max_s
         self._key = read_api_key(api_key_env)
         self._rng = random.Random()
+        self._replicas = [_Replica(url) for url in urls]
+        self._next = 0  # where the least-outstanding scan starts: ties rotate over the replicas
+        self._waiters: list[asyncio.Future] = []  # requests waiting for a free slot on a live replica
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="curio-openai", daemon=True)
         self._thread.start()
-        self._client: openai.AsyncOpenAI | None = None
-        self._sem: asyncio.Semaphore | None = None
 
     # -- sync face -------------------------------------------------------------------------------------------
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
@@ -143,23 +183,24 @@ class OpenAIBackend(ChatBackend):
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        if self._client is not None:
-            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(timeout=10)
+        for replica in self._replicas:
+            if replica.client is not None:
+                asyncio.run_coroutine_threadsafe(replica.client.close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
 
     # -- async core (runs on the backend's loop) ---------------------------------------------------------------
     async def _batch(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
-        if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                api_key=self._key,
-                base_url=self.base_url,
-                max_retries=0,  # retries are ours: counted, jittered, bounded
-                timeout=self.timeout_s,
-                http_client=_http_client(self.max_concurrency),
-            )
-            self._sem = asyncio.Semaphore(self.max_concurrency)
+        for replica in self._replicas:
+            if replica.client is None:
+                replica.client = openai.AsyncOpenAI(
+                    api_key=self._key,
+                    base_url=replica.url,
+                    max_retries=0,  # retries are ours: counted, jittered, bounded
+                    timeout=self.timeout_s,
+                    http_client=_http_client(self.max_concurrency),
+                )
         results: list[Generation | None] = [None] * len(conversations)
         next_index = iter(range(len(conversations)))
 
@@ -168,7 +209,8 @@ class OpenAIBackend(ChatBackend):
             for i in next_index:
                 results[i] = await self._request(conversations[i], sampling)
 
-        await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(conversations)))))
+        workers = min(self.max_concurrency * len(self._replicas), len(conversations))
+        await asyncio.gather(*(worker() for _ in range(workers)))
         return [r for r in results if r is not None]
 
     def _body(self, conversation: Conversation, sampling: Sampling) -> dict:
@@ -189,28 +231,93 @@ class OpenAIBackend(ChatBackend):
             body["logprobs"] = True
         return body
 
+    # -- replicas: least outstanding, per-replica cap, circuit breaker ---------------------------------------------
+    async def _acquire(self) -> _Replica:
+        """A slot on the live replica with the fewest requests in flight; waits while all are full or down."""
+        while True:
+            now = time.monotonic()
+            n = len(self._replicas)
+            best: _Replica | None = None
+            for k in range(n):
+                r = self._replicas[(self._next + k) % n]
+                # Back from a cool-down: one probe request until it answers again ("half-open").
+                cap = 1 if r.trips else self.max_concurrency
+                if r.down_until <= now and r.outstanding < cap:
+                    if best is None or r.outstanding < best.outstanding:
+                        best = r
+            if best is not None:
+                self._next = (self._next + 1) % n
+                best.outstanding += 1
+                return best
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            live = [r for r in self._replicas if r.down_until <= now]
+            # All down: try again when the first cool-down ends (or earlier, when a slot frees).
+            wake = None if live else min(r.down_until for r in self._replicas) - now
+            try:
+                await asyncio.wait_for(waiter, wake)
+            except TimeoutError:
+                pass
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _release(self, replica: _Replica) -> None:
+        replica.outstanding -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _record(self, replica: _Replica, ok: bool, connection_failed: bool = False) -> bool:
+        """Update the replica's breaker; True when this failure took it out (its requests go elsewhere)."""
+        if ok:
+            replica.failures = replica.trips = 0
+            return False
+        replica.failures += 1
+        if len(self._replicas) == 1 or replica.down_until > time.monotonic():
+            return replica.down_until > time.monotonic()
+        if not connection_failed and replica.failures < TRIP_AFTER:
+            return False
+        cooldown = min(self.backoff_max_s, self.cooldown_s * 2**replica.trips)
+        replica.trips += 1
+        replica.down_until = time.monotonic() + cooldown
+        log.warning("llm server %s skipped for %.1f s after %d failure(s)", replica.url, cooldown, replica.failures)
+        for _ in range(len(self._waiters)):  # waiters may now need to pick another replica or sleep
+            self._wake_one()
+        return True
+
     async def _request(self, conversation: Conversation, sampling: Sampling) -> Generation:
-        assert self._client is not None and self._sem is not None
         body = self._body(conversation, sampling)
         start = time.monotonic()
         error = ""
         attempt = 0
         while True:
+            replica = await self._acquire()
+            assert replica.client is not None
             try:
-                async with self._sem:
-                    # The SDK's generic POST: its auth, headers and error mapping, without building typed
-                    # request/response models (chat.completions.create costs ~1.7x the CPU per request here).
-                    data = await asyncio.wait_for(
-                        self._client.post("/chat/completions", body=body, cast_to=object), timeout=self.timeout_s
-                    )
+                # asyncio.timeout, not wait_for: no extra task per request. The SDK's generic POST: its auth,
+                # headers and error mapping, without typed request/response models (chat.completions.create
+                # costs ~1.7x the CPU per request here).
+                async with asyncio.timeout(self.timeout_s):
+                    data = await replica.client.post("/chat/completions", body=body, cast_to=object)
                 generation = parse_completion(data, sampling.logprobs)
+                self._record(replica, ok=True)
                 generation.meta = {"retries": attempt, "latency_s": round(time.monotonic() - start, 4)}
                 return generation
             except Exception as e:  # noqa: BLE001 - every failure becomes a retry or an error Generation
                 retryable, hint, error = self._classify(e)
+                failed_over = retryable and self._record(replica, ok=False, connection_failed=_refused(e))
+            finally:
+                self._release(replica)
             if not retryable or attempt >= self.max_retries:
                 break
-            await asyncio.sleep(self._backoff(attempt, hint))
+            if not failed_over:  # a replica taken out: the retry goes to another one (or waits) without backoff
+                await asyncio.sleep(self._backoff(attempt, hint))
             attempt += 1
         log.warning("llm request failed for good after %d attempt(s): %s", attempt + 1, error)
         return Generation(
@@ -233,12 +340,10 @@ class OpenAIBackend(ChatBackend):
         elif isinstance(e, openai.APIConnectionError):
             # The SDK's aiohttp transport reports a refused connection as a connect *timeout*: look at the root.
             root = _root_cause(e)
-            if isinstance(root, asyncio.TimeoutError | TimeoutError) or (
-                root is e and isinstance(e, openai.APITimeoutError)
-            ):
-                retryable, text = True, f"timeout after {self.timeout_s:g} s"
-            else:
+            if _refused(e):
                 retryable, text = True, f"connection error: {type(root).__name__}: {root}"
+            else:
+                retryable, text = True, f"timeout after {self.timeout_s:g} s"
         elif isinstance(e, ValueError):  # MalformedResponse, or a body that is not JSON at all
             retryable, text = True, str(e) if isinstance(e, MalformedResponse) else "completion body is not JSON"
         else:
