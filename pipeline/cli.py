@@ -7,6 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
+    curio report                          metrics/TRACK.json summaries + data/report.html (one offline page)
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow ru
     from pipeline.flows import serve as serve_flows
 
     serve_flows(limit=limit)
+
+
+@app.command()
+def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
+           out: Annotated[str | None, typer.Option(help="HTML file (default: DATA_DIR/report.html)")] = None) -> None:
+    """Write the track summaries (metrics/TRACK.json) and one self-contained HTML page of the run; print its path."""
+    from pathlib import Path
+
+    from pipeline.report import write_report
+
+    p = _load(params, set_)
+    typer.echo(write_report(p, out=Path(out) if out else None).resolve())
 
 
 @app.command("params")

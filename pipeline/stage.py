@@ -2,7 +2,7 @@
 
 Each stage module in ``stages/`` defines ``NAME`` (the dvc.yaml stage name), ``PARAMS`` (the dotted params
 keys it reads, exactly as listed in dvc.yaml) and ``run``. ``execute`` adds what every stage shares: the
-MLflow run, the metrics file ``data/metrics/NAME.json`` and timing. DVC and Prefect both call ``execute``.
+MLflow run, the metrics file ``metrics/stages/NAME.json`` (git-tracked) and timing. DVC and Prefect both call ``execute``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def stage_module(name: str) -> ModuleType:
 
 
 def metrics_path(params: Params, name: str) -> Path:
-    return params.data_path("metrics", f"{name}.json")
+    return params.metrics_path("stages", f"{name}.json")
 
 
 def execute(name: str, params: Params) -> StageResult:
