@@ -2,7 +2,8 @@
 
 Each stage module in ``stages/`` defines ``NAME`` (the dvc.yaml stage name), ``PARAMS`` (the dotted params
 keys it reads, exactly as listed in dvc.yaml) and ``run``. ``execute`` adds what every stage shares: the
-MLflow run, the metrics file ``metrics/stages/NAME.json`` (git-tracked) and timing. DVC and Prefect both call ``execute``.
+MLflow run, the metrics file ``metrics/stages/NAME.json`` (git-tracked) and timing. DVC and Prefect both call
+``execute``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ SCRIPTED = [
 
 
 def params_in(data_dir: Path, *extra: str):
-    return load_params(REPO / "params.yaml", [*SCRIPTED, f"data_dir={data_dir}", f"metrics_dir={data_dir}/metrics", *extra])
+    return load_params(REPO / "params.yaml",
+                       [*SCRIPTED, f"data_dir={data_dir}", f"metrics_dir={data_dir}/metrics", *extra])
 
 
 def write_params(path: Path, overrides: list[str]) -> Path:
