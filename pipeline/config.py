@@ -78,6 +78,8 @@ class PolicyConfig(Section):
 class TrackingConfig(Section):
     experiment: str = Field("curio", description="MLflow experiment name")
     enabled: bool = Field(True, description="log every stage to MLflow")
+    artifact_root: str = Field("mlartifacts", description="artifact directory of the default SQLite store, relative "
+                               "to the checkout a command runs in (a copy never writes into another clone)")
 
 
 # -- text track --------------------------------------------------------------------------------------------

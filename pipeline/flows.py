@@ -135,7 +135,8 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
         params = _params(params_file, overrides)
         logger.info("overrides: outputs go to %s (params.yaml and dvc.lock untouched)", root)
     summary: dict[str, str] = {}
-    with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled):
+    with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
+                      artifact_root=params.tracking.artifact_root):
         for name in order:
             if stages and name not in stages:
                 continue

@@ -93,7 +93,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     )
     tiny.save(model, tokenizer, model_dir)
     atomic_write_json(params.plots_path("bootstrap_loss.json"), history)
-    ctx.tracker.log_artifact(model_dir, "model")
     return StageResult(
         metrics={
             "episodes": len(conversations),

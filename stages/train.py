@@ -91,5 +91,4 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         metrics["dpo/resumed_from_step"] = resumed
         metrics["dpo/final_loss"] = history[-1]["loss"] if history else float("nan")
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    ctx.tracker.log_artifact(dpo_dir, "model_dpo")
     return StageResult(metrics=metrics, outputs=[str(sft_dir), str(dpo_dir)])
