@@ -43,9 +43,15 @@ def _load(params: str, overrides: list[str] | None):
         fail(str(e))
 
 
-@app.command()
-def stage(name: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    """Run one stage of the DAG."""
+def _stage_names() -> str:
+    from pipeline.stage import STAGES
+
+    return ", ".join(STAGES)
+
+
+@app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")
+def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
+          params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     from pipeline.stage import STAGES, execute
 
     if name not in STAGES:
@@ -143,16 +149,18 @@ def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
 
 
 @llm_app.command("check")
-def llm_check(role: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    """Send one request with the backend configured for ROLE; print the answer and its latency."""
+def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, judge, annotator, or a dotted params "
+                                                    "key naming an LLM config (e.g. pairs_text.judge)")],
+              params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Send one request with the backend configured for ROLE (one attempt, short timeout); print the answer and its
+    latency, or one line saying why it failed (exit 1)."""
     from pipeline.llm.check import CheckFailed, check_role
 
     p = _load(params, set_)
     try:
         typer.echo(check_role(p, role))
     except CheckFailed as e:
-        typer.echo(str(e))
-        raise typer.Exit(1) from None
+        fail(str(e), code=1)
     except (KeyError, ValueError) as e:
         fail(str(e).splitlines()[0])
 

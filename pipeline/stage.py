@@ -18,6 +18,7 @@ from types import ModuleType
 import yaml
 
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
+from pipeline.cards import write_cards
 from pipeline.config import Params
 from pipeline.tracking import Tracker, git_tags, stage_run
 
@@ -134,8 +135,8 @@ def execute(name: str, params: Params) -> StageResult:
         tags={"curio.params_hash": params_hash, **git},
         artifact_root=params.tracking.artifact_root,
     ) as tracker:
-        deps, outs = data_paths(params, name) if tracker.enabled else ([], [])
-        inputs = digests(deps)
+        deps, outs = data_paths(params, name)
+        inputs = digests(deps) if tracker.enabled else {}
         tracker.log_inputs(inputs)
         result: StageResult = module.run(params, StageContext(tracker=tracker))
         result.metrics.setdefault("seconds", round(time.time() - start, 2))
@@ -143,6 +144,7 @@ def execute(name: str, params: Params) -> StageResult:
         atomic_write_json(out, result.metrics)
         tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)})
         tracker.log_artifact(out)
+        write_cards(outs, name)  # a README.md explaining the columns next to each dataset written
         if tracker.enabled:
             models = [params.data_path(m) for m in TRAINED_MODELS.get(name, [])]
             lineage = {"stage": name, "params_hash": params_hash, "inputs": inputs,

@@ -78,3 +78,21 @@ def test_dvc_yaml_plots_point_at_files_stages_write():
     outs = {next(iter(o)) if isinstance(o, dict) else o for s in spec["stages"].values() for o in s.get("outs", [])}
     for d in plot_definitions(REPO / "dvc.yaml"):
         assert d["file"] in outs, d
+
+
+def test_dataset_cards_explain_every_column(tmp_path):
+    """A README.md next to each dataset a stage writes; every column of the text episodes is documented."""
+    from pipeline.artifacts import run_chunked
+    from pipeline.cards import COLUMNS, write_cards
+    from pipeline.play import EPISODE_SCHEMA
+
+    out = tmp_path / "rollout_text"
+    row = {f.name: None for f in EPISODE_SCHEMA}
+    run_chunked(out, num_chunks=2, make_chunk=lambda i: [row], params_hash="h", upstream={"bootstrap": "u"},
+                schema=EPISODE_SCHEMA)
+    [card] = write_cards([out], "rollout-text")
+    text = card.read_text()
+    assert card == out / "README.md" and "stage `rollout-text`: 2 rows in 2 Parquet parts" in text
+    for f in EPISODE_SCHEMA:
+        assert f"| `{f.name}` | " in text and f" | {COLUMNS[f.name]} |" in text
+    assert "plain-text JSON" in text and "LOWER is better" in text  # secret; score vs reward
