@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,9 @@ class Tracker:
         from mlflow.data.meta_dataset import MetaDataset
 
         for path, digest in digests.items():
-            source = resolve_dataset_source(str(Path(path).resolve()))
+            with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(str(Path(path).resolve()))
             self._mlflow.log_input(MetaDataset(source, name=path, digest=digest[:32]), context=context)
 
     def log_text(self, text: str, artifact_file: str) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.config import Params, RLNetHackVariant
-from pipeline.nethack.sf import SUMMARY, latest_checkpoint
+from pipeline.nethack.sf import CURVE, SUMMARY, latest_checkpoint
 from pipeline.stage import StageContext, StageResult
 
 NAME = "rl-nethack"
@@ -149,4 +149,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             **{f"{name}/train_{k}": round(v, 4) for k, v in stats.items()
                if k in {"true_objective", "len", "score", "depth", "intrinsic_return", "extrinsic_return"}},
         })
+    curve = [{"variant": name, **point} for name in cfg.variants
+             if (f := params.data_path("rl_nethack", name, CURVE)).exists() for point in json.loads(f.read_text())]
+    atomic_write_json(params.plots_path("rl-nethack.json"), curve)  # episode return over env steps, per variant
     return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack"))])
