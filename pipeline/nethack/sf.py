@@ -348,8 +348,9 @@ def _summary_observer(path: Path, resumed_from: int):
             """Every summary interval: mean task return (true objective) of the recent episodes at these env steps
             (sample-factory's own tensorboard tags appear only once 100 episodes have finished)."""
             recent = runner.policy_avg_stats.get("true_objective", {})
-            if policy_id == 0 and recent and len(recent[0]):
-                self.curve.append({"env_steps": int(runner.env_steps[0]), "return": float(np.mean(recent[0]))})
+            steps = int(runner.env_steps[0])
+            if policy_id == 0 and recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
+                self.curve.append({"env_steps": steps, "return": float(np.mean(recent[0]))})
 
         def on_stop(self, runner) -> None:
             atomic_write_json(curve_path, getattr(self, "curve", []))
