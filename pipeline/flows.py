@@ -39,7 +39,9 @@ def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
         found = set()
         for d in deps:
             for out, owner in outs.items():
-                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")):
+                # a dep inside an out (data/x/model in data/x), or a directory holding outs (metrics/stages)
+                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")
+                                      or out.startswith(d.rstrip("/") + "/")):
                     found.add(owner)
         return found
 

@@ -96,3 +96,12 @@ def test_dataset_cards_explain_every_column(tmp_path):
     for f in EPISODE_SCHEMA:
         assert f"| `{f.name}` | " in text and f" | {COLUMNS[f.name]} |" in text
     assert "plain-text JSON" in text and "LOWER is better" in text  # secret; score vs reward
+
+
+def test_report_runs_after_every_stage_in_the_prefect_pipeline():
+    """The report depends on the metrics/stages directory every stage writes into: last in dag order."""
+    from pipeline.flows import dag_order
+    from pipeline.stage import STAGES
+
+    order = dag_order(REPO / "dvc.yaml")
+    assert order[-1] == "report" and set(order[:-1]) == set(STAGES)
