@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect reads its settings
+# The ephemeral API (no PREFECT_API_URL) gets 20 s to start by default; on a loaded 2-core machine it needs more.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
