@@ -7,7 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
-    curio report                          metrics/TRACK.json summaries + data/report.html (one offline page)
+    curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow ru
 @app.command()
 def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
            out: Annotated[str | None, typer.Option(help="HTML file (default: DATA_DIR/report.html)")] = None) -> None:
-    """Write the track summaries (metrics/TRACK.json) and one self-contained HTML page of the run; print its path."""
+    """Write the track summaries (metrics/TRACK_SECTION.json) and one self-contained HTML page of the run; print its path."""
     from pathlib import Path
 
     from pipeline.report import write_report

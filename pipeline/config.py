@@ -499,7 +499,7 @@ class Params(Section):
         return Path(self.data_dir).joinpath(*parts)
 
     def metrics_path(self, *parts: str) -> Path:
-        """Under the git-tracked metrics root: ``stages/NAME.json`` per stage, ``TRACK.json`` summaries."""
+        """Under the git-tracked metrics root: ``stages/NAME.json`` per stage, ``TRACK_SECTION.json`` summaries."""
         root = Path(self.metrics_dir) if self.metrics_dir else Path(self.data_dir).parent / "metrics"
         return root.joinpath(*parts)
 

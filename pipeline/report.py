@@ -1,4 +1,4 @@
-"""Track summaries (``metrics/TRACK.json``, what ``dvc metrics show`` prints) and the one-page HTML report.
+"""Track summaries (``metrics/TRACK_SECTION.json``, what ``dvc metrics show`` prints) and the one-page HTML report.
 
 The layout every stage follows (a new stage fits by doing the same):
 
@@ -7,8 +7,9 @@ The layout every stage follows (a new stage fits by doing the same):
   experiment can read it;
 - ``metrics/plots/…``: the stage's plot data, git-tracked too, drawn by the top-level ``plots:`` of dvc.yaml
   (``dvc plots show`` / ``dvc plots diff``), which this report reads as well;
-- ``HEADLINES`` below: the few numbers of a stage that belong in its track's summary ``metrics/TRACK.json``,
-  the only files dvc.yaml declares as ``metrics``.
+- ``HEADLINES`` below: the few numbers of a stage that belong in its track's summary
+  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{policy: held-out success}``), the only files
+  dvc.yaml declares as ``metrics``.
 
 ``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
 learning curves, evaluation bars with standard errors, the NetHack comparison and the LLM ledger, with every
@@ -55,14 +56,16 @@ def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str
 
 
 def write_summaries(metrics_root: Path, stages: dict[str, dict[str, Any]]) -> list[Path]:
-    """``metrics/TRACK.json`` for every track in HEADLINES (empty ``{}`` for one that has not run yet, so the
-    files DVC declares always exist)."""
+    """``metrics/TRACK_SECTION.json`` = ``{policy: value}`` for every HEADLINES line (``{}`` for one that has not
+    run yet, so the files DVC declares always exist). Flat files whose rows share policy-named columns keep
+    ``dvc metrics show`` narrow: the file name says what the number is."""
     found = summaries(stages)
     written = []
-    for track in HEADLINES:
-        path = metrics_root / f"{track}.json"
-        atomic_write_json(path, found.get(track, {}))
-        written.append(path)
+    for track, rules in HEADLINES.items():
+        for _, _, section in rules:
+            path = metrics_root / f"{track}_{section}.json"
+            atomic_write_json(path, found.get(track, {}).get(section, {}))
+            written.append(path)
     return written
 
 

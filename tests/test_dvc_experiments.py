@@ -54,8 +54,8 @@ def test_exp_show_has_the_metrics_of_baseline_and_experiment(tmp_path):
     named = next(e for e in exps if e.get("name") == "more-tasks")
     for row, episodes in ((baseline, 2), (named, 4)):
         metrics = _metrics(row)
-        assert set(metrics) == {"metrics/text.json", "metrics/nethack.json"}  # the summaries, nothing else
-        assert 0.0 <= metrics["metrics/text.json"]["success"]["base"] <= 1.0
+        assert set(metrics) == {"metrics/text_success.json", "metrics/nethack_return.json"}  # summaries only
+        assert 0.0 <= metrics["metrics/text_success.json"]["base"] <= 1.0
         assert row["data"]["params"]["params.yaml"]["data"]["games"]["max_eval_tasks"] == episodes
     # The per-stage details travel with the experiment too: `dvc exp diff` reads them from its commit.
     diff = json.loads(_run(["dvc", "exp", "diff", "--json", "--all", "HEAD", "more-tasks"], project))
