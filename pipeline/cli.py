@@ -133,7 +133,8 @@ def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow ru
 @app.command()
 def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
            out: Annotated[str | None, typer.Option(help="HTML file (default: DATA_DIR/report.html)")] = None) -> None:
-    """Write the track summaries (metrics/TRACK_SECTION.json) and one self-contained HTML page of the run; print its path."""
+    """Write the track summaries (metrics/TRACK_SECTION.json) and one self-contained HTML page of the run; print its
+    path."""
     from pathlib import Path
 
     from pipeline.report import write_report
