@@ -226,7 +226,7 @@ def test_archer_resumes_after_sigkill_as_if_never_killed(trained, tmp_path):
     init = load_file(str(trained / "data" / "train_policy" / "dpo" / "model.safetensors"))
     assert any(not torch.equal(straight_policy[k], init[k]) for k in init if k in straight_policy), \
         "the actor steps after the warm-up round changed no weight"
-    metrics = json.loads((out.parent / "metrics" / "rl-text.json").read_text())
+    metrics = json.loads((out.parent.parent / "metrics" / "stages" / "rl-text.json").read_text())
     assert metrics["rl/transitions"] > 0 and "rl/actor_loss" in metrics
-    history = json.loads((out.parent / "plots" / "rl_rounds.json").read_text())
+    history = json.loads((out.parent.parent / "metrics" / "plots" / "rl_rounds.json").read_text())
     assert [h["episodes"] for h in history] == [8, 16]  # environment samples so far: 4 tasks x 2 per round
