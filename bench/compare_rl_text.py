@@ -97,14 +97,14 @@ def main() -> None:
             for name in ("bootstrap", "train_policy"):
                 if not (data / name).exists():
                     os.symlink(proj / "data" / name, data / name)
-            sets = [f"data_dir={data}", f"rl_text.algorithm={alg}", *cfg]
+            sets = [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={alg}", *cfg]
             curio(proj, ["stage", "rl-text", *[x for s in sets for x in ("-S", s)]])
             val = evaluate(proj, data, "val", args.val_k, args.temperature)["all"]
             runs.append({"config": cfg, "data": str(data), "val": val})
             print(f"{alg} {cfg}: val success {val['success_rate']:.3f} ± {val['se']:.3f}", flush=True)
         best = max(runs, key=lambda r: (r["val"]["success_rate"], -r["val"]["mean_turns"]))
         best["eval"] = evaluate(proj, Path(best["data"]), "eval", args.eval_k, args.temperature)
-        best["history"] = json.loads((Path(best["data"]) / "plots" / "rl_rounds.json").read_text())
+        best["history"] = json.loads((Path(best["data"]) / "metrics" / "plots" / "rl_rounds.json").read_text())
         results[alg] = {"chosen": best, "grid": runs}
         write(proj, results, args)
 

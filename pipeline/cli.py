@@ -7,6 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
+    curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
 
 Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
 rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
@@ -80,10 +81,16 @@ def _load(params: str, overrides: list[str] | None):
         fail(str(e))
 
 
-@app.command()
+def _stage_names() -> str:
+    from pipeline.stage import STAGES
+
+    return ", ".join(STAGES)
+
+
+@app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")
 @boundary
-def stage(name: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    """Run one stage of the DAG."""
+def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
+          params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     from pipeline.stage import STAGES, execute
 
     if name not in STAGES:
@@ -156,6 +163,20 @@ def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow ru
     serve_flows(limit=limit)
 
 
+@app.command()
+@boundary
+def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
+           out: Annotated[str | None, typer.Option(help="HTML file (default: DATA_DIR/report.html)")] = None) -> None:
+    """Write the track summaries (metrics/TRACK_SECTION.json) and one self-contained HTML page of the run; print its
+    path."""
+    from pathlib import Path
+
+    from pipeline.report import write_report
+
+    p = _load(params, set_)
+    typer.echo(write_report(p, out=Path(out) if out else None).resolve())
+
+
 @app.command("params")
 @boundary
 def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
@@ -165,16 +186,18 @@ def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
 
 @llm_app.command("check")
 @boundary
-def llm_check(role: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    """Send one request with the backend configured for ROLE; print the answer and its latency."""
+def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, judge, annotator, or a dotted params "
+                                                    "key naming an LLM config (e.g. pairs_text.judge)")],
+              params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Send one request with the backend configured for ROLE (one attempt, short timeout); print the answer and its
+    latency, or one line saying why it failed (exit 3: the server is unavailable)."""
     from pipeline.llm.check import CheckFailed, check_role
 
     p = _load(params, set_)
     try:
         typer.echo(check_role(p, role))
     except CheckFailed as e:
-        typer.echo(str(e))
-        raise typer.Exit(1) from None
+        fail(str(e), code=3)
     except (KeyError, ValueError) as e:
         fail(str(e).splitlines()[0])
 

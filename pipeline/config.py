@@ -97,6 +97,8 @@ class PolicyConfig(Section):
 class TrackingConfig(Section):
     experiment: str = Field("curio", description="MLflow experiment name")
     enabled: bool = Field(True, description="log every stage to MLflow")
+    artifact_root: str = Field("mlartifacts", description="artifact directory of the default SQLite store, relative "
+                               "to the checkout a command runs in (a copy never writes into another clone)")
 
 
 # -- text track --------------------------------------------------------------------------------------------
@@ -534,6 +536,8 @@ class EvaluateNetHackConfig(Section):
 class Params(Section):
     seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
     data_dir: str = Field("data", description="root of stage outputs (relative to the repo)")
+    metrics_dir: str | None = Field(None, description="git-tracked metrics and plots (null: `metrics` beside "
+                                    "data_dir, i.e. the repo's metrics/ for the default data_dir)")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     games: GamesConfig = Field(default_factory=GamesConfig)
@@ -568,6 +572,15 @@ class Params(Section):
 
     def data_path(self, *parts: str) -> Path:
         return Path(self.data_dir).joinpath(*parts)
+
+    def metrics_path(self, *parts: str) -> Path:
+        """Under the git-tracked metrics root: ``stages/NAME.json`` per stage, ``TRACK_SECTION.json`` summaries."""
+        root = Path(self.metrics_dir) if self.metrics_dir else Path(self.data_dir).parent / "metrics"
+        return root.joinpath(*parts)
+
+    def plots_path(self, *parts: str) -> Path:
+        """Under the git-tracked plots directory (``dvc plots show`` / ``dvc plots diff`` read it)."""
+        return self.metrics_path("plots", *parts)
 
 
 def _get_dotted(d: dict, key: str) -> Any:

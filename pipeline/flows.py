@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect reads its settings
+# The ephemeral API (no PREFECT_API_URL) gets 20 s to start by default; on a loaded 2-core machine it needs more.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
@@ -40,7 +42,9 @@ def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
         found = set()
         for d in deps:
             for out, owner in outs.items():
-                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")):
+                # a dep inside an out (data/x/model in data/x), or a directory holding outs (metrics/stages)
+                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")
+                                      or out.startswith(d.rstrip("/") + "/")):
                     found.add(owner)
         return found
 
@@ -89,37 +93,79 @@ def _stage_flow(stage: str):
 STAGE_FLOWS = {name: _stage_flow(name) for name in STAGES}
 
 
+@flow(name="report", log_prints=True)
+def report_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> str:
+    """The last node of dvc.yaml: track summaries and the HTML report (``curio report``)."""
+    from pipeline.report import write_report
+
+    return str(write_report(_params(params_file, overrides)).resolve())
+
+
+def _publish(summary: dict[str, str], params: Params) -> None:
+    """Prefect artifacts of a pipeline run: what ran, the headline numbers, a link to the report."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    from pipeline.report import stage_metrics, summaries
+
+    lines = ["| stage | status |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary.items())]
+    for track, sections in summaries(stage_metrics(params.metrics_path())).items():
+        for name, values in sections.items():
+            lines += ["", f"**{track}: {name}**", "", "| policy | value |", "|---|---|",
+                      *(f"| {p} | {v:.4g} |" for p, v in values.items())]
+    create_markdown_artifact("\n".join(lines), key="pipeline-summary", description="stages run and headline numbers")
+    report = params.data_path("report.html").resolve()
+    if report.exists():
+        create_link_artifact(report.as_uri(), link_text=f"report ({report})", key="pipeline-report",
+                             description="one self-contained HTML page of the run")
+
+
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None,
-                  force: bool = False) -> dict[str, str]:
-    """Run the DAG in dvc.yaml order; stages DVC considers current are skipped; each run is `dvc commit`ted."""
+                  force: bool = False, stages: list[str] | None = None) -> dict[str, str]:
+    """Run the DAG in dvc.yaml order (or only ``stages``), each stage a named subflow run.
+
+    Without overrides it is ``dvc repro``: stages DVC considers current are skipped and each one run is
+    ``dvc commit``ted, so ``dvc.lock`` stays consistent. Overrides never touch params.yaml (a DVC experiment is
+    ``dvc exp run -S``): an overridden run writes its own outputs, data and metrics, to
+    ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look.
+    """
+    from prefect.runtime import flow_run
+
     logger = get_run_logger()
     params = _params(params_file, overrides)  # validate before anything runs
-    if overrides:
-        # Overrides must land in params.yaml for dvc.lock to describe what ran (as `dvc exp run -S` does).
-        raw = yaml.safe_load(Path(params_file).read_text())
-        from pipeline.config import _set_dotted
-
-        for k, v in overrides.items():
-            _set_dotted(raw, k, v)
-        atomic_write_bytes(Path(params_file), yaml.safe_dump(raw, sort_keys=False).encode())
+    order = dag_order()
+    unknown = sorted(set(stages or []) - set(order))
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; known: {', '.join(order)}")
+    tracked = not overrides
+    if not tracked:
+        root = Path(params.data_dir) / "prefect" / (flow_run.get_name() or "run")
+        overrides = {**overrides, "data_dir": str(root / "data"), "metrics_dir": str(root / "metrics")}
+        params = _params(params_file, overrides)
+        logger.info("overrides: outputs go to %s (params.yaml and dvc.lock untouched)", root)
     summary: dict[str, str] = {}
-    with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled):
-        for name in dag_order():
-            if not force and stage_is_current(name):
+    with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
+                      artifact_root=params.tracking.artifact_root):
+        for name in order:
+            if stages and name not in stages:
+                continue
+            if tracked and not force and stage_is_current(name):
                 logger.info("%s: up to date", name)
                 summary[name] = "up to date"
                 continue
             logger.info("%s: running", name)
-            STAGE_FLOWS[name](params_file=params_file)
-            res = _dvc("commit", "--force", name)
-            if res.returncode != 0:
-                raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
+            sub = report_flow if name == "report" else STAGE_FLOWS[name]
+            sub.with_options(flow_run_name=f"{name} seed={params.seed}")(params_file=params_file, overrides=overrides)
+            if tracked:
+                res = _dvc("commit", "--force", name)
+                if res.returncode != 0:
+                    raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
             summary[name] = "ran"
+    _publish(summary, params)
     return summary
 
 
-@task
+@task(task_run_name="evaluate {checkpoint} {split} seed={seed}")
 def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float,
                    groups: list[str], overrides: dict[str, Any] | None = None) -> list[dict]:
     """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all."""
@@ -245,9 +291,21 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     pq.write_table(pa.Table.from_pylist(rows), out / "results.parquet")
     atomic_write_bytes(out / "results.md", results_markdown(rows).encode())
     atomic_write_json(out / "results.json", rows)
-    plot_sweep(rows, out)
+    plots = plot_sweep(rows, out)
     print(results_markdown(rows))
+    _publish_sweep(rows, out, plots)
     return rows
+
+
+def _publish_sweep(rows: list[dict], out: Path, plots: list[Path]) -> None:
+    """The sweep as Prefect artifacts: a table (mean ± std over seeds) and the markdown with links to the files."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    table = [{k: round(v, 4) if isinstance(v, float) else v for k, v in a.items()} for a in aggregate_over_seeds(rows)]
+    create_table_artifact(table, key="eval-sweep-table", description="mean and std over seeds per cell")
+    links = "\n".join(f"- [{p.name}]({p.resolve().as_uri()})" for p in [*plots, out / "results.parquet"])
+    create_markdown_artifact(results_markdown(rows) + "\nFiles:\n\n" + links + "\n", key="eval-sweep-results",
+                             description=f"results in {out.resolve()}")
 
 
 def serve(limit: int | None = None) -> None:

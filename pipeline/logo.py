@@ -45,6 +45,7 @@ def logo_params(params: Params, group: str, pool: list[str] | None = None, data_
     _set_dotted(raw, "games.groups", train)
     _set_dotted(raw, "games.eval_groups", [group])
     _set_dotted(raw, "data_dir", str(Path(data_root or params.data_dir) / f"logo_{group}"))
+    _set_dotted(raw, "metrics_dir", str(Path(data_root or params.data_dir) / f"logo_{group}" / "metrics"))
     _set_dotted(raw, "tracking.experiment", f"{params.tracking.experiment}-logo-{group}")
     return Params.model_validate(raw)
 
@@ -82,7 +83,7 @@ def logo_rows(params: Params, group: str) -> list[dict]:
     """Per policy: held-out success rate and mean turns on ``group``, from evaluate-text's metrics."""
     import json
 
-    path = params.data_path("metrics", f"{TARGET}.json")
+    path = params.metrics_path("stages", f"{TARGET}.json")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no evaluation yet (run `curio logo {group}` without --report-only)")
     metrics = json.loads(path.read_text())

@@ -15,7 +15,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"curio: {e}", file=sys.stderr)
         return 2
-    with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled):
+    with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
+                      artifact_root=params.tracking.artifact_root):
         return subprocess.call(["dvc", "repro", *argv])
 
 

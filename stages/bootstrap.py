@@ -2,7 +2,7 @@
 pre-trained on *noisy* scripted play, so the base policy is weak but not hopeless.
 
 Inputs: the game modules. Outputs: ``data/bootstrap/model`` (save_pretrained, safetensors),
-``data/bootstrap/scripted`` (the scripted episodes, chunked Parquet), ``data/plots/bootstrap_loss.json``.
+``data/bootstrap/scripted`` (the scripted episodes, chunked Parquet), ``metrics/plots/bootstrap_loss.json``.
 Skipped (an empty model dir with a note) when ``policy.model`` names any HF model.
 
 The scripted player sees every secret of the knowledge base, train and held-out alike, and every group the
@@ -92,8 +92,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         tracker=ctx.tracker, prefix="bootstrap",
     )
     tiny.save(model, tokenizer, model_dir)
-    atomic_write_json(params.data_path("plots", "bootstrap_loss.json"), history)
-    ctx.tracker.log_artifact(model_dir, "model")
+    atomic_write_json(params.plots_path("bootstrap_loss.json"), history)
     return StageResult(
         metrics={
             "episodes": len(conversations),

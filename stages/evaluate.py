@@ -3,9 +3,9 @@
 Each policy plays every held-out task × k trajectories (one Parquet part per policy, so a kill loses at most
 one policy's evaluation). The groups played are ``games.eval_groups`` (null = ``games.groups``), so a run
 that trains on some groups can be evaluated on a held-out one (``curio logo GROUP``). Metrics
-``data/metrics/evaluate-text.json`` (``dvc metrics show``): ``POLICY/success_rate``, ``POLICY/mean_turns``, … and
-per group ``POLICY/GROUP/success_rate``, ``POLICY/GROUP/mean_turns``; plot data ``data/plots/eval.json``, a bar
-chart ``data/plots/eval.png`` and, with more than one group, per-group bars ``data/plots/eval_groups.png``.
+``metrics/stages/evaluate-text.json`` (``dvc metrics show``): ``POLICY/success_rate``, ``POLICY/mean_turns``, … and
+per group ``POLICY/GROUP/success_rate``, ``POLICY/GROUP/mean_turns``; plot data ``metrics/plots/eval.json``, a bar
+chart ``metrics/plots/eval.png`` and, with more than one group, per-group bars ``metrics/plots/eval_groups.png``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     groups = eval_groups(params)
     results = {p: summarize([r for r in rows if r["policy"] == p]) for p in policies}
     per_group = group_summaries(rows, policies, groups)
-    plots = params.data_path("plots")
+    plots = params.plots_path()
     atomic_write_json(plots / "eval.json", [{"policy": p, "success_rate": results[p]["success_rate"],
                                             "mean_turns": results[p]["mean_turns"]} for p in policies])
     plot_bars(results, plots / "eval.png")

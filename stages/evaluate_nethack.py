@@ -7,7 +7,7 @@ on ``parallel_envs`` envs at once (one batched network call per step) and sample
 torch RNG, so the numbers are reproducible.
 
 Output: ``data/evaluate_nethack`` — chunked Parquet, one row per episode, one part per policy (resumable);
-``data/plots/evaluate-nethack.csv`` (means per policy, for ``dvc plots``) and ``data/plots/evaluate-nethack.png``.
+``metrics/plots/evaluate-nethack.csv`` (means per policy, for ``dvc plots``) and ``metrics/plots/evaluate-nethack.png``.
 
     curio stage evaluate-nethack -S evaluate_nethack.episodes=32
 """
@@ -125,7 +125,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         desc="evaluate-nethack policies",
     )
     summary = summarize(read_table(out).to_pylist(), policies)
-    plots = params.data_path("plots")
+    plots = params.plots_path()
     plots.mkdir(parents=True, exist_ok=True)
     with open(plots / f"{NAME}.csv", "w", newline="") as f:
         writer = csv.writer(f)

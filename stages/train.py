@@ -63,7 +63,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
         )
-        atomic_write_json(params.data_path("plots", "sft_loss.json"), history)
+        atomic_write_json(params.plots_path("sft_loss.json"), history)
         finish(model, tokenizer, sft_dir, ckpt, sft_key)
         metrics["sft/trajectories"] = len(conversations)
         metrics["sft/resumed_from_step"] = resumed
@@ -83,11 +83,10 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             label_smoothing=cfg.dpo.label_smoothing, warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, lora=cfg.lora,
         )
-        atomic_write_json(params.data_path("plots", "dpo_loss.json"), history)
+        atomic_write_json(params.plots_path("dpo_loss.json"), history)
         finish(model, tokenizer, dpo_dir, ckpt, dpo_key)
         metrics["dpo/pairs"] = len(pairs)
         metrics["dpo/resumed_from_step"] = resumed
         metrics["dpo/final_loss"] = history[-1]["loss"] if history else float("nan")
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    ctx.tracker.log_artifact(dpo_dir, "model_dpo")
     return StageResult(metrics=metrics, outputs=[str(sft_dir), str(dpo_dir)])

@@ -9,7 +9,7 @@ Output: ``data/reward_model`` — ``model.safetensors`` + ``config.json``; ``sta
 the raw reward over the training captions (weighted by how often they occur) and the quantiles 0.00…1.00 of
 the normalised reward over distinct training captions; ``message_rewards.json``: the normalised reward of every
 caption seen, which RL workers load instead of re-running the network. Learning curve:
-``data/plots/train-reward.csv``.
+``metrics/plots/train-reward.csv``.
 
     curio stage train-reward -S train_reward.epochs=10
 """
@@ -138,7 +138,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     normalised = stats.normalize(raw)
     atomic_write_json(out / TABLE, {c: float(v) for c, v in zip(captions, normalised, strict=True)})
 
-    plots = params.data_path("plots")
+    plots = params.plots_path()
     plots.mkdir(parents=True, exist_ok=True)
     with open(plots / f"{NAME}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(curve[0]))

@@ -27,7 +27,8 @@ SCRIPTED = [
 
 
 def params_in(data_dir: Path, *extra: str):
-    return load_params(REPO / "params.yaml", [*SCRIPTED, f"data_dir={data_dir}", *extra])
+    return load_params(REPO / "params.yaml",
+                       [*SCRIPTED, f"data_dir={data_dir}", f"metrics_dir={data_dir}/metrics", *extra])
 
 
 def write_params(path: Path, overrides: list[str]) -> Path:
@@ -51,9 +52,9 @@ def test_evaluate_text_reports_success_and_turns_per_group(tmp_path):
         assert metrics[f"base/{g}/mean_turns"] == mine["mean_turns"]
     assert metrics["base/episodes"] == 12
     assert metrics["base/success_rate"] == summarize(rows)["success_rate"]
-    on_disk = json.loads((tmp_path / "metrics" / "evaluate-text.json").read_text())
+    on_disk = json.loads((tmp_path / "metrics" / "stages" / "evaluate-text.json").read_text())
     assert on_disk["base/wordle/success_rate"] == metrics["base/wordle/success_rate"]
-    plots = tmp_path / "plots"
+    plots = tmp_path / "metrics" / "plots"
     assert (plots / "eval.png").stat().st_size > 1000
     assert (plots / "eval_groups.png").stat().st_size > 1000  # two groups: per-group bars
 

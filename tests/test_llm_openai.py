@@ -273,3 +273,26 @@ def test_api_key_absent_from_a_real_mlflow_run(server, key, cache_dir, tmp_path,
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert SENTINEL.encode() not in path.read_bytes(), path
+
+
+def test_llm_check_fails_fast_on_a_dead_server_with_one_line(tmp_path):
+    """One attempt (no retries), one line on stderr naming the URL, exit 1; the policy is a role too."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "llm", "check", "judge",
+                          "-S", "annotate_text.judge.backend=openai", "-S", "annotate_text.judge.model=m",
+                          "-S", f"annotate_text.judge.base_url=http://127.0.0.1:{port}/v1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("curio: llm check judge: error: connection") and f"127.0.0.1:{port}" in line
+    assert "1 attempt" in line
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "llm", "check", "policy", "-S",
+                          "policy.backend=scripted", "-S", "policy.model=scripted:0.3"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "scripted" in res.stdout

@@ -288,7 +288,7 @@ def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_
     assert [step for step, _ in tracker.logged] == [1024, 2048]
     assert tracker.logged[0][1]["cls/oni_pending"] == 30 and tracker.logged[1][1]["cls/oni_heldout_accuracy"] == 0.75
     assert metrics["cls/oni_pending"] == 22 and metrics["cls/oni_labels"] == 16
-    plots = sorted((p.data_path("plots") / "rl-nethack-oni").iterdir())
+    plots = sorted(p.plots_path("rl-nethack-oni").iterdir())
     assert [x.name for x in plots] == ["cls.csv"]  # extrinsic-only variants have no annotation to plot
     rows = list(csv.DictReader(open(plots[0])))
     assert [(r["env_steps"], r["pending"]) for r in rows] == [("1024", "30.0"), ("2048", "22.0")]

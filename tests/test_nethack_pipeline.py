@@ -19,11 +19,11 @@ def test_default_nethack_track_end_to_end(tmp_path):
         start = time.time()
         curio(["stage", name], cwd=project, timeout=900)
         seconds[name] = time.time() - start
-    metrics = {n: json.loads((project / "data" / "metrics" / f"{n}.json").read_text()) for n in STAGES}
+    metrics = {n: json.loads((project / "metrics" / "stages" / f"{n}.json").read_text()) for n in STAGES}
     assert metrics["train-reward"]["val_agreement"] >= 0.85
     for policy in ("random", "motif", "extrinsic", "intrinsic"):
         assert metrics["evaluate-nethack"][f"{policy}/episodes"] == 16
-    assert (project / "data" / "plots" / "evaluate-nethack.png").exists()
+    assert (project / "metrics" / "plots" / "evaluate-nethack.png").exists()
     assert sum(seconds.values()) < 600, seconds
 
     # A second run finds everything done: rollouts and annotations are kept, agents are not retrained.
@@ -31,5 +31,5 @@ def test_default_nethack_track_end_to_end(tmp_path):
     for name in ("rollout-nethack", "annotate-nethack", "rl-nethack"):
         curio(["stage", name], cwd=project, timeout=300)
     assert time.time() - start < 60
-    rl = json.loads((project / "data" / "metrics" / "rl-nethack.json").read_text())
+    rl = json.loads((project / "metrics" / "stages" / "rl-nethack.json").read_text())
     assert rl["motif/env_steps"] == metrics["rl-nethack"]["motif/env_steps"]

@@ -115,7 +115,7 @@ def test_embedding_annotator_is_the_default(chain):
             assert (r["label"], r["raw"]) == ("TIE", "")  # no call for identical captions
         else:
             assert r["raw"].startswith("similarity")
-    metrics = json.loads((chain.data_path("metrics") / "annotate-nethack.json").read_text())
+    metrics = json.loads((chain.metrics_path("stages") / "annotate-nethack.json").read_text())
     assert metrics["labels/unknown"] == 0 and metrics["pairs"] == 600
 
 
@@ -221,7 +221,7 @@ def test_pairs_drop_unknown_and_keep_ties_as_half(tmp_path):
 
 
 def test_reward_model_agrees_with_the_annotator_on_held_out_pairs(chain):
-    metrics = json.loads((chain.data_path("metrics") / "train-reward.json").read_text())
+    metrics = json.loads((chain.metrics_path("stages") / "train-reward.json").read_text())
     assert metrics["val_pairs"] > 50
     assert metrics["val_agreement"] >= 0.8  # tiny data here; the default pipeline reports ~0.99
     out = chain.data_path("reward_model")
@@ -230,7 +230,7 @@ def test_reward_model_agrees_with_the_annotator_on_held_out_pairs(chain):
     table = json.loads((out / "message_rewards.json").read_text())
     pairs = read_table(chain.data_path("pairs_nethack"))
     assert set(table) == set(pairs["caption_first"].to_pylist()) | set(pairs["caption_second"].to_pylist())
-    assert (chain.data_path("plots") / "train-reward.csv").exists()
+    assert (chain.plots_path() / "train-reward.csv").exists()
 
 
 def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewards(chain):
@@ -256,12 +256,12 @@ def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewa
 
     # Evaluate the trained agent next to a random one (same seeds); then check the stage's outputs.
     execute("evaluate-nethack", longer)
-    metrics = json.loads((chain.data_path("metrics") / "evaluate-nethack.json").read_text())
+    metrics = json.loads((chain.metrics_path("stages") / "evaluate-nethack.json").read_text())
     for policy in ("random", "motif"):
         assert metrics[f"{policy}/episodes"] == 2
         assert metrics[f"{policy}/length"] <= 150
         assert metrics[f"{policy}/depth"] >= 1
-    assert (chain.data_path("plots") / "evaluate-nethack.png").stat().st_size > 1000
+    assert (chain.plots_path() / "evaluate-nethack.png").stat().st_size > 1000
     episodes = pq.read_table(chain.data_path("evaluate_nethack", "part-00000.parquet")).to_pylist()
     assert [e["policy"] for e in episodes] == ["random", "random"]
 

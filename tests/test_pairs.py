@@ -354,7 +354,7 @@ def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
         execute(stage, params)
     out = data / "pairs_text" / "preferences"
     pairs = read_rows(out)
-    metrics = json.loads((data / "metrics" / "pairs-text.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "stages" / "pairs-text.json").read_text())
     assert metrics["strategy"] == "multiturn" and metrics["pairs"] == len(pairs) > 0
     assert read_manifest(out)["num_parts"] == 2  # 3 tasks, 2 per chunk
     for p in pairs:

@@ -53,13 +53,13 @@ def test_every_stage_produces_its_outputs(trained):
     assert all(r["conversation"][0]["role"] == "system" for r in rows)
     pairs = read_rows(trained / "data" / "reflogprobs")
     assert pairs and all(p["ref_chosen_logps"] < 0 and p["ref_rejected_logps"] < 0 for p in pairs)
-    metrics = json.loads((trained / "data" / "metrics" / "evaluate-text.json").read_text())
+    metrics = json.loads((trained / "metrics" / "stages" / "evaluate-text.json").read_text())
     for policy in ("base", "sft", "dpo", "rl"):
         assert 0.0 <= metrics[f"{policy}/success_rate"] <= 1.0
         assert metrics[f"{policy}/episodes"] == 6
     evaluated = read_rows(trained / "data" / "evaluate_text")
     assert {r["split"] for r in evaluated} == {"eval"}
-    assert (trained / "data" / "plots" / "eval.png").stat().st_size > 1000
+    assert (trained / "metrics" / "plots" / "eval.png").stat().st_size > 1000
     assert (trained / "data" / "train_policy" / "dpo" / "model.safetensors").exists()
 
 
@@ -95,7 +95,7 @@ def test_training_resumes_from_checkpoint(trained, tmp_path):
         (p / "trainer_state.json").exists() for p in ckpt.glob("checkpoint-*"))
     assert kill_when(proc, has_ckpt), "SFT finished before a checkpoint could be killed"
     curio(["stage", "train-policy"], proj)
-    metrics = json.loads((proj / "data" / "metrics" / "train-policy.json").read_text())
+    metrics = json.loads((proj / "metrics" / "stages" / "train-policy.json").read_text())
     assert metrics["sft/resumed_from_step"] >= 2
 
 
@@ -226,7 +226,7 @@ def test_archer_resumes_after_sigkill_as_if_never_killed(trained, tmp_path):
     init = load_file(str(trained / "data" / "train_policy" / "dpo" / "model.safetensors"))
     assert any(not torch.equal(straight_policy[k], init[k]) for k in init if k in straight_policy), \
         "the actor steps after the warm-up round changed no weight"
-    metrics = json.loads((out.parent / "metrics" / "rl-text.json").read_text())
+    metrics = json.loads((out.parent.parent / "metrics" / "stages" / "rl-text.json").read_text())
     assert metrics["rl/transitions"] > 0 and "rl/actor_loss" in metrics
-    history = json.loads((out.parent / "plots" / "rl_rounds.json").read_text())
+    history = json.loads((out.parent.parent / "metrics" / "plots" / "rl_rounds.json").read_text())
     assert [h["episodes"] for h in history] == [8, 16]  # environment samples so far: 4 tasks x 2 per round

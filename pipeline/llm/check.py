@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from pipeline.config import LLMConfig, Params
 
-# Short names for the roles the stages use; any dotted params key naming an LLMConfig works too.
+# Short names for the roles the stages use (README: policy, environment, judge, annotator); any dotted params key
+# naming an LLMConfig works too.
 ROLE_KEYS = {
     "judge": "annotate_text.judge",
     "environment": "rollout_text.environment",
+    "annotator": "annotate_nethack.annotator",
 }
+POLICY = "policy"  # not an LLMConfig: the trained policy, served by its backend (policy.backend)
 CHECK_PROMPT = "Reply with the single word: ready"
+CHECK_TIMEOUT_S = 10.0  # a check fails fast: one attempt, a short timeout
 
 
 class CheckFailed(RuntimeError):
@@ -40,9 +46,16 @@ def llm_roles(params: Params) -> dict[str, LLMConfig]:
 def resolve_role(params: Params, role: str) -> tuple[str, LLMConfig]:
     """(dotted key, config) of a role name or dotted key; ValueError listing the known ones otherwise."""
     roles = llm_roles(params)
+    if role == POLICY:
+        from pipeline.policies import policy_path
+
+        path = policy_path(params, "base")
+        if params.policy.backend == "hf" and not Path(path).exists():
+            raise ValueError(f"llm: policy: no model at {path} (run the bootstrap stage, or set policy.model)")
+        return "policy", LLMConfig(backend=params.policy.backend, model=path, device=params.policy.device)
     key = ROLE_KEYS.get(role, role)
     if key not in roles:
-        known = sorted({*ROLE_KEYS, *roles})
+        known = sorted({*ROLE_KEYS, POLICY, *roles})
         raise ValueError(f"llm: no LLM role {role!r} in params (known: {', '.join(known)})")
     return key, roles[key]
 
@@ -55,6 +68,8 @@ def check_role(params: Params, role: str) -> str:
     from pipeline.llm import make_backend, sampling_from_config
     from pipeline.llm.embedding import EmbeddingBackend
 
+    if role == POLICY and params.policy.backend == "scripted":
+        return f"role: policy\nbackend: scripted ({params.policy.model}): the games' scripted players; no LLM request"
     key, cfg = resolve_role(params, role)
     lines = [f"role: {role} ({key})", f"backend: {cfg.backend}  model: {cfg.model or '(default)'}"]
     if cfg.backend == "openai":
@@ -68,9 +83,11 @@ def check_role(params: Params, role: str) -> str:
 
     start = time.monotonic()
     try:
-        backend = make_backend(cfg.model_copy(update={"cache": False}), role=role)
-    except Exception as e:  # noqa: BLE001 - reported, not raised raw: the CLI prints one clear block
-        raise CheckFailed("\n".join([*lines, f"error: could not create the backend: {e}"])) from None
+        backend = make_backend(cfg.model_copy(update={
+            "cache": False, "max_retries": 0, "timeout_s": min(cfg.timeout_s, CHECK_TIMEOUT_S)}), role=role)
+    except Exception as e:  # noqa: BLE001 - reported, not raised raw: the CLI prints one clear line
+        raise CheckFailed(f"llm check {role}: error: could not create the {cfg.backend} backend: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     lines.append(f"backend ready in {time.monotonic() - start:.3f} s")
     start = time.monotonic()
     try:
@@ -83,11 +100,18 @@ def check_role(params: Params, role: str) -> str:
             ]
             return "\n".join(lines)
         sampling = sampling_from_config(cfg, max_tokens=min(cfg.max_tokens, 32))
-        [g] = backend.generate([[{"role": "user", "content": CHECK_PROMPT}]], sampling)
+        quiet = logging.getLogger("pipeline.llm.openai_backend")  # its failure warning would repeat our one line
+        level, quiet.level = quiet.level, logging.ERROR
+        try:
+            [g] = backend.generate([[{"role": "user", "content": CHECK_PROMPT}]], sampling)
+        finally:
+            quiet.setLevel(level)
         elapsed = time.monotonic() - start
         lines.append(f"1 request in {elapsed:.3f} s (retries: {g.meta.get('retries', 0)})")
         if g.error is not None:
-            raise CheckFailed("\n".join([*lines, f"error: {g.error}"]))
+            where = f" at {cfg.base_url}" if cfg.base_url else ""
+            raise CheckFailed(f"llm check {role}: error: {g.error} ({cfg.backend}{where}; 1 attempt, "
+                              f"{elapsed:.2f} s, timeout {min(cfg.timeout_s, CHECK_TIMEOUT_S):g} s)")
         lines += [f"reply: {g.text!r}", f"tokens in/out: {g.tokens_in}/{g.tokens_out}"]
         return "\n".join(lines)
     finally:

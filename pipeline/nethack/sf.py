@@ -351,6 +351,7 @@ class TrainedPolicy:
 
 # -- training entry point ------------------------------------------------------------------------------------
 SUMMARY = "curio_summary.json"
+CURVE = "curio_curve.json"  # [{env_steps, return}] over training, for the rl-nethack learning-curve plot
 
 
 def _summary_observer(path: Path, resumed_from: int):
@@ -361,11 +362,24 @@ def _summary_observer(path: Path, resumed_from: int):
 
     from pipeline.artifacts import atomic_write_json
 
+    curve_path = path.with_name(CURVE)
+
     class TrainingSummary(AlgoObserver):
         def on_start(self, runner) -> None:
             self.start = time.time()
+            # The learning curve continues across resumes (the experiment dir is cleared when settings change).
+            self.curve = json.loads(curve_path.read_text()) if curve_path.exists() else []
+
+        def extra_summaries(self, runner, policy_id, *_) -> None:
+            """Every summary interval: mean task return (true objective) of the recent episodes at these env steps
+            (sample-factory's own tensorboard tags appear only once 100 episodes have finished)."""
+            recent = runner.policy_avg_stats.get("true_objective", {})
+            steps = int(runner.env_steps[0])
+            if policy_id == 0 and recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
+                self.curve.append({"env_steps": steps, "return": float(np.mean(recent[0]))})
 
         def on_stop(self, runner) -> None:
+            atomic_write_json(curve_path, getattr(self, "curve", []))
             seconds = time.time() - getattr(self, "start", time.time())
             steps = runner.total_env_steps_since_resume or 0
             stats = {k: float(np.mean(v[0])) for k, v in runner.policy_avg_stats.items() if len(v[0])}

@@ -5,7 +5,7 @@ is the normalised output of the train-reward model for the step's message (``pip
 the default trains Motif (ext + int), an extrinsic-only and an intrinsic-only agent. A variant whose ``reward`` is
 retrieval / classification / ranking / cosine uses ONI's online reward instead (``pipeline.nethack.oni``): an
 annotator process labels messages while it trains; its progress over env steps goes to MLflow and to
-``data/plots/rl-nethack-oni/<variant>.csv``. ``rl_nethack.preset: oni`` sets up ONI's comparison. Training runs
+``metrics/plots/rl-nethack-oni/<variant>.csv``. ``rl_nethack.preset: oni`` sets up ONI's comparison. Training runs
 ``python -m pipeline.nethack`` (sample-factory with Curio's env and encoder registered) in a child process.
 
 Resume is sample-factory's own: the experiment directory keeps checkpoints (every 30 s and at the end) and a
@@ -34,7 +34,7 @@ from pathlib import Path
 from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.config import Params, RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
-from pipeline.nethack.sf import PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
+from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
 from pipeline.stage import StageContext, StageResult
 
 NAME = "rl-nethack"
@@ -157,8 +157,8 @@ def oni_progress(params: Params, name: str) -> list[dict[str, float]]:
 
 def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str]:
     """ONI's annotation over env steps: to MLflow (step = env steps), to the dvc plots (one CSV per online
-    variant in ``data/plots/rl-nethack-oni/``) and the last values as metrics."""
-    plots = params.data_path("plots") / "rl-nethack-oni"
+    variant in ``metrics/plots/rl-nethack-oni/``) and the last values as metrics."""
+    plots = params.plots_path("rl-nethack-oni")
     if plots.exists():
         shutil.rmtree(plots)  # variants no longer configured leave no stale curve
     plots.mkdir(parents=True)
@@ -201,5 +201,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                if k in {"true_objective", "len", "score", "depth", "intrinsic_return", "extrinsic_return"}},
         })
     metrics.update(report_oni(params, ctx))
+    curve = [{"variant": name, **point} for name in cfg.variants
+             if (f := params.data_path("rl_nethack", name, CURVE)).exists() for point in json.loads(f.read_text())]
+    atomic_write_json(params.plots_path("rl-nethack.json"), curve)  # episode return over env steps, per variant
     return StageResult(metrics=metrics, outputs=[str(params.data_path("rl_nethack")),
-                                                 str(params.data_path("plots") / "rl-nethack-oni")])
+                                                 str(params.plots_path("rl-nethack-oni"))])

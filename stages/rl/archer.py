@@ -388,7 +388,7 @@ def finish(params: Params, out: Path) -> StageResult:
         episodes += len(part)
         rows.extend(part)
         history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
-    atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
+    atomic_write_json(params.plots_path("rl_rounds.json"), history)
     metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()}
     if cfg.rounds:
         metrics.update({f"rl/{k}": v for k, v in

@@ -89,7 +89,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         part = read_part(rollouts, r)
         episodes += len(part)
         history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
-    atomic_write_json(params.data_path("plots", "rl_rounds.json"), history)
+    atomic_write_json(params.plots_path("rl_rounds.json"), history)
     return StageResult(metrics={f"rollouts/{k}": v for k, v in summarize(rows).items()}, outputs=[str(final)])
 
 

@@ -6,7 +6,7 @@
 
 All three play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
 equal environment samples. Output: ``data/rl_text/model`` (CHAI adds its critic there) and the
-success-vs-episodes history ``data/plots/rl_rounds.json``.
+success-vs-episodes history ``metrics/plots/rl_rounds.json``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,262 @@
+"""Track summaries (``metrics/TRACK_SECTION.json``, what ``dvc metrics show`` prints) and the one-page HTML report.
+
+The layout every stage follows (a new stage fits by doing the same):
+
+- ``metrics/stages/NAME.json``: every number the stage reports (written by ``pipeline.stage.execute``),
+  git-tracked (``cache: false`` in dvc.yaml), so ``dvc exp show`` / ``dvc exp diff`` of any commit or
+  experiment can read it;
+- ``metrics/plots/…``: the stage's plot data, git-tracked too, drawn by the top-level ``plots:`` of dvc.yaml
+  (``dvc plots show`` / ``dvc plots diff``), which this report reads as well;
+- ``HEADLINES`` below: the few numbers of a stage that belong in its track's summary
+  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{policy: held-out success}``), the only files
+  dvc.yaml declares as ``metrics``.
+
+``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
+learning curves, evaluation bars with standard errors, the NetHack comparison and the LLM ledger, with every
+image inlined (no network needed to view it).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.artifacts import atomic_write_bytes, atomic_write_json
+
+# track -> [(stage, metric key pattern with a `name` group, summary section)]; a new stage adds a line here.
+HEADLINES: dict[str, list[tuple[str, str, str]]] = {
+    "text": [("evaluate-text", r"(?P<name>[\w-]+)/success_rate", "success")],
+    "nethack": [("evaluate-nethack", r"(?P<name>[\w-]+)/return", "return")],
+}
+
+
+def stage_metrics(metrics_root: Path) -> dict[str, dict[str, Any]]:
+    """Every ``metrics/stages/NAME.json`` present, by stage name."""
+    return {f.stem: json.loads(f.read_text()) for f in sorted((metrics_root / "stages").glob("*.json"))}
+
+
+def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """``{track: {section: {name: value}}}`` from ``HEADLINES``; a track none of whose stages ran is left out."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for track, rules in HEADLINES.items():
+        for stage, pattern, section in rules:
+            for key, value in stages.get(stage, {}).items():
+                m = re.fullmatch(pattern, key)
+                if m and isinstance(value, int | float):
+                    out.setdefault(track, {}).setdefault(section, {})[m["name"]] = round(float(value), 4)
+    return out
+
+
+def write_summaries(metrics_root: Path, stages: dict[str, dict[str, Any]]) -> list[Path]:
+    """``metrics/TRACK_SECTION.json`` = ``{policy: value}`` for every HEADLINES line (``{}`` for one that has not
+    run yet, so the files DVC declares always exist). Flat files whose rows share policy-named columns keep
+    ``dvc metrics show`` narrow: the file name says what the number is."""
+    found = summaries(stages)
+    written = []
+    for track, rules in HEADLINES.items():
+        for _, _, section in rules:
+            path = metrics_root / f"{track}_{section}.json"
+            atomic_write_json(path, found.get(track, {}).get(section, {}))
+            written.append(path)
+    return written
+
+
+# -- plots -------------------------------------------------------------------------------------------------
+def plot_definitions(dvc_yaml: Path) -> list[dict[str, Any]]:
+    """The top-level ``plots:`` of dvc.yaml as ``{title, file, x, y, template}`` (one per y file), images as
+    ``{title, file, image: True}``."""
+    spec = yaml.safe_load(dvc_yaml.read_text()).get("plots", []) if dvc_yaml.exists() else []
+    out = []
+    for item in spec:
+        if isinstance(item, str):
+            out.append({"title": Path(item).stem, "file": item, "image": True})
+            continue
+        (title, props), = item.items()
+        props = props or {}
+        ys = props.get("y") or {}
+        for file, field in (ys.items() if isinstance(ys, dict) else [(title, ys)]):
+            out.append({"title": props.get("title", title), "file": file, "x": props.get("x"), "y": field,
+                        "template": props.get("template", "linear"),
+                        # .dvc/plots/variants.json draws one line per `variant` (a NetHack reward variant)
+                        "color": "variant" if props.get("template") == "variants" else None})
+    return out
+
+
+def read_plot_rows(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".csv":
+        import csv
+
+        with open(path, newline="") as f:
+            return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    data = json.loads(path.read_text())
+    return data if isinstance(data, list) else next(iter(data.values()), [])
+
+
+def _number(v: str) -> Any:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog: inline SVG in HTML
+
+
+def _figure(width: float = 5.2, height: float = 3.2) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def curve_svg(rows: list[dict], x: str, y: str, title: str, color: str | None = None) -> str:
+    """A learning curve; one line per value of ``color`` (e.g. the NetHack reward variant) when given."""
+    fig, ax = _figure()
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get(color, "")) if color else "", []).append(r)
+    for name, rs in groups.items():
+        pts = [(r[x], r[y]) for r in rs if isinstance(r.get(x), int | float) and isinstance(r.get(y), int | float)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=name or None)
+    if color:
+        ax.legend(fontsize=8)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title, fontsize=10)
+    return _svg(fig)
+
+
+def bars_svg(names: list[str], means: list[float], errors: list[float], ylabel: str, title: str) -> str:
+    """Bars with ±1 standard error."""
+    fig, ax = _figure(max(3.5, 0.9 * len(names) + 1.5))
+    ax.bar(names, means, yerr=errors, capsize=4, color="#4c78a8")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    return _svg(fig)
+
+
+def binomial_se(p: float, n: float) -> float:
+    return math.sqrt(p * (1 - p) / n) if n > 0 else 0.0
+
+
+# -- the page ----------------------------------------------------------------------------------------------
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def ledger_rows(stages: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """One row per LLM role a stage called (its ledger: ``PREFIX_requests``, ``PREFIX_tokens_in`` …)."""
+    cols = ("requests", "cache_hits", "sent", "tokens_in", "tokens_out", "latency_p50_s", "failures")
+    rows = []
+    for stage, metrics in stages.items():
+        for key in metrics:
+            if key.endswith("requests") and not key.endswith("unique_requests"):
+                prefix = key[: -len("requests")]
+                if all(f"{prefix}{c}" in metrics for c in ("tokens_in", "tokens_out")):
+                    rows.append([stage, prefix.rstrip("_/.-") or "llm", *(metrics.get(prefix + c, "") for c in cols)])
+    return rows
+
+
+def section(title: str, body: str) -> str:
+    return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
+
+
+def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str) -> str:
+    parts = []
+    heads = summaries(stages)
+    for track, sections in heads.items():
+        names = list(dict.fromkeys(n for values in sections.values() for n in values))
+        parts.append(section(f"Headline: {track} track", _table(
+            ["policy", *sections], [[n, *(sections[s].get(n, "") for s in sections)] for n in names])))
+
+    text = stages.get("evaluate-text", {})
+    policies = [m["name"] for k in text if (m := re.fullmatch(r"(?P<name>[\w-]+)/success_rate", k))]
+    if policies:
+        means = [float(text[f"{p}/success_rate"]) for p in policies]
+        errs = [binomial_se(m, text.get(f"{p}/episodes", 0)) for p, m in zip(policies, means, strict=True)]
+        rows = [[p, m, e, text.get(f"{p}/episodes", ""), text.get(f"{p}/mean_turns", "")]
+                for p, m, e in zip(policies, means, errs, strict=True)]
+        parts.append(section("Text track: held-out evaluation", bars_svg(
+            policies, means, errs, "success rate", "held-out success (±1 binomial standard error)")
+            + _table(["policy", "success rate", "standard error", "episodes", "mean turns"], rows)))
+
+    nh = stages.get("evaluate-nethack", {})
+    agents = [m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))]
+    if agents:
+        cols = ["return", "score", "depth", "length", "success"]
+        svg = bars_svg(agents, [nh[f"{a}/return"] for a in agents], [nh.get(f"{a}/return_sem", 0.0) for a in agents],
+                       "episode return", "NetHack evaluation (±1 standard error)")
+        rows = [[a, *(f"{nh.get(f'{a}/{c}', float('nan')):.3g} ± {nh.get(f'{a}/{c}_sem', 0.0):.2g}" for c in cols),
+                 nh.get(f"{a}/episodes", "")] for a in agents]
+        parts.append(section("NetHack track: agents compared", svg + _table(["agent", *cols, "episodes"], rows)))
+
+    curves = []
+    for d in plot_definitions(dvc_yaml):
+        path = dvc_yaml.parent / d["file"]
+        if d.get("image") or not path.exists() or d.get("template", "linear").startswith("bar"):
+            continue
+        rows = read_plot_rows(path)
+        if rows:
+            curves.append(f"<figure>{curve_svg(rows, d['x'], d['y'], d['title'], d.get('color'))}</figure>")
+    if curves:
+        parts.append(section("Learning curves", "<div class='grid'>" + "".join(curves) + "</div>"))
+
+    images = [d for d in plot_definitions(dvc_yaml) if d.get("image") and (dvc_yaml.parent / d["file"]).exists()]
+    if images:
+        figs = "".join(
+            f"<figure><img alt='{html.escape(d['title'])}' src='data:image/png;base64,"
+            f"{base64.b64encode((dvc_yaml.parent / d['file']).read_bytes()).decode()}'>"
+            f"<figcaption>{html.escape(d['file'])}</figcaption></figure>" for d in images)
+        parts.append(section("Stage figures", "<div class='grid'>" + figs + "</div>"))
+
+    ledger = ledger_rows(stages)
+    parts.append(section("LLM ledger", _table(
+        ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
+        ledger) if ledger else "<p>No LLM backend was called (rule-based judge, oracle environment, embedding "
+        "annotator).</p>"))
+
+    details = "".join(f"<details><summary>{html.escape(s)}</summary>"
+                      + _table(["metric", "value"], [[k, v] for k, v in m.items()]) + "</details>"
+                      for s, m in stages.items())
+    parts.append(section("Every stage's metrics", details or "<p>No stage has run yet.</p>"))
+    style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
+             "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f0f3f7}"
+             ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}img{max-width:100%}"
+             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
+
+
+def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | None = None) -> Path:
+    """Write the track summaries and the HTML report; returns the report's path."""
+    root = params.metrics_path()
+    stages = stage_metrics(root)
+    write_summaries(root, stages)
+    out = out or params.data_path("report.html")
+    atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})").encode())
+    return out
