@@ -245,7 +245,8 @@ def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp
     }
     assert p.rl_nethack.extended_actions and p.rl_nethack.count_exponent == 3.0
     assert policy_names(p) == ["random", *v]
-    goal = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "rl_nethack.task=staircase"])
+    goal = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "rl_nethack.task=staircase",
+                                                         "evaluate_nethack.policies=[random, all]"])
     assert {x.ext_coef for x in goal.rl_nethack.variants.values()} == {10.0}
 
     args = sf_args(p, "oni_ranking", v["oni_ranking"], Path("/t"), Path("/r"))
@@ -253,7 +254,8 @@ def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp
     assert json.loads(next(a for a in args if a.startswith("--oni_config="))[13:])["ranking_quantile"] == 0.5
     assert "--intrinsic_reward=none" in sf_args(p, "extrinsic", v["extrinsic"], Path("/t"), Path("/r"))
     with pytest.raises(ConfigError, match="int_coef 0"):
-        load_params(tmp_path / "params.yaml", ["rl_nethack.variants={x: {reward: none, ext_coef: 1, int_coef: 1}}"])
+        load_params(tmp_path / "params.yaml", ["rl_nethack.variants={x: {reward: none, ext_coef: 1, int_coef: 1}}",
+                                               "evaluate_nethack.policies=[random, x]"])
 
 
 
@@ -268,7 +270,7 @@ def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_
     (tmp_path / "params.yaml").write_text("{}\n")
     p = load_params(tmp_path / "params.yaml", [f"data_dir={tmp_path / 'data'}", "rl_nethack.variants={"
                     "ext: {reward: none, ext_coef: 1, int_coef: 0}, cls: {reward: classification, ext_coef: 0.1, "
-                    "int_coef: 0.4}}"])
+                    "int_coef: 0.4}}", "evaluate_nethack.policies=[random, all]"])
     progress = p.data_path("rl_nethack", "cls", "oni", oni.PROGRESS)
     progress.parent.mkdir(parents=True)
     with open(progress, "w", newline="") as f:
