@@ -131,8 +131,8 @@ class HFBackend(ChatBackend):
 
     ``kv_cache_bytes`` > 0 keeps each conversation's KV cache across its turns (``ConversationKV``), so a
     multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
-    the whole conversation every turn. Tokens processed and reused are counted in ``prompt_tokens`` /
-    ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``).
+    the whole conversation every turn. Prompt tokens processed and reused are counted in ``prompt_tokens`` /
+    ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
     """
 
     name = "hf"
@@ -154,6 +154,7 @@ class HFBackend(ChatBackend):
         self.kv = ConversationKV(kv_cache_bytes) if kv_cache_bytes > 0 and not windowed else None
         self.prompt_tokens = 0  # prompt tokens run through the model
         self.cached_tokens = 0  # prompt tokens whose keys / values were reused instead
+        self.generated_tokens = 0
 
     def encode(self, conversations: list[Conversation]) -> list[list[int]]:
         return [
@@ -231,6 +232,7 @@ class HFBackend(ChatBackend):
                                   meta={"cached_tokens": reused[row]}))
         self.prompt_tokens += sum(len(b) for b in batch) - sum(reused)
         self.cached_tokens += sum(reused)
+        self.generated_tokens += sum(g.tokens_out for g in out)
         if self.kv is not None:
             self._keep(conversations, batch, hits, mask, new, out, gen.past_key_values)
         return out

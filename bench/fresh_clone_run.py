@@ -1,6 +1,6 @@
 """The default DAG as a new user runs it: a fresh clone, the venv build, `make run`; per-stage seconds.
 
-    python bench/bench_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12]
+    python bench/fresh_clone_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12]
 
 Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
 Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone), runs the default DAG
