@@ -60,7 +60,7 @@ def main() -> None:
     print(f"\n{args.stage}: {cpu:.1f} CPU s in {wall:.1f} wall s ({' '.join(argv)})", file=sys.stderr)
     for label, (frag, fn) in BUCKETS:
         total = sum(v[3] for (path, _, name), v in stats.stats.items() if name == fn and frag in path)
-        if total:
+        if total >= 0.05:
             print(f"  {label:<32} {total:8.1f} s  {100 * total / cpu:5.1f} %", file=sys.stderr)
     stats.sort_stats("tottime").print_stats(args.top)
 

@@ -1,4 +1,5 @@
-"""Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy."""
+"""Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy; each conversation's
+KV cache is kept across its turns."""
 
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ class HFBackend(ChatBackend):
     multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
     the whole conversation every turn. Prompt tokens processed and reused are counted in ``prompt_tokens`` /
     ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
+    Kept caches hold the current weights' keys / values: train the model in place and the backend must be rebuilt
+    (filtered BC builds one per round).
     """
 
     name = "hf"
