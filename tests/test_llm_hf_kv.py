@@ -1,6 +1,7 @@
 """The hf backend keeps each conversation's KV cache across turns: same generations, far fewer tokens processed."""
 
 import pytest
+import torch
 
 from pipeline.llm.base import Sampling
 from pipeline.llm.hf import HFBackend
@@ -75,3 +76,20 @@ def test_memory_budget_bounds_what_is_kept(lm):
         assert 0 < kv.kv.nbytes <= 20_000
         convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
                  for c, g in zip(convs, a, strict=True)]
+
+
+def test_training_in_place_drops_the_kept_caches(lm):
+    model, tok = lm
+    copy = tiny.build_model(tok, n_layer=2, n_embd=32, n_head=2, n_positions=256, seed=0).eval()
+    copy.load_state_dict(model.state_dict())
+    kv = HFBackend("m", model_obj=copy, tokenizer=tok, batch_size=3)
+    convs = opening(2)
+    first = kv.generate(convs, GREEDY)
+    convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
+             for c, g in zip(convs, first, strict=True)]
+    with torch.no_grad():
+        next(copy.parameters()).mul_(1.5)  # an optimizer step, as ArCHer takes between rounds
+    after = kv.generate(convs, GREEDY)
+    assert [g.meta["cached_tokens"] for g in after] == [0, 0]
+    full = HFBackend("m", model_obj=copy, tokenizer=tok, batch_size=3, kv_cache_bytes=0)
+    assert_same(after, full.generate(convs, GREEDY))

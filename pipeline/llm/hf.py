@@ -134,8 +134,8 @@ class HFBackend(ChatBackend):
     multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
     the whole conversation every turn. Prompt tokens processed and reused are counted in ``prompt_tokens`` /
     ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
-    Kept caches hold the current weights' keys / values: train the model in place and the backend must be rebuilt
-    (filtered BC builds one per round).
+    Kept caches hold the weights' keys / values of the moment: a backend whose model is trained in place (ArCHer)
+    drops them when any parameter has changed since (torch's in-place version counters).
     """
 
     name = "hf"
@@ -155,6 +155,7 @@ class HFBackend(ChatBackend):
         # Sliding-window / chunked attention drops old keys, so a kept cache would not be the full prefix.
         windowed = getattr(text_config, "sliding_window", None) or getattr(text_config, "attention_chunk_size", None)
         self.kv = ConversationKV(kv_cache_bytes) if kv_cache_bytes > 0 and not windowed else None
+        self._seen_version = self._weights_version()
         self.prompt_tokens = 0  # prompt tokens run through the model
         self.cached_tokens = 0  # prompt tokens whose keys / values were reused instead
         self.generated_tokens = 0
@@ -164,8 +165,16 @@ class HFBackend(ChatBackend):
             self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations
         ]
 
+    def _weights_version(self) -> int:
+        return sum(p._version for p in self.lm.parameters())
+
     @torch.no_grad()
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        if self.kv is not None:
+            version = self._weights_version()
+            if version != self._seen_version:  # trained in place since: kept keys / values are stale
+                self.kv = ConversationKV(self.kv.max_bytes)
+                self._seen_version = version
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         encoded = self.encode(conversations)
