@@ -1,8 +1,9 @@
 """Batched vs one-episode-at-a-time rollout throughput with the same policy, measured side by side.
 
-    python bench/bench_rollout.py [--episodes 64] [--policy data/bootstrap/model]
+    python bench/bench_rollout.py [--episodes 64] [--policy data/bootstrap/model] [--no-kv-cache]
 
 Needs a built policy (run `curio stage bootstrap` first); prints episodes/s of each mode and their ratio.
+``--no-kv-cache`` re-encodes every conversation each turn (the hf backend's behaviour before it kept KV caches).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--policy", default="base")
+    ap.add_argument("--no-kv-cache", action="store_true")
     args = ap.parse_args()
     params = load_params("params.yaml")
     policy = load_policy_backend(params, args.policy, batch_size=args.episodes)
+    if args.no_kv_cache:
+        policy.kv = None
     game = make_games(params)[0]
     tasks = game.tasks("train")
     jobs = [(game, tasks[i % len(tasks)], 0) for i in range(args.episodes)]

@@ -85,11 +85,13 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     texts += [text for g, t in tasks for text in (g.system_prompt(t), g.first_message(t))]
     tokenizer = tiny.train_tokenizer(texts, cfg.vocab_size)
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
-    lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations[:500])
+    lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations)
+    # Scripted conversations vary in length (about half of a padded batch is padding): padding-free batches
+    # skip that compute, same loss; only when every conversation fits the context, as nothing is truncated.
     model, history, resumed = sft_train(
         model, tokenizer, conversations, out / "checkpoints",
         lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=params.seed,
-        tracker=ctx.tracker, prefix="bootstrap",
+        tracker=ctx.tracker, prefix="bootstrap", padding_free=lengths[-1] <= cfg.n_positions,
     )
     tiny.save(model, tokenizer, model_dir)
     atomic_write_json(params.plots_path("bootstrap_loss.json"), history)

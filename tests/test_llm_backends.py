@@ -56,6 +56,7 @@ def test_vllm_backend_one_chat_call_per_batch(monkeypatch):
     class LLM:
         def __init__(self, model, **kw):
             self.model = model
+            calls.append(kw)
 
         def chat(self, messages, sampling_params, use_tqdm):
             calls.append((len(messages), sampling_params))
@@ -72,6 +73,7 @@ def test_vllm_backend_one_chat_call_per_batch(monkeypatch):
     out = backend.generate(
         [[{"role": "user", "content": f"q{i}"}] for i in range(5)], Sampling(max_tokens=500, logprobs=True, seed=1)
     )
+    assert calls.pop(0) == {"enable_prefix_caching": True}  # each turn re-sends its conversation: prefix-cached
     assert len(calls) == 1 and calls[0][0] == 5
     assert calls[0][1].max_tokens == 32 and calls[0][1].seed == 1 and calls[0][1].logprobs == 0
     assert out[3].text == "re: q3" and out[3].token_logprobs == [-0.5, -1.5]

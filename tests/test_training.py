@@ -237,3 +237,17 @@ def test_default_lora_adapts_attention_only():
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     assert trainable and all(".attn.c_attn.lora_" in n for n in trainable)
     assert len(trainable) == 2 * 2  # lora_A and lora_B in each of the 2 layers
+
+
+def test_padding_free_sft_trains_as_padded(tiny_lm, tmp_path):
+    """Padding-free batches (conversations of different lengths flattened into one) give the padded losses."""
+    _, tok = tiny_lm
+    convs = [PROMPT + CHOSEN, PROMPT + REJECTED, PROMPT + CHOSEN[:2]] * 4
+    histories = []
+    for padding_free in (False, True):
+        model, _ = fresh_copy(tiny_lm)
+        _, history, _ = sft_train(model, tok, convs, tmp_path / f"pf{padding_free}", lr=1e-2, epochs=2,
+                                  batch_size=4, warmup_ratio=0.0, padding_free=padding_free)
+        histories.append([h["loss"] for h in history])
+    assert len(histories[0]) >= 1
+    assert histories[1] == pytest.approx(histories[0], rel=1e-4)

@@ -1,15 +1,20 @@
-"""Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy."""
+"""Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy; each conversation's
+KV cache is kept across its turns."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 # Imported here, not lazily inside functions: transformers' lazy module is not safe when two threads
 # (e.g. the eval-sweep's parallel Prefect tasks) resolve the same name at once.
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
@@ -30,13 +35,113 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None
     return model, tokenizer
 
 
+def stop_token_ids(tokenizer) -> list[int]:
+    """Token ids that end a turn: the chat template's end-of-turn token (or the plain EOS for other models)."""
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    return sorted({i for i in (end, tokenizer.eos_token_id) if isinstance(i, int) and i >= 0
+                   and i != tokenizer.unk_token_id})
+
+
+def fit_context(ids: list[int], max_new: int, max_pos: int) -> tuple[list[int], int]:
+    """Fit a prompt and its generation budget into ``max_pos`` positions (0 = no limit)."""
+    if not max_pos:
+        return ids, max_new
+    max_new = max(1, min(max_new, max_pos - len(ids)))
+    return ids[-(max_pos - max_new):], max_new
+
+
+def _conversation_key(conversation: Conversation) -> str:
+    return hashlib.sha1(json.dumps(conversation, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class _Entry:
+    tokens: list[int]  # the token ids whose keys / values are held
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (heads, len(tokens), head_dim) keys and values
+    nbytes: int
+    keys: list[str] = field(default_factory=list)
+
+
+class ConversationKV:
+    """Each conversation's KV cache kept across its turns, so a turn processes only its new tokens.
+
+    After a turn, the keys / values of prompt + generated tokens are kept under the conversation with the
+    generated reply appended; the next turn (that conversation plus the environment's reply) finds them under its
+    own conversation minus the last message, and so does a re-sampled turn (a format retry). Reuse stops at the
+    first token where the kept tokens and the new prompt's tokens differ (a re-tokenized reply, a truncated
+    context), so what is reused is always exactly what a full re-encode would compute, up to floating point.
+    Least recently used conversations are dropped beyond ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._keys: OrderedDict[str, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def lookup(self, conversation: Conversation, ids: list[int]) -> tuple[int, _Entry | None]:
+        """(tokens of ``ids`` whose keys / values are held, the entry holding them); at least one token is left
+        to process, so the model has a position to predict from."""
+        if len(conversation) < 2:
+            return 0, None
+        key = _conversation_key(conversation[:-1])
+        entry = self._keys.get(key)
+        if entry is None:
+            return 0, None
+        self._keys.move_to_end(key)
+        n = 0
+        for a, b in zip(entry.tokens, ids[:-1], strict=False):
+            if a != b:
+                break
+            n += 1
+        return n, entry
+
+    def store(self, conversation: Conversation, reply: str, tokens: list[int],
+              kv: list[tuple[torch.Tensor, torch.Tensor]], replaces: _Entry | None = None) -> None:
+        """Keep ``kv`` (of ``tokens``: the prompt of ``conversation`` + the generated ``reply``) in place of the
+        entry the turn started from, under the keys the conversation's next turn and a re-sampled turn look up."""
+        if replaces is not None:
+            for key in list(replaces.keys):
+                self._drop(key)
+        entry = _Entry(tokens, kv, sum(k.nbytes + v.nbytes for k, v in kv))
+        if entry.nbytes > self.max_bytes:
+            return
+        self.nbytes += entry.nbytes
+        keys = [_conversation_key([*conversation, {"role": "assistant", "content": reply}])]
+        if len(conversation) > 2:  # past the opening messages, which other conversations may share
+            keys.append(_conversation_key(conversation[:-1]))
+        for key in keys:
+            self._drop(key)
+            self._keys[key] = entry
+            entry.keys.append(key)
+        while self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._keys)))
+
+    def _drop(self, key: str) -> None:
+        entry = self._keys.pop(key, None)
+        if entry is not None:
+            entry.keys.remove(key)
+            if not entry.keys:
+                self.nbytes -= entry.nbytes
+
+
 class HFBackend(ChatBackend):
-    """Batched chat generation with a transformers model; conversations of a batch are left-padded."""
+    """Batched chat generation with a transformers model; conversations of a batch are left-padded.
+
+    ``kv_cache_bytes`` > 0 keeps each conversation's KV cache across its turns (``ConversationKV``), so a
+    multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
+    the whole conversation every turn. Prompt tokens processed and reused are counted in ``prompt_tokens`` /
+    ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
+    Kept caches hold the weights' keys / values of the moment: a backend whose model is trained in place (ArCHer)
+    drops them when any parameter has changed since (torch's in-place version counters).
+    """
 
     name = "hf"
 
     def __init__(self, model: str | Path, device: str = "cpu", batch_size: int = 64, model_obj=None,
-                 tokenizer=None) -> None:
+                 tokenizer=None, kv_cache_bytes: int = 1 << 30) -> None:
         super().__init__(str(model))
         if model_obj is None:
             model_obj, tokenizer = load_policy(model, device)
@@ -45,18 +150,31 @@ class HFBackend(ChatBackend):
         self.device = device
         self.batch_size = batch_size
         self.tokenizer.padding_side = "left"
-        # A turn ends at the chat template's end-of-turn token (or the plain EOS for other models).
-        end = self.tokenizer.convert_tokens_to_ids("<|end|>")
-        self.stop_ids = sorted({i for i in (end, self.tokenizer.eos_token_id) if isinstance(i, int) and i >= 0
-                                and i != self.tokenizer.unk_token_id})
+        self.stop_ids = stop_token_ids(self.tokenizer)
+        text_config = self.lm.config.get_text_config(decoder=True)
+        # Sliding-window / chunked attention drops old keys, so a kept cache would not be the full prefix.
+        windowed = getattr(text_config, "sliding_window", None) or getattr(text_config, "attention_chunk_size", None)
+        self.kv = ConversationKV(kv_cache_bytes) if kv_cache_bytes > 0 and not windowed else None
+        self._seen_version = self._weights_version()
+        self.prompt_tokens = 0  # prompt tokens run through the model
+        self.cached_tokens = 0  # prompt tokens whose keys / values were reused instead
+        self.generated_tokens = 0
 
     def encode(self, conversations: list[Conversation]) -> list[list[int]]:
         return [
             self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations
         ]
 
+    def _weights_version(self) -> int:
+        return sum(p._version for p in self.lm.parameters())
+
     @torch.no_grad()
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        if self.kv is not None:
+            version = self._weights_version()
+            if version != self._seen_version:  # trained in place since: kept keys / values are stale
+                self.kv = ConversationKV(self.kv.max_bytes)
+                self._seen_version = version
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         encoded = self.encode(conversations)
@@ -66,38 +184,94 @@ class HFBackend(ChatBackend):
         max_pos = getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 0)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            batch = [encoded[i] for i in idx]
             max_new = sampling.max_tokens
-            if max_pos:
-                max_new = max(1, min(max_new, max_pos - max(len(b) for b in batch)))
-                batch = [b[-(max_pos - max_new):] for b in batch]
-            width = max(len(b) for b in batch)
-            pad = self.tokenizer.pad_token_id
-            ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=self.device)
-            mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=self.device)
-            kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
-            if sampling.temperature > 0:
-                kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
-                if sampling.min_p > 0:
-                    kwargs["min_p"] = sampling.min_p
-            else:
-                kwargs.update(do_sample=False)
-            gen = self.lm.generate(
-                input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
-                output_scores=sampling.logprobs, **kwargs,
-            )
-            new = gen.sequences[:, width:]
-            logps = None
-            if sampling.logprobs:
-                logps = self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True)
-            for row, i in enumerate(idx):
-                toks = new[row].tolist()
-                n = len(toks)
-                for j, t in enumerate(toks):
-                    if t in self.stop_ids:
-                        n = j + 1
-                        break
-                text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
-                lp = logps[row, :n].tolist() if logps is not None else None
-                out[i] = Generation(text=text, token_logprobs=lp, tokens_in=len(batch[row]), tokens_out=n)
+            batch = []
+            for i in idx:
+                ids, max_new_i = fit_context(encoded[i], sampling.max_tokens, max_pos)
+                batch.append(ids)
+                max_new = min(max_new, max_new_i)
+            gens = self._generate_batch([conversations[i] for i in idx], batch, max_new, sampling)
+            for i, g in zip(idx, gens, strict=True):
+                out[i] = g
         return out  # type: ignore[return-value]
+
+    def _generate_batch(self, conversations: list[Conversation], batch: list[list[int]], max_new: int,
+                        sampling: Sampling) -> list[Generation]:
+        """One ``generate`` call; rows are laid out [pad | reused prefix | pad | new tokens], so the reused
+        keys / values stand in one right-aligned block (``past_key_values``) and the new tokens in another."""
+        pad = self.tokenizer.pad_token_id
+        hits = [self.kv.lookup(c, b) if self.kv is not None else (0, None) for c, b in zip(conversations, batch,
+                                                                                           strict=True)]
+        reused = [n for n, _ in hits]
+        past_w = max(reused)
+        new_w = max(len(b) - n for b, n in zip(batch, reused, strict=True))
+        rows, masks = [], []
+        for b, n in zip(batch, reused, strict=True):
+            fresh = len(b) - n
+            rows.append([pad] * (past_w - n) + b[:n] + [pad] * (new_w - fresh) + b[n:])
+            masks.append([0] * (past_w - n) + [1] * n + [0] * (new_w - fresh) + [1] * fresh)
+        ids = torch.tensor(rows, device=self.device)
+        mask = torch.tensor(masks, device=self.device)
+        kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
+        if sampling.temperature > 0:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
+            if sampling.min_p > 0:
+                kwargs["min_p"] = sampling.min_p
+        else:
+            kwargs.update(do_sample=False)
+        if past_w:
+            kwargs["past_key_values"] = self._past(hits, past_w)
+        gen = self.lm.generate(
+            input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
+            output_scores=sampling.logprobs, **kwargs,
+        )
+        width = past_w + new_w
+        new = gen.sequences[:, width:]
+        logps = None
+        if sampling.logprobs:
+            logps = self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True)
+        out = []
+        for row, b in enumerate(batch):
+            toks = new[row].tolist()
+            n = len(toks)
+            for j, t in enumerate(toks):
+                if t in self.stop_ids:
+                    n = j + 1
+                    break
+            text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
+            lp = logps[row, :n].tolist() if logps is not None else None
+            out.append(Generation(text=text, token_logprobs=lp, tokens_in=len(b), tokens_out=n,
+                                  meta={"cached_tokens": reused[row]}))
+        self.prompt_tokens += sum(len(b) for b in batch) - sum(reused)
+        self.cached_tokens += sum(reused)
+        self.generated_tokens += sum(g.tokens_out for g in out)
+        if self.kv is not None:
+            self._keep(conversations, batch, hits, mask, new, out, gen.past_key_values)
+        return out
+
+    def _past(self, hits: list[tuple[int, _Entry | None]], width: int) -> DynamicCache:
+        """The reused keys / values of a batch, each row's right-aligned in ``width`` positions."""
+        layers = []
+        for layer in range(len(next(e for _, e in hits if e is not None).kv)):
+            kv = []
+            for part in (0, 1):
+                ref = next(e for _, e in hits if e is not None).kv[layer][part]
+                t = ref.new_zeros((len(hits), ref.shape[0], width, ref.shape[2]))
+                for row, (n, e) in enumerate(hits):
+                    if n:
+                        t[row, :, width - n:] = e.kv[layer][part][:, :n]
+                kv.append(t)
+            layers.append(tuple(kv))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _keep(self, conversations: list[Conversation], batch: list[list[int]], hits, mask: torch.Tensor,
+              new: torch.Tensor, gens: list[Generation], cache) -> None:
+        """Keep each row's keys / values of prompt + generated tokens for the conversation's next turn."""
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        held = layers[0][0].shape[2]
+        width = mask.shape[1]
+        for row, (c, b) in enumerate(zip(conversations, batch, strict=True)):
+            k = min(gens[row].tokens_out, held - width)  # the last generated token was never fed back
+            keep = torch.cat([mask[row].nonzero().squeeze(1), torch.arange(width, width + k, device=mask.device)])
+            kv = [(key[row][:, keep].contiguous(), value[row][:, keep].contiguous()) for key, value in layers]
+            self.kv.store(c, gens[row].text, b + new[row, :k].tolist(), kv, replaces=hits[row][1])

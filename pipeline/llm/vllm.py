@@ -23,7 +23,8 @@ class VLLMBackend(ChatBackend):
     Args:
         model: HF model id or local path.
         max_tokens: hard cap on generated tokens, whatever the sampling asks for.
-        engine_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``, ``gpu_memory_utilization``).
+        engine_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``, ``gpu_memory_utilization``);
+            ``enable_prefix_caching`` is on unless set to False here.
     """
 
     name = "vllm"
@@ -32,6 +33,8 @@ class VLLMBackend(ChatBackend):
         super().__init__(model)
         self._vllm = import_vllm()
         self.max_tokens = max_tokens
+        # A multi-turn game sends each conversation again every turn: prefix caching computes only the new tokens.
+        engine_kwargs.setdefault("enable_prefix_caching", True)
         self._llm = self._vllm.LLM(model=model, **engine_kwargs)
 
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:

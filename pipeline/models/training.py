@@ -117,8 +117,13 @@ def sft_train(
     prefix: str = "sft",
     lora: LoraConfigSection | None = None,
     merge: bool = True,
+    padding_free: bool = False,
 ):
     """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``.
+
+    ``padding_free`` flattens each batch into one sequence (TRL's padding-free collator; transformers masks
+    attention between its conversations from the position ids), so no compute goes to padding; every conversation
+    must then fit the model's context (nothing is truncated).
 
     With ``lora`` enabled only LoRA adapters train; they are merged into the returned model unless ``merge`` is
     False.
@@ -131,7 +136,8 @@ def sft_train(
     args = SFTConfig(
         **_common_args(checkpoint_dir, lr, epochs, batch_size, warmup_ratio, seed, save_steps),
         assistant_only_loss=True,
-        max_length=max_len,
+        max_length=None if padding_free else max_len,
+        padding_free=padding_free,
         dataset_num_proc=None,
     )
     trainer = SFTTrainer(

@@ -1,0 +1,102 @@
+"""The default DAG as a new user runs it: a fresh clone, the venv build, `make run`; per-stage seconds.
+
+    python bench/fresh_clone_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12]
+
+Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
+Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone), runs the default DAG
+(``python -m pipeline.run_dvc``, what ``make run`` runs) and prints each stage's seconds (from the moment dvc
+starts it to the next stage's start), the venv build, the total and the budget. ``--avx2`` sets
+``ATEN_CPU_CAPABILITY=avx2`` so torch uses the AVX2 kernels of a 2-core AVX2-only machine on any CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
+
+
+def timed_dag(cwd: Path, env: dict[str, str], log) -> tuple[dict[str, float], float, int]:
+    """Run the DAG, streaming its output to ``log``; per-stage seconds, the total, and the exit code."""
+    stages: dict[str, float] = {}
+    t0 = time.perf_counter()
+    current, started = None, t0
+    proc = subprocess.Popen([str(cwd / ".venv/bin/python"), "-m", "pipeline.run_dvc"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        m = STAGE_LINE.match(line)
+        if m:
+            now = time.perf_counter()
+            if current is not None:
+                stages[current] = now - started
+            current, started = m.group(1), now
+    rc = proc.wait()
+    end = time.perf_counter()
+    if current is not None:
+        stages[current] = end - started
+    return stages, end - t0, rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", default="HEAD", help="commit of this checkout to clone (default HEAD)")
+    ap.add_argument("--avx2", action="store_true", help="ATEN_CPU_CAPABILITY=avx2")
+    ap.add_argument("--venv", help="reuse this venv instead of building one (the venv build is then not timed)")
+    ap.add_argument("--keep", help="clone into this directory and keep it (default: a temp dir, removed)")
+    ap.add_argument("--budget-min", type=float, default=12.0)
+    args = ap.parse_args()
+
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="curio-bench-run-"))
+    work = root / "curio"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONUNBUFFERED"] = "1"  # dvc's "Running stage" lines must arrive when printed: they time the stages
+    if args.avx2:
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    try:
+        subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
+        subprocess.run(["git", "checkout", "-q", args.ref], cwd=work, check=True)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=work, check=True,
+                                capture_output=True, text=True).stdout.strip()
+        t0 = time.perf_counter()
+        if args.venv:
+            (work / ".venv").symlink_to(Path(args.venv).resolve())
+            # a shared venv's editable install points elsewhere: make the clone's code win
+            env["PYTHONPATH"] = str(work)
+            build = None
+        else:
+            subprocess.run(["make", "install"], cwd=work, env=env, check=True)
+            build = time.perf_counter() - t0
+        env["PATH"] = f"{work / '.venv/bin'}:{env['PATH']}"
+        with open(root / "dag.log", "w", buffering=1) as log:
+            stages, dag, rc = timed_dag(work, env, log)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    print(f"commit {commit}  ATEN_CPU_CAPABILITY={env.get('ATEN_CPU_CAPABILITY', '(default)')}  "
+          f"cores {os.cpu_count()}  exit {rc}")
+    for name, sec in sorted(stages.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<22} {sec:8.1f} s")
+    print(f"  {'dvc repro':<22} {dag:8.1f} s")
+    if build is not None:
+        print(f"  {'venv build':<22} {build:8.1f} s")
+    total = dag + (build or 0.0)
+    verdict = "within" if total <= args.budget_min * 60 else "OVER"
+    print(f"total {total / 60:.1f} min ({'venv build excluded' if build is None else 'venv build included'}) "
+          f"vs budget {args.budget_min:.0f} min: {verdict}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

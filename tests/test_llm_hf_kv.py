@@ -1,0 +1,95 @@
+"""The hf backend keeps each conversation's KV cache across turns: same generations, far fewer tokens processed."""
+
+import pytest
+import torch
+
+from pipeline.llm.base import Sampling
+from pipeline.llm.hf import HFBackend
+from pipeline.models import tiny
+
+GREEDY = Sampling(temperature=0.0, max_tokens=8, logprobs=True)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    texts = ["Is it an animal? <Answer>dog</Answer> yes no maybe the cat sat on a mat"] * 20
+    tok = tiny.train_tokenizer(texts, 300)
+    return tiny.build_model(tok, n_layer=2, n_embd=32, n_head=2, n_positions=256, seed=0).eval(), tok
+
+
+def backends(lm, batch_size=3, **kw):
+    model, tok = lm
+    return (HFBackend("m", model_obj=model, tokenizer=tok, batch_size=batch_size, **kw),
+            HFBackend("m", model_obj=model, tokenizer=tok, batch_size=batch_size, kv_cache_bytes=0))
+
+
+def opening(n):
+    """n conversations of different lengths, so batches mix reused prefixes and paddings of many widths."""
+    return [[{"role": "system", "content": "play"}, {"role": "user", "content": "guess " * (i + 1)}] for i in range(n)]
+
+
+def assert_same(cached, full):
+    for x, y in zip(cached, full, strict=True):
+        assert x.text == y.text and x.tokens_out == y.tokens_out and x.tokens_in == y.tokens_in
+        assert max(abs(p - q) for p, q in zip(x.token_logprobs, y.token_logprobs, strict=True)) < 1e-4
+
+
+def test_multi_turn_generations_equal_a_full_reencode(lm):
+    kv, full = backends(lm)
+    convs = opening(5)
+    last_prompt = [0] * 5
+    for turn in range(6):
+        a, b = kv.generate(convs, GREEDY), full.generate(convs, GREEDY)
+        assert_same(a, b)
+        reused = [g.meta["cached_tokens"] for g in a]
+        # everything up to the last turn's generated reply came from the cache (nothing on the first turn)
+        assert all(n >= prev for n, prev in zip(reused, last_prompt, strict=True)), (reused, last_prompt)
+        last_prompt = [g.tokens_in for g in a]
+        convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no " * turn}]
+                 for c, g in zip(convs, a, strict=True)]
+    assert kv.prompt_tokens + kv.cached_tokens == full.prompt_tokens
+    assert kv.prompt_tokens < full.prompt_tokens / 3
+    assert len(kv.kv) == 5 * 2  # one entry per conversation, under its two lookup keys
+
+
+def test_resampled_turn_reuses_its_prompt_and_truncation_falls_back(lm):
+    kv, full = backends(lm)
+    convs = opening(2)
+    first = kv.generate(convs, GREEDY)
+    convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
+             for c, g in zip(convs, first, strict=True)]
+    kv.generate(convs, GREEDY)
+    again = kv.generate(convs, GREEDY)  # a format retry: the same conversation once more
+    assert all(g.meta["cached_tokens"] >= g.tokens_in - 1 for g in again)
+    assert_same(again, full.generate(convs, GREEDY))
+    # A conversation past the context is cut at its head: nothing matches the kept tokens, the result is as before.
+    long = [[*c, {"role": "user", "content": "maybe " * 300}] for c in convs]
+    assert_same(kv.generate(long, GREEDY), full.generate(long, GREEDY))
+
+
+def test_memory_budget_bounds_what_is_kept(lm):
+    kv, full = backends(lm, kv_cache_bytes=20_000)
+    convs = opening(6)
+    for _ in range(3):
+        a = kv.generate(convs, GREEDY)
+        assert_same(a, full.generate(convs, GREEDY))
+        assert 0 < kv.kv.nbytes <= 20_000
+        convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
+                 for c, g in zip(convs, a, strict=True)]
+
+
+def test_training_in_place_drops_the_kept_caches(lm):
+    model, tok = lm
+    copy = tiny.build_model(tok, n_layer=2, n_embd=32, n_head=2, n_positions=256, seed=0).eval()
+    copy.load_state_dict(model.state_dict())
+    kv = HFBackend("m", model_obj=copy, tokenizer=tok, batch_size=3)
+    convs = opening(2)
+    first = kv.generate(convs, GREEDY)
+    convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
+             for c, g in zip(convs, first, strict=True)]
+    with torch.no_grad():
+        next(copy.parameters()).mul_(1.5)  # an optimizer step, as ArCHer takes between rounds
+    after = kv.generate(convs, GREEDY)
+    assert [g.meta["cached_tokens"] for g in after] == [0, 0]
+    full = HFBackend("m", model_obj=copy, tokenizer=tok, batch_size=3, kv_cache_bytes=0)
+    assert_same(after, full.generate(convs, GREEDY))
