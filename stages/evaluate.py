@@ -19,8 +19,8 @@ from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make
 from pipeline.stage import StageContext, StageResult
 
 NAME = "evaluate-text"
-PARAMS = ["seed", "policy", "games", "rollout_text.max_new_tokens", "rollout_text.max_format_retries",
-          "rollout_text.environment", "evaluate_text"]
+PARAMS = ["seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
+          "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text"]
 
 
 def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, temperature: float,
