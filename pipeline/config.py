@@ -240,7 +240,8 @@ class DPOConfigSection(Section):
         0.0, ge=0, lt=0.5, description="robust: probability a label is flipped; exo_pair: its epsilon (> 0, "
         "paper 1e-3); aot/aot_unpaired: smoothing; ignored by the other loss types")
     init: Literal["sft", "base"] = Field(
-        "sft", description="policy DPO starts from; the reference is always the base policy (reflogprobs)")
+        "sft", description="policy DPO starts from; reflogprobs scores the pairs with it (the reference = the "
+        "policy DPO starts from, as in PAPRIKA)")
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
 
     @field_validator("loss_type")
@@ -256,7 +257,7 @@ class DPOConfigSection(Section):
 
 
 class LoraConfigSection(Section):
-    """LoRA adapters (peft) for train-policy: SFT and DPO train adapters only, merged into the saved model."""
+    """LoRA adapters (peft) for train-sft / train-dpo: only adapters train, merged into the saved model."""
 
     enabled: bool = Field(True, description="train LoRA adapters instead of every weight")
     r: int = Field(8, ge=1, le=1024, description="adapter rank")
@@ -550,3 +551,20 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[st
         return Params.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
+
+
+def preset_overrides(path: str | Path) -> list[str]:
+    """A preset file (a partial params.yaml) as dotted ``key=value`` overrides, values in compact YAML flow
+    style with no spaces, so they survive the shell as ``-S`` arguments of ``dvc exp run`` / ``curio``."""
+    import json
+
+    def flat(prefix: str, node) -> list[str]:
+        if isinstance(node, dict) and node:
+            return [o for k, v in node.items() for o in flat(f"{prefix}.{k}" if prefix else str(k), v)]
+        return [f"{prefix}={json.dumps(node, separators=(',', ':'))}" if not isinstance(node, str)
+                else f"{prefix}={node}"]
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"preset {path}: not a mapping of params")
+    return flat("", raw)

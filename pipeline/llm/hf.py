@@ -12,13 +12,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.models.chat import encode_prompt, stop_token_ids
+from pipeline.models.gguf import resolve_model
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
 _LOAD_LOCK = threading.Lock()
 
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
-    """Load a causal LM + tokenizer saved with ``save_pretrained`` (or any HF model id)."""
+    """Load a causal LM + tokenizer saved with ``save_pretrained``, any HF model id, or ``gguf:...`` (imported once,
+    see ``pipeline.models.gguf.resolve_model``)."""
+    path = resolve_model(str(path))
     with _LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
@@ -43,32 +47,30 @@ class HFBackend(ChatBackend):
         self.device = device
         self.batch_size = batch_size
         self.tokenizer.padding_side = "left"
-        # A turn ends at the chat template's end-of-turn token (or the plain EOS for other models).
-        end = self.tokenizer.convert_tokens_to_ids("<|end|>")
-        self.stop_ids = sorted({i for i in (end, self.tokenizer.eos_token_id) if isinstance(i, int) and i >= 0
-                                and i != self.tokenizer.unk_token_id})
+        # A turn ends at the chat template's own end-of-turn token, or at EOS.
+        self.stop_ids = stop_token_ids(self.tokenizer)
+        self.max_positions = (getattr(self.lm.config, "n_positions", None)
+                              or getattr(self.lm.config, "max_position_embeddings", 0))
 
-    def encode(self, conversations: list[Conversation]) -> list[list[int]]:
-        return [
-            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations
-        ]
+    def encode(self, conversations: list[Conversation], max_new_tokens: int = 0) -> list[list[int]]:
+        """Prompt ids; a conversation too long for the context drops its oldest turns (logged)."""
+        return [encode_prompt(self.tokenizer, c, self.max_positions, max_new_tokens) for c in conversations]
 
     @torch.no_grad()
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        encoded = self.encode(conversations)
+        encoded = self.encode(conversations, sampling.max_tokens)
         # Sort by length so each batch pads little; results are put back in input order.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         out: list[Generation | None] = [None] * len(encoded)
-        max_pos = getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 0)
+        max_pos = self.max_positions
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             batch = [encoded[i] for i in idx]
             max_new = sampling.max_tokens
             if max_pos:
                 max_new = max(1, min(max_new, max_pos - max(len(b) for b in batch)))
-                batch = [b[-(max_pos - max_new):] for b in batch]
             width = max(len(b) for b in batch)
             pad = self.tokenizer.pad_token_id
             ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=self.device)
