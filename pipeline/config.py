@@ -192,14 +192,14 @@ class ReflogprobsConfig(Section):
     batch_size: int = Field(16, ge=1)
 
 
-#: The loss types of TRL 1.16's DPOTrainer that train-policy accepts (``sft`` is RPO's term: ``rpo_alpha``).
+#: The loss types of TRL 1.16's DPOTrainer that train-dpo accepts (``sft`` is RPO's term: ``rpo_alpha``).
 #: All of them read the reference log-probs from the batch, so they work with the stored ones of reflogprobs;
 #: the length-normalised ones (sigmoid_norm, ipo) divide by the assistant-only token count of that same mask.
 DPO_LOSS_TYPES = (
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
     "apo_zero", "apo_down", "discopop", "sigmoid_norm",
 )
-#: Preference losses that are not DPOTrainer losses in TRL 1.16, and why train-policy cannot run them.
+#: Preference losses that are not DPOTrainer losses in TRL 1.16, and why train-dpo cannot run them.
 _UNSUPPORTED_LOSSES = {
     "sft": "is RPO's NLL term: set train_policy.dpo.rpo_alpha instead",
     "simpo": "is reference-free (TRL's CPOTrainer, not DPOTrainer); for a length-normalised DPO against the "

@@ -1,4 +1,4 @@
-"""Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-policy and rl-text.
+"""Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-sft, train-dpo and rl-text.
 
 Both resume from the last checkpoint in their output directory, report losses to the stage tracker and
 return the loss history (for dvc plots). DPO reads reference log-probs stored by the ``reflogprobs`` stage
