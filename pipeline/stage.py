@@ -28,8 +28,9 @@ STAGES: dict[str, str] = {
     "rollout-text": "stages.rollout",
     "annotate-text": "stages.annotate",
     "pairs-text": "stages.pairs",
+    "train-sft": "stages.train_sft",
     "reflogprobs": "stages.reflogprobs",
-    "train-policy": "stages.train",
+    "train-dpo": "stages.train_dpo",
     "rl-text": "stages.rl.text",
     "evaluate-text": "stages.evaluate",
     "rollout-nethack": "stages.rollout_nethack",
@@ -45,7 +46,8 @@ STAGES: dict[str, str] = {
 # its line here.
 TRAINED_MODELS: dict[str, list[str]] = {
     "bootstrap": ["bootstrap/model"],
-    "train-policy": ["train_policy/sft", "train_policy/dpo"],
+    "train-sft": ["train_policy/sft"],
+    "train-dpo": ["train_policy/dpo"],
     "rl-text": ["rl_text/model"],
     "train-reward": ["reward_model"],
     "rl-nethack": ["rl_nethack"],

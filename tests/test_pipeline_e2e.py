@@ -13,7 +13,7 @@ from conftest import SMALL, curio, make_project
 
 from pipeline.artifacts import read_manifest, read_rows
 
-TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "reflogprobs", "train-policy",
+TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
                "rl-text", "evaluate-text"]
 
 
@@ -87,16 +87,57 @@ def test_rollout_resumes_after_sigkill_with_identical_rows(trained, tmp_path):
 def test_training_resumes_from_checkpoint(trained, tmp_path):
     proj = make_project(tmp_path, SMALL + ["train_policy.sft.epochs=6"])
     (proj / "data").mkdir()
-    for name in ("bootstrap", "pairs_text", "reflogprobs"):
+    for name in ("bootstrap", "pairs_text"):
         os.symlink(trained / "data" / name, proj / "data" / name)
-    proc = start(["stage", "train-policy"], proj)
-    ckpt = proj / "data" / "train_policy" / "checkpoints" / "sft"
+    proc = start(["stage", "train-sft"], proj)
+    ckpt = proj / "data" / "train_policy" / "sft" / "checkpoints"
     has_ckpt = lambda: ckpt.exists() and any(  # noqa: E731
         (p / "trainer_state.json").exists() for p in ckpt.glob("checkpoint-*"))
     assert kill_when(proc, has_ckpt), "SFT finished before a checkpoint could be killed"
-    curio(["stage", "train-policy"], proj)
-    metrics = json.loads((proj / "metrics" / "stages" / "train-policy.json").read_text())
+    curio(["stage", "train-sft"], proj)
+    metrics = json.loads((proj / "metrics" / "stages" / "train-sft.json").read_text())
     assert metrics["sft/resumed_from_step"] >= 2
+    assert (proj / "data" / "train_policy" / "sft" / "DONE").exists() and not ckpt.exists()
+
+
+def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypatch):
+    """reflogprobs scored the pairs with the SFT policy DPO starts from, so DPO's first loss is log 2 (β-scaled
+    margins of zero) from the stored log-probs, with one model loaded (the policy) and no reference model."""
+    import math
+
+    import stages.train_dpo as train_dpo
+    from pipeline.config import ConfigError, load_params
+    from pipeline.llm.hf import load_policy
+    from pipeline.models import training
+    from pipeline.models.training import sequence_logps
+    from pipeline.stage import execute
+
+    pairs = read_rows(trained / "data" / "reflogprobs")
+    sft, _ = load_policy(trained / "data" / "train_policy" / "sft")
+    stored = [p["ref_chosen_logps"] for p in pairs]
+    scored = sequence_logps(sft, [(p["prompt_ids"], p["chosen_ids"], p["chosen_mask"]) for p in pairs])
+    assert scored == pytest.approx(stored, rel=1e-4)
+
+    proj = make_project(tmp_path, SMALL)
+    (proj / "data" / "train_policy").mkdir(parents=True)
+    for name in ("bootstrap", "reflogprobs", "train_policy/sft"):
+        os.symlink(trained / "data" / name, proj / "data" / name)
+    monkeypatch.chdir(proj)
+    loads, trainers = [], []
+    monkeypatch.setattr(train_dpo, "load_policy", lambda *a, **k: loads.append(a[0]) or load_policy(*a, **k))
+    real_trained_model = training.trained_model
+    monkeypatch.setattr(training, "trained_model", lambda t, m=True: trainers.append(t) or real_trained_model(t, m))
+    # a negligible lr and one pair per step: the first logged loss (mean of steps 1-5) is the loss at the start
+    params = load_params("params.yaml", ["tracking.enabled=false", "train_policy.dpo.lr=1e-12",
+                                         "train_policy.dpo.rpo_alpha=0", "train_policy.dpo.batch_size=1",
+                                         "train_policy.dpo.epochs=5"])
+    execute("train-dpo", params)
+    history = json.loads((proj / "metrics" / "plots" / "dpo_loss.json").read_text())
+    assert history[0]["loss"] == pytest.approx(math.log(2), rel=1e-3)
+    assert len(loads) == 1 and trainers[0].ref_model is None
+    # a reference scored by another policy than DPO starts from is refused
+    with pytest.raises(ConfigError, match="not scored by the policy DPO starts from"):
+        execute("train-dpo", load_params("params.yaml", ["tracking.enabled=false", "train_policy.dpo.init=base"]))
 
 
 @pytest.mark.slow

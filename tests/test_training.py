@@ -23,14 +23,16 @@ def tiny_lm():
     return model, tok
 
 
-def test_mask_covers_assistant_content_only(tiny_lm):
+def test_mask_covers_assistant_content_and_its_end_of_turn_only(tiny_lm):
     _, tok = tiny_lm
     pair = tokenize_pair(tok, PROMPT, CHOSEN, REJECTED)
     kept = tok.decode([t for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if m])
-    assert kept == "<Answer>Is it red?</Answer><Answer>Is it an apple?</Answer>"
-    # regression (PAPRIKA known bug): the end-of-turn template token never counts
+    # the end-of-turn token the model emits to stop counts; environment turns' template tokens never do
+    # (PAPRIKA known bug: its log-probs summed over every template token)
+    assert kept == "<Answer>Is it red?</Answer><|end|><Answer>Is it an apple?</Answer><|end|>"
     end = tok.convert_tokens_to_ids("<|end|>")
-    assert all(not m for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if t == end)
+    assert sum(t == end for t in pair["chosen_ids"]) == 4 and sum(
+        m for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if t == end) == 2
     assert "Yes." not in kept and "Goal reached" not in kept
 
 
@@ -124,15 +126,16 @@ def first_loss(tiny_lm, tmp_path, shift_chosen, shift_rejected, **kw):
 
 @pytest.mark.parametrize("loss_type", ["sigmoid_norm", "ipo"])
 def test_length_normalised_losses_divide_stored_log_ratios_by_assistant_tokens(tiny_lm, tmp_path, loss_type):
-    # log-ratios +3 (chosen) and -2 (rejected), summed over the assistant tokens only: 17 and 7 here
+    # log-ratios +3 (chosen) and -2 (rejected), summed over the assistant tokens only: content + one end-of-turn
+    # token per assistant turn, 17 + 2 and 7 + 1 here
     _, tok = tiny_lm
     beta = 1.0 if loss_type == "sigmoid_norm" else 0.1
     loss, n_c, n_r = first_loss(tiny_lm, tmp_path, 3.0, -2.0, beta=beta, loss_type=loss_type)
     assistant_tokens = [len(tok(m["content"])["input_ids"]) for m in CHOSEN + REJECTED if m["role"] == "assistant"]
-    assert (n_c, n_r) == (sum(assistant_tokens[:2]), assistant_tokens[2]) == (17, 7)
-    delta = 3.0 / n_c + 2.0 / n_r  # 0.1765 + 0.2857 = 0.4622 per token
-    expected = {"sigmoid_norm": math.log1p(math.exp(-beta * delta)),  # -log σ(β Δ) = 0.4885
-                "ipo": (delta - 1 / (2 * beta)) ** 2}[loss_type]  # (0.4622 - 5)^2 = 20.592
+    assert (n_c, n_r) == (sum(assistant_tokens[:2]) + 2, assistant_tokens[2] + 1) == (19, 8)
+    delta = 3.0 / n_c + 2.0 / n_r  # 0.1579 + 0.25 = 0.4079 per token
+    expected = {"sigmoid_norm": math.log1p(math.exp(-beta * delta)),  # -log σ(β Δ) = 0.5099
+                "ipo": (delta - 1 / (2 * beta)) ** 2}[loss_type]  # (0.4079 - 5)^2 = 21.087
     assert loss == pytest.approx(expected, rel=1e-3)
     unnormalised = math.log1p(math.exp(-beta * 5.0))  # plain DPO on the sums would give 0.0067 at β = 1
     assert abs(loss - unnormalised) > 0.1

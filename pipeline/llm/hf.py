@@ -18,13 +18,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.models.chat import encode_prompt, stop_token_ids
+from pipeline.models.gguf import resolve_model
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
 _LOAD_LOCK = threading.Lock()
 
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
-    """Load a causal LM + tokenizer saved with ``save_pretrained`` (or any HF model id)."""
+    """Load a causal LM + tokenizer saved with ``save_pretrained``, any HF model id, or ``gguf:...`` (imported once,
+    see ``pipeline.models.gguf.resolve_model``)."""
+    path = resolve_model(str(path))
     verify_model(path)  # a model Curio saved must match its file hashes (one line naming the stage otherwise)
     with _LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -35,15 +39,10 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None
     return model, tokenizer
 
 
-def stop_token_ids(tokenizer) -> list[int]:
-    """Token ids that end a turn: the chat template's end-of-turn token (or the plain EOS for other models)."""
-    end = tokenizer.convert_tokens_to_ids("<|end|>")
-    return sorted({i for i in (end, tokenizer.eos_token_id) if isinstance(i, int) and i >= 0
-                   and i != tokenizer.unk_token_id})
-
-
 def fit_context(ids: list[int], max_new: int, max_pos: int) -> tuple[list[int], int]:
-    """Fit a prompt and its generation budget into ``max_pos`` positions (0 = no limit)."""
+    """Fit a prompt and its generation budget into ``max_pos`` positions (0 = no limit). ``encode`` has already
+    dropped whole old turns to make room; this only trims what still overflows (a system + task message alone
+    longer than the context)."""
     if not max_pos:
         return ids, max_new
     max_new = max(1, min(max_new, max_pos - len(ids)))
@@ -159,11 +158,12 @@ class HFBackend(ChatBackend):
         self.prompt_tokens = 0  # prompt tokens run through the model
         self.cached_tokens = 0  # prompt tokens whose keys / values were reused instead
         self.generated_tokens = 0
+        self.max_positions = (getattr(self.lm.config, "n_positions", None)
+                              or getattr(self.lm.config, "max_position_embeddings", 0))
 
-    def encode(self, conversations: list[Conversation]) -> list[list[int]]:
-        return [
-            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations
-        ]
+    def encode(self, conversations: list[Conversation], max_new_tokens: int = 0) -> list[list[int]]:
+        """Prompt ids; a conversation too long for the context drops its oldest turns (logged)."""
+        return [encode_prompt(self.tokenizer, c, self.max_positions, max_new_tokens) for c in conversations]
 
     def _weights_version(self) -> int:
         return sum(p._version for p in self.lm.parameters())
@@ -177,11 +177,11 @@ class HFBackend(ChatBackend):
                 self._seen_version = version
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        encoded = self.encode(conversations)
+        encoded = self.encode(conversations, sampling.max_tokens)
         # Sort by length so each batch pads little; results are put back in input order.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         out: list[Generation | None] = [None] * len(encoded)
-        max_pos = getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 0)
+        max_pos = self.max_positions
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             max_new = sampling.max_tokens

@@ -1,4 +1,4 @@
-"""Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-policy and rl-text.
+"""Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-sft, train-dpo and rl-text.
 
 Both resume from the last checkpoint in their output directory, report losses to the stage tracker and
 return the loss history (for dvc plots). DPO reads reference log-probs stored by the ``reflogprobs`` stage
@@ -18,6 +18,7 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline.config import ConfigError, LoraConfigSection, check_dpo_loss_type
+from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.tracking import Tracker
 
 
@@ -119,7 +120,8 @@ def sft_train(
     merge: bool = True,
     padding_free: bool = False,
 ):
-    """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``.
+    """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``. The loss
+    covers the tokens ``pipeline.models.chat.assistant_token_mask`` marks (assistant content + end-of-turn).
 
     ``padding_free`` flattens each batch into one sequence (TRL's padding-free collator; transformers masks
     attention between its conversations from the position ids), so no compute goes to padding; every conversation
@@ -131,11 +133,17 @@ def sft_train(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    dataset = Dataset.from_list([{"messages": c} for c in conversations])
+    # Pre-tokenized with the assistant masks of tokenize_pair (any chat template): TRL turns them into labels.
+    rows = []
+    for c in conversations:
+        ids, mask, _ = assistant_token_mask(tokenizer, c)
+        if not any(mask):
+            raise ValueError("an SFT conversation has no assistant tokens to learn")
+        rows.append({"input_ids": ids, "assistant_masks": mask})
+    dataset = Dataset.from_list(rows)
     max_len = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
     args = SFTConfig(
         **_common_args(checkpoint_dir, lr, epochs, batch_size, warmup_ratio, seed, save_steps),
-        assistant_only_loss=True,
         max_length=None if padding_free else max_len,
         padding_free=padding_free,
         dataset_num_proc=None,
@@ -156,22 +164,18 @@ def sft_train(
 def tokenize_pair(tokenizer, prompt: list[dict], chosen: list[dict], rejected: list[dict]) -> dict:
     """Token ids of prompt / chosen / rejected and the masks of the tokens whose log-probs count.
 
-    The mask covers assistant content only: environment (user) turns and the end-of-turn template token are
-    excluded (PAPRIKA built such a mask but summed over the template tokens too; see RECIPES.md, Known bugs).
+    The mask covers each assistant turn's content and the end-of-turn token that stops it, for any chat template
+    (``pipeline.models.chat``): environment (user) turns, role headers and separators are excluded (PAPRIKA built
+    such a mask but summed over the template tokens too; see RECIPES.md, Known bugs). SFT uses the same mask.
     """
-    end_id = tokenizer.convert_tokens_to_ids("<|end|>")
-    prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True)
-    out: dict[str, Any] = {"prompt_ids": prompt_ids}
+    out: dict[str, Any] = {}
     for name, completion in (("chosen", chosen), ("rejected", rejected)):
-        enc = tokenizer.apply_chat_template(
-            prompt + completion, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        ids, mask = enc["input_ids"], enc["assistant_masks"]
-        if ids[: len(prompt_ids)] != prompt_ids:
-            raise ValueError("chat template does not render the prompt as a prefix of the conversation")
-        comp_ids = ids[len(prompt_ids) :]
-        comp_mask = [int(m and t != end_id) for t, m in zip(comp_ids, mask[len(prompt_ids) :], strict=True)]
-        out[f"{name}_ids"], out[f"{name}_mask"] = comp_ids, comp_mask
+        ids, mask, offsets = assistant_token_mask(tokenizer, prompt + completion)
+        n = prompt_boundary(tokenizer, prompt, prompt + completion, ids, mask, offsets)
+        if "prompt_ids" in out and out["prompt_ids"] != ids[:n]:
+            raise ValueError("chosen and rejected render the prompt differently")
+        out["prompt_ids"] = ids[:n]
+        out[f"{name}_ids"], out[f"{name}_mask"] = ids[n:], mask[n:]
     return out
 
 

@@ -1,0 +1,50 @@
+"""train-dpo: DPO with RPO's α (TRL DPOTrainer) from ``train_policy.dpo.init`` (the SFT policy by default).
+
+Pairs and their reference log-probs come from ``data/reflogprobs``, which scored them with that same policy: the
+reference is the policy DPO starts from (PAPRIKA), so the first loss is log 2 (β-scaled margins of zero) and no
+reference model is ever loaded. A stored reference of another policy is refused. → ``data/train_policy/dpo``;
+resumes from its ``checkpoints/``.
+"""
+
+from __future__ import annotations
+
+from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_manifest, read_rows
+from pipeline.config import ConfigError, Params
+from pipeline.llm.hf import load_policy
+from pipeline.models.training import dpo_train
+from pipeline.policies import policy_path
+from pipeline.stage import StageContext, StageResult
+from stages.train import checkpoint_dir, finish, finished
+
+NAME = "train-dpo"
+PARAMS = ["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"]
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.train_policy
+    init = policy_path(params, cfg.dpo.init)
+    out = params.data_path("train_policy", "dpo")
+    src = params.data_path("reflogprobs")
+    manifest = read_manifest(src) or {}
+    if manifest.get("upstream", {}).get("reference") != dir_hash(init):
+        raise ConfigError(f"data/reflogprobs was not scored by the policy DPO starts from "
+                          f"(train_policy.dpo.init={cfg.dpo.init}): run the reflogprobs stage first")
+    key = params.section_hash(PARAMS) + dataset_hash(src) + dir_hash(init)
+    metrics: dict[str, float] = {}
+    if not finished(out, key):
+        model, tokenizer = load_policy(init, params.policy.device)
+        pairs = read_rows(src)
+        ckpt = checkpoint_dir(out / "checkpoints", key)
+        model, history, resumed = dpo_train(
+            model, tokenizer, pairs, ckpt, lr=cfg.dpo.lr, epochs=cfg.dpo.epochs, batch_size=cfg.dpo.batch_size,
+            beta=cfg.dpo.beta, rpo_alpha=cfg.dpo.rpo_alpha, loss_type=cfg.dpo.loss_type,
+            label_smoothing=cfg.dpo.label_smoothing, warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed,
+            save_steps=cfg.save_steps, tracker=ctx.tracker, lora=cfg.lora,
+        )
+        atomic_write_json(params.plots_path("dpo_loss.json"), history)
+        finish(model, tokenizer, out, ckpt, key)
+        metrics["dpo/pairs"] = len(pairs)
+        metrics["dpo/resumed_from_step"] = resumed
+        metrics["dpo/final_loss"] = history[-1]["loss"] if history else float("nan")
+    ctx.tracker.log_artifact(out, "model_dpo")
+    return StageResult(metrics=metrics, outputs=[str(out)])

@@ -1,0 +1,43 @@
+"""train-sft: assistant-only SFT (TRL SFTTrainer) on the best trajectories, from the base policy.
+
+``data/pairs_text/sft`` → ``data/train_policy/sft``. With ``train_policy.lora.enabled`` only LoRA adapters train
+and the merged (plain) model is saved. Resumes from ``data/train_policy/sft/checkpoints``.
+"""
+
+from __future__ import annotations
+
+from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_rows
+from pipeline.config import Params
+from pipeline.llm.hf import load_policy
+from pipeline.models.training import sft_train
+from pipeline.policies import policy_path
+from pipeline.stage import StageContext, StageResult
+from stages.train import checkpoint_dir, finish, finished
+
+NAME = "train-sft"
+PARAMS = ["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"]
+
+
+def run(params: Params, ctx: StageContext) -> StageResult:
+    cfg = params.train_policy
+    base = policy_path(params, "base")
+    out = params.data_path("train_policy", "sft")
+    src = params.data_path("pairs_text", "sft")
+    key = params.section_hash(PARAMS) + dataset_hash(src) + dir_hash(base)
+    metrics: dict[str, float] = {}
+    if not finished(out, key):
+        model, tokenizer = load_policy(base, params.policy.device)
+        conversations = [r["messages"] for r in read_rows(src, ["messages"])]
+        ckpt = checkpoint_dir(out / "checkpoints", key)
+        model, history, resumed = sft_train(
+            model, tokenizer, conversations, ckpt, lr=cfg.sft.lr, epochs=cfg.sft.epochs,
+            batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
+            save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
+        )
+        atomic_write_json(params.plots_path("sft_loss.json"), history)
+        finish(model, tokenizer, out, ckpt, key)
+        metrics["sft/trajectories"] = len(conversations)
+        metrics["sft/resumed_from_step"] = resumed
+        metrics["sft/final_loss"] = history[-1]["loss"] if history else float("nan")
+    ctx.tracker.log_artifact(out, "model_sft")
+    return StageResult(metrics=metrics, outputs=[str(out)])
