@@ -147,7 +147,8 @@ class RolloutTextConfig(Section):
     tasks_per_chunk: int = Field(32, ge=1, description="tasks per Parquet part (the unit of resume)")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    min_p: float = Field(0.0, ge=0.0, lt=1.0, description="min-p sampling (PAPRIKA: 0.3 with 8B LLMs; 0 for the tiny model)")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0,
+                         description="min-p sampling (PAPRIKA: 0.3 with 8B LLMs; 0 for the tiny model)")
     max_new_tokens: int = Field(32, ge=1, le=1024)
     max_format_retries: int = Field(3, ge=0, le=10, description="re-samples of an unparseable turn before the "
                                     "episode is marked invalid (PAPRIKA: 10)")

@@ -130,7 +130,8 @@ def test_held_out_group_is_pretrained_on_but_never_fine_tuned_on(tmp_path):
     overrides = [
         "tracking.enabled=false", f"data_dir={tmp_path / 'data'}", "games.groups=[wordle,cellular_automata]",
         "games.max_eval_tasks=2", "evaluate_text.trajectories_per_task=1", "evaluate_text.policies=[base]",
-        "games.max_train_tasks=2", "rollout_text.trajectories_per_task=1", "bootstrap.episodes=30", "bootstrap.n_layer=1", "bootstrap.n_embd=32", "bootstrap.n_head=2",
+        "games.max_train_tasks=2", "rollout_text.trajectories_per_task=1", "bootstrap.episodes=30",
+        "bootstrap.n_layer=1", "bootstrap.n_embd=32", "bootstrap.n_head=2",
         "bootstrap.vocab_size=300", "bootstrap.epochs=1", "rollout_text.max_new_tokens=12",
     ]
     logo = logo_params(load_params(REPO / "params.yaml", overrides), "cellular_automata")
