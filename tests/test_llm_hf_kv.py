@@ -62,8 +62,10 @@ def test_resampled_turn_reuses_its_prompt_and_truncation_falls_back(lm):
     again = kv.generate(convs, GREEDY)  # a format retry: the same conversation once more
     assert all(g.meta["cached_tokens"] >= g.tokens_in - 1 for g in again)
     assert_same(again, full.generate(convs, GREEDY))
-    # A conversation past the context is cut at its head: nothing matches the kept tokens, the result is as before.
-    long = [[*c, {"role": "user", "content": "maybe " * 300}] for c in convs]
+    # A conversation past the context drops its oldest turns: the kept tokens no longer match its prompt's head,
+    # and the result is as without a cache.
+    long = [[*c, *[{"role": "assistant", "content": "is it"}, {"role": "user", "content": "maybe " * 20}] * 12]
+            for c in convs]
     assert_same(kv.generate(long, GREEDY), full.generate(long, GREEDY))
 
 

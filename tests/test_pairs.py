@@ -349,7 +349,8 @@ def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
         "rollout_text.trajectories_per_task=2", "rollout_text.max_new_tokens=24",
         "rollout_text.max_format_retries=0", "pairs_text.strategy=multiturn", "pairs_text.states_per_task=2",
         "pairs_text.num_candidates=3", "pairs_text.num_samples=2", "pairs_text.window_size=1",
-        "pairs_text.tasks_per_chunk=2"])
+        "pairs_text.tasks_per_chunk=2",
+        "train_policy.dpo.init=base"])  # no SFT run here: the reference (and DPO's start) is the bootstrap model
     for stage in ("rollout-text", "annotate-text", "pairs-text"):
         execute(stage, params)
     out = data / "pairs_text" / "preferences"
@@ -378,7 +379,10 @@ def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
     model, tok = load_policy(format_model)
     first = scored[0]
     kept = tok.decode([t for t, m in zip(first["chosen_ids"], first["chosen_mask"], strict=True) if m])
-    assert kept == first["chosen"][0]["content"]
+    from pipeline.models.chat import end_of_turn_id
+
+    # the assistant turn's content and the end-of-turn token that stops it (pipeline/models/chat.py)
+    assert kept == first["chosen"][0]["content"] + tok.decode([end_of_turn_id(tok)])
     # The policy is the reference: the first DPO loss is log 2 + RPO's mean NLL of the chosen turn (to 1%: TRL
     # trains under bf16 autocast, the stored reference log-probs are float32).
     _, history, _ = dpo_train(model, tok, [first] * 5, tmp_path / "dpo", lr=1e-12, epochs=1, batch_size=1,
