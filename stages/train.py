@@ -34,3 +34,9 @@ def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str) -> None:
     tiny.save(model, tokenizer, model_dir)
     (model_dir / "DONE").write_text(key)
     shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)  # keep the DVC output small once done
+
+
+def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: list[dict]) -> dict[str, float]:
+    """The metrics a finished SFT or DPO phase reports: what it trained on, where it resumed, its last loss."""
+    return {f"{prefix}/{items}": count, f"{prefix}/resumed_from_step": resumed,
+            f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}

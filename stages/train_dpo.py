@@ -14,7 +14,7 @@ from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.policies import policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.train import checkpoint_dir, finish, finished
+from stages.train import checkpoint_dir, finish, finished, phase_metrics
 
 NAME = "train-dpo"
 PARAMS = ["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"]
@@ -43,8 +43,5 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         )
         atomic_write_json(params.plots_path("dpo_loss.json"), history)
         finish(model, tokenizer, out, ckpt, key)
-        metrics["dpo/pairs"] = len(pairs)
-        metrics["dpo/resumed_from_step"] = resumed
-        metrics["dpo/final_loss"] = history[-1]["loss"] if history else float("nan")
-    ctx.tracker.log_artifact(out, "model_dpo")
+        metrics = phase_metrics("dpo", "pairs", len(pairs), resumed, history)
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -12,7 +12,7 @@ from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.policies import policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.train import checkpoint_dir, finish, finished
+from stages.train import checkpoint_dir, finish, finished, phase_metrics
 
 NAME = "train-sft"
 PARAMS = ["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"]
@@ -36,8 +36,5 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         )
         atomic_write_json(params.plots_path("sft_loss.json"), history)
         finish(model, tokenizer, out, ckpt, key)
-        metrics["sft/trajectories"] = len(conversations)
-        metrics["sft/resumed_from_step"] = resumed
-        metrics["sft/final_loss"] = history[-1]["loss"] if history else float("nan")
-    ctx.tracker.log_artifact(out, "model_sft")
+        metrics = phase_metrics("sft", "trajectories", len(conversations), resumed, history)
     return StageResult(metrics=metrics, outputs=[str(out)])
