@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.models import tiny
-from pipeline.models.training import dpo_train, sequence_logps, sft_train, tokenize_pair
+from pipeline.models.training import dpo_train, padding_free_supported, sequence_logps, sft_train, tokenize_pair
 
 PROMPT = [{"role": "system", "content": "Guess the thing."}, {"role": "user", "content": "It is a fruit."}]
 CHOSEN = [{"role": "assistant", "content": "<Answer>Is it red?</Answer>"}, {"role": "user", "content": "Yes."},
@@ -254,3 +254,17 @@ def test_padding_free_sft_trains_as_padded(tiny_lm, tmp_path):
         histories.append([h["loss"] for h in history])
     assert len(histories[0]) >= 1
     assert histories[1] == pytest.approx(histories[0], rel=1e-4)
+
+
+def test_padding_free_only_where_it_trained_safely(tiny_lm):
+    """On CPU padding-free is always used; on a GPU (bf16) only with flash attention — with sdpa, bf16 and packed
+    sequences the built-in model's bootstrap went to NaN on an H100."""
+    model, _ = tiny_lm
+    assert padding_free_supported(model, on_gpu=False)
+    assert not padding_free_supported(model, on_gpu=True)  # the built-in model runs sdpa / eager
+    kernel = model.config._attn_implementation
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        assert padding_free_supported(model, on_gpu=True)
+    finally:
+        model.config._attn_implementation = kernel

@@ -146,7 +146,7 @@ class HFBackend(ChatBackend):
             model_obj, tokenizer = load_policy(model, device)
         self.lm = model_obj
         self.tokenizer = tokenizer
-        self.device = device
+        self.device = self.lm.device  # where the weights are (a given model_obj may sit on a GPU)
         self.batch_size = batch_size
         self.tokenizer.padding_side = "left"
         self.stop_ids = stop_token_ids(self.tokenizer)

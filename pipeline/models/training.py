@@ -102,6 +102,14 @@ def _train(trainer, checkpoint_dir: Path) -> int:
     return int(Path(last).name.split("-")[-1]) if last else 0
 
 
+def padding_free_supported(model, on_gpu: bool) -> bool:
+    """Whether padding-free batches are safe for ``model``: always on CPU (float32); on a GPU, where training runs
+    in bf16, only with a flash-attention kernel (what TRL documents padding-free for). With the sdpa kernel, bf16
+    and packed sequences the built-in model's bootstrap diverged to NaN mid-run on an H100; padded batches, or
+    float32, trained normally."""
+    return not on_gpu or str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+
+
 def sft_train(
     model,
     tokenizer,
@@ -125,7 +133,7 @@ def sft_train(
 
     ``padding_free`` flattens each batch into one sequence (TRL's padding-free collator; transformers masks
     attention between its conversations from the position ids), so no compute goes to padding; every conversation
-    must then fit the model's context (nothing is truncated).
+    must then fit the model's context (nothing is truncated). Ignored where unsafe (``padding_free_supported``).
 
     With ``lora`` enabled only LoRA adapters train; they are merged into the returned model unless ``merge`` is
     False.
@@ -141,6 +149,7 @@ def sft_train(
             raise ValueError("an SFT conversation has no assistant tokens to learn")
         rows.append({"input_ids": ids, "assistant_masks": mask})
     dataset = Dataset.from_list(rows)
+    padding_free = padding_free and padding_free_supported(model, torch.cuda.is_available())
     max_len = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
     args = SFTConfig(
         **_common_args(checkpoint_dir, lr, epochs, batch_size, warmup_ratio, seed, save_steps),

@@ -163,9 +163,9 @@ def critic_step(critic: DoubleCritic, target: DoubleCritic, opt: torch.optim.Opt
     """One gradient step on MSE to the four targets, then the Polyak update of the target; returns the loss."""
     states = [b["state"] for b in batch]
     with torch.no_grad():
-        reward = torch.tensor([b["reward"] for b in batch], dtype=torch.float32)
-        done = torch.tensor([b["done"] for b in batch])
         vbar1, vbar2 = target.values([b["next_state"] for b in batch])
+        reward = torch.tensor([b["reward"] for b in batch], dtype=torch.float32, device=vbar1.device)
+        done = torch.tensor([b["done"] for b in batch], device=vbar1.device)
         qt1, qt2 = q_targets(reward, done, vbar1, vbar2, gamma)
         qbar1, qbar2, _, _ = target(states, sample_pi(states))
     q1, q2, v1, v2 = critic(states, [b["action"] for b in batch])
