@@ -35,8 +35,8 @@ def stand_in_reward_model(directory: Path) -> None:
     import torch
 
     from pipeline.artifacts import atomic_write_json
-    from pipeline.models.reward import MessageRewardNet, RewardStats, save_reward_model
     from pipeline.nethack.play import EnvSpec, StepRecorder, play_random
+    from pipeline.nethack.reward import MessageRewardNet, RewardStats, save_reward_model
 
     torch.manual_seed(0)
     recorder = StepRecorder()

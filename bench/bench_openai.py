@@ -32,9 +32,11 @@ from fake_openai_server import FakeServer  # noqa: E402
 
 from pipeline.config import LLMConfig  # noqa: E402
 from pipeline.llm import ResponseCache, make_backend  # noqa: E402
-from pipeline.llm.annotation import annotate_preferences  # noqa: E402
 from pipeline.llm.base import Sampling  # noqa: E402
-from pipeline.llm.prompts import preference_messages  # noqa: E402
+from pipeline.nethack.annotation import (
+    annotate_preferences,  # noqa: E402
+    preference_messages,  # noqa: E402
+)
 
 # Every answer parses: one request per pair, so pairs/s is requests/s.
 RULES = [["best_description", 'The first one shows progress.\n("best_description": 1)']]

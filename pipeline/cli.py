@@ -196,10 +196,11 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
     """Send one request with the backend configured for ROLE (one attempt, short timeout); print the answer and its
     latency, or one line saying why it failed (exit 3: the server is unavailable)."""
     from pipeline.llm.check import CheckFailed, check_role
+    from pipeline.policies import policy_path
 
     p = _load(params, set_)
     try:
-        typer.echo(check_role(p, role))
+        typer.echo(check_role(p, role, policy_path))
     except CheckFailed as e:
         fail(str(e), code=3)
     except (KeyError, ValueError) as e:

@@ -364,7 +364,7 @@ NetHackTask = Literal[
 
 
 class RolloutNetHackConfig(Section):
-    task: NetHackTask = Field("score", description="NLE task played (pipeline.envs.nethack.TASKS)")
+    task: NetHackTask = Field("score", description="NLE task played (pipeline.nethack.env.TASKS)")
     extended_actions: bool = Field(False, description="ONI's extended action set (cast, quaff, pray, pickup, pay)")
     episodes: int = Field(96, ge=1, description="episodes collected")
     episodes_per_chunk: int = Field(16, ge=1, description="episodes per Parquet part (the unit of resume)")
@@ -698,7 +698,7 @@ def check_params(params: Params) -> None:
     for key, cfg in llm_roles(params).items():
         _check_role(key, cfg)
     cfg_nh = params.annotate_nethack
-    from pipeline.llm.prompts import preference_goals, preference_templates
+    from pipeline.nethack.annotation import preference_goals, preference_templates
 
     if cfg_nh.goal not in preference_goals():
         raise ConfigError(f"params: annotate_nethack.goal: unknown goal {cfg_nh.goal!r} "

@@ -21,6 +21,7 @@ import torch
 from pipeline.envs.base import Game, Task, extract_answer
 from pipeline.llm.base import ChatBackend, Sampling
 
+PROMPT_MESSAGES = 2  # a game's conversation opens with a system and a user message; the agent's turns follow
 EPISODE_SCHEMA = pa.schema(
     [
         ("group", pa.string()),
@@ -137,7 +138,7 @@ def _play(
             on_turn(n_before - len(active))
 
 
-def history_of(conversation: list[dict], prompt_messages: int = 2) -> list[tuple[str, str | None]]:
+def history_of(conversation: list[dict], prompt_messages: int = PROMPT_MESSAGES) -> list[tuple[str, str | None]]:
     """(action, reply) of each agent turn after the opening messages; reply None for a trailing agent turn.
 
     Raises ValueError for an agent message without a parseable ``<Answer>`` (play never records one).

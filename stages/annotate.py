@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from pipeline.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
 from pipeline.config import Params
-from pipeline.llm.judge import JudgeItem, make_judge
+from pipeline.judge import JudgeItem, make_judge
 from pipeline.stage import StageContext, StageResult
 
 NAME = "annotate-text"

@@ -58,7 +58,7 @@ SCHEMA = pa.schema(
 def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(label, raw) for caption pairs, by the configured mode."""
     from pipeline.llm import sampling_from_config
-    from pipeline.llm.annotation import annotate_preferences, label_messages
+    from pipeline.nethack.annotation import annotate_preferences, label_messages
 
     sampling = sampling_from_config(cfg.annotator)
     if cfg.mode == "preferences":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pipeline.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
 from pipeline.config import Params
-from pipeline.llm.base import Sampling
+from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
@@ -30,8 +30,7 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
     backend = load_policy_backend(params, policy)
     games = make_games(params, eval_groups(params) if groups is None else groups)
     jobs = [(g, t, s) for g in games for t in game_tasks(params, g, split) for s in range(k)]
-    sampling = Sampling(temperature=temperature, top_p=params.rollout_text.top_p,
-                        min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
+    sampling = sampling_from_config(params.rollout_text, temperature=temperature)
     return play_episodes(backend, jobs, sampling, seed=seed,
                          max_format_retries=params.rollout_text.max_format_retries, policy_name=policy)
 

@@ -24,7 +24,8 @@ from pipeline.artifacts import chunk_seed, dir_hash, read_part, read_rows, run_c
 from pipeline.config import Params
 from pipeline.curriculum import UCBCurriculum
 from pipeline.envs.base import Game, Task
-from pipeline.llm.base import ChatBackend, Sampling
+from pipeline.llm import sampling_from_config
+from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_metrics
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
@@ -33,11 +34,6 @@ from pipeline.stage import StageContext, StageResult
 NAME = "rollout-text"
 # Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
 PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"]
-
-
-def sampling(params: Params) -> Sampling:
-    cfg = params.rollout_text
-    return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, min_p=cfg.min_p, max_tokens=cfg.max_new_tokens)
 
 
 def task_key(group: str, task_id: str) -> str:
@@ -111,7 +107,7 @@ class CurriculumRounds:
         cfg = self.params.rollout_text
         picked = self.state_before(index).select(self.pick_rng(index), self.per_round)
         rows = play_episodes(
-            self.policy, self.episode_jobs(picked), sampling(self.params),
+            self.policy, self.episode_jobs(picked), sampling_from_config(self.params.rollout_text),
             seed=chunk_seed(self.params.seed, NAME, index), max_format_retries=cfg.max_format_retries,
             policy_name="base", on_turn=self.on_turn,
         )
@@ -164,7 +160,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     def make_chunk(index: int) -> list[dict]:
         episode_jobs = [(g, t, s) for g, t in chunks[index] for s in range(cfg.trajectories_per_task)]
         return play_episodes(
-            policy, episode_jobs, sampling(params), seed=chunk_seed(params.seed, NAME, index),
+            policy, episode_jobs, sampling_from_config(params.rollout_text), seed=chunk_seed(params.seed, NAME, index),
             max_format_retries=cfg.max_format_retries, policy_name="base", on_turn=bar.update,
         )
 

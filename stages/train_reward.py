@@ -1,6 +1,6 @@
 """train-reward: the Motif message reward model, Bradley-Terry with soft labels on caption text.
 
-Reads ``data/pairs_nethack``; trains ``pipeline.models.reward.MessageRewardNet`` on the train split with
+Reads ``data/pairs_nethack``; trains ``pipeline.nethack.reward.MessageRewardNet`` on the train split with
 ``soft_bt_loss`` (ties pull both rewards together, y = 0.5); reports agreement with the annotator on held-out
 pairs that have a winner. Each step scores only the distinct captions of its batch — captions repeat heavily,
 so that is a fraction of 2 × batch_size network rows.
@@ -23,7 +23,7 @@ import torch
 
 from pipeline.artifacts import atomic_write_json, chunk_seed, read_table
 from pipeline.config import Params
-from pipeline.models.reward import (
+from pipeline.nethack.reward import (
     MessageRewardNet,
     RewardNetConfig,
     RewardStats,

@@ -72,7 +72,7 @@ CURIO_RULES = [
 ]
 
 
-# A deterministic LLM host for Curio's environment prompt (pipeline/llm/prompts/environment.yaml), on with
+# A deterministic LLM host for Curio's environment prompt (pipeline/envs/prompts/environment.yaml), on with
 # ``host=True``: see host_reply.
 HOST_PROMPT = "host of a guessing game"
 HOST_RETRY = "That reply is not allowed"

@@ -397,7 +397,7 @@ def test_saving_a_model_keeps_the_old_one_until_the_new_one_is_complete(tmp_path
 def test_a_damaged_reward_model_names_train_reward(tmp_path):
     import torch
 
-    from pipeline.models.reward import (
+    from pipeline.nethack.reward import (
         WEIGHTS,
         MessageRewardNet,
         RewardNetConfig,

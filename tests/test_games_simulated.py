@@ -5,7 +5,7 @@ import random
 import pytest
 
 from pipeline.envs.base import make_game
-from pipeline.envs.simulated import parse_verdict
+from pipeline.judge import parse_verdict
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 
 
@@ -70,12 +70,17 @@ def test_empty_replies_are_retried_then_fall_back():
     state = game.reset(_wifi_task(game), random.Random(0))
     result = game.step(state, "Is the router new?")
     assert result.reply == "It is a new router." and result.info["env_retries"] == 1
-    assert calls[1][-1]["content"] == game.prompts("retry")  # the retry is a new prompt, not a cache hit
+    assert calls[1] == calls[0]  # a failed request is resent as it was: the model said nothing to correct
 
-    silent = make_game("customer_service", environment=ScriptedBackend(lambda c: Generation("   ")))
+    backend = ScriptedBackend(lambda c: Generation("   "))
+    silent = make_game("customer_service", environment=backend)
     state = silent.reset(_wifi_task(silent), random.Random(0))
     result = silent.step(state, "Hello?")
     assert result.reply == silent.prompts("fallback") and result.info["env_fallback"]
+    assert result.info["env_retries"] == silent.max_env_retries
+    # an empty reply is shown back with the correction: a new prompt, not a cache hit
+    assert backend.requests[1][-2:] == [{"role": "assistant", "content": "..."},
+                                        {"role": "user", "content": silent.prompts("retry")}]
 
 
 def test_a_missing_environment_is_a_clear_error_that_changes_nothing():
@@ -107,8 +112,8 @@ def test_judge_request_and_verdicts():
     conversation = game.judge_conversation(task, [(f"Accuse {task.env['culprit']}", "Case solved. Goal reached.")])
     assert conversation[0]["role"] == "system" and task.env["culprit"] in conversation[1]["content"]
     assert "Detective: Accuse" in conversation[1]["content"]
-    assert parse_verdict("Reasoning... <VALID>") is True
-    assert parse_verdict("<VALID> no wait <NOTVALID>") is False
+    assert parse_verdict("Reasoning... <VALID>") == "VALID"
+    assert parse_verdict("<VALID> no wait <NOTVALID>") == "NOTVALID"
     assert parse_verdict("no tag") is None
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from pipeline.config import LLMConfig, Params
 from pipeline.llm import CachedBackend, EmbeddingBackend, make_backend, make_environment, sampling_from_config
-from pipeline.llm.annotation import annotate_preferences, label_messages
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import check_role, llm_roles
 from pipeline.llm.rules import RulesBackend
+from pipeline.nethack.annotation import annotate_preferences, label_messages
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ from fake_openai_server import CURIO_RULES, FakeServer
 
 from pipeline.config import LLMConfig, Params, load_params
 from pipeline.llm import CachedBackend, make_backend, sampling_from_config
-from pipeline.llm.annotation import annotate_preferences, label_messages
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import CheckFailed, check_role
 from pipeline.llm.openai_backend import OpenAIBackend
+from pipeline.nethack.annotation import annotate_preferences, label_messages
 from pipeline.tracking import flatten_params
 
 KEY_ENV = "CURIO_TEST_LLM_KEY"

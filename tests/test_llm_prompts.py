@@ -2,15 +2,13 @@
 
 import pytest
 
-from pipeline.llm.prompts import (
+from pipeline.envs.llm_host import environment_messages, parse_environment_reply
+from pipeline.judge import judge_messages, parse_verdict
+from pipeline.nethack.annotation import (
     RETRY_PROMPT,
-    environment_messages,
-    judge_messages,
     message_label_messages,
-    parse_environment_reply,
     parse_message_label,
     parse_preference,
-    parse_verdict,
     preference_goals,
     preference_messages,
     preference_templates,

@@ -6,12 +6,16 @@ import pytest
 
 from pipeline.config import LLMConfig
 from pipeline.envs.base import Game, StepResult, Task, register
+from pipeline.envs.llm_host import (
+    EnvironmentQuery,
+    LLMEnvironmentResponder,
+    answer_yes_no_batch,
+    environment_default_reply,
+)
+from pipeline.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
 from pipeline.llm import CachedBackend, Ledger
-from pipeline.llm.annotation import annotate_preferences, label_messages
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.llm.environment import EnvironmentQuery, LLMEnvironmentResponder, answer_yes_no_batch
-from pipeline.llm.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
-from pipeline.llm.prompts import RETRY_PROMPT, environment_default_reply
+from pipeline.nethack.annotation import RETRY_PROMPT, annotate_preferences, label_messages
 
 
 class ScriptedBackend(ChatBackend):

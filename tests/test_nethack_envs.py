@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from nle import nethack
 
-from pipeline.envs.nethack import (
+from pipeline.nethack.env import (
     EXTENDED_ACTIONS,
     SUCCESS_REWARD,
     TASK_NAMES,

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pipeline.models.reward import RewardStats
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
+from pipeline.nethack.reward import RewardStats
 from pipeline.nethack.sf import IntrinsicRewardWrapper, optional_quantile
 
 R = {"You kill the newt!": 2.0, "You see here 3 gold pieces.": 0.8, "It's a wall.": -1.0, "": 0.1}

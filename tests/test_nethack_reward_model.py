@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.models.reward import (
+from pipeline.nethack.reward import (
     MessageRewardNet,
     RewardNetConfig,
     RewardStats,

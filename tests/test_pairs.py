@@ -10,23 +10,21 @@ from pipeline.config import ConfigError, LLMConfig, load_params
 from pipeline.envs.base import make_game
 from pipeline.envs.twenty_questions import knowledge_base
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.multiturn_reward import RewardWeights
-from pipeline.play import history_of, resume_episodes
-from stages.pairs import (
+from pipeline.multiturn_pairs import (
     UNPARSEABLE_REWARD,
     Candidate,
     ContinuationJudge,
     Scores,
-    build,
     candidate_reward,
     choose_pair,
-    effective_success,
     exact_scores,
     multiturn_chunk,
     split_quality,
-    split_task,
     task_states,
 )
+from pipeline.multiturn_reward import RewardWeights
+from pipeline.play import history_of, resume_episodes
+from stages.pairs import build, effective_success, split_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -265,7 +263,7 @@ class FakeJudge(ChatBackend):
 
 
 def test_llm_judge_scores_the_same_dimensions_and_unreadable_answers_are_dropped():
-    from pipeline.llm.prompts import parse_multiturn_scores
+    from pipeline.multiturn_pairs import parse_multiturn_scores
 
     assert parse_multiturn_scores("<interactivity>0.8</interactivity> <information_gain>.5</information_gain> "
                                   "<accuracy> Very close </accuracy>") == {
@@ -392,8 +390,8 @@ def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
 
 
 def test_exact_scores_read_the_city_knowledge_base_too():
+    from pipeline.multiturn_pairs import knowledge_base_candidates
     from pipeline.multiturn_reward import exact_information_gain
-    from stages.pairs import knowledge_base_candidates
 
     game = make_game("guess_my_city")
     task = game.tasks("train")[0]

@@ -4,7 +4,9 @@ The environment model sees its role prompt (``environment`` template, filled fro
 the conversation so far, with the agent's moves as ``user`` turns and its own replies as ``assistant`` turns.
 It signals success by saying "Goal reached". A reply that is empty, failed, or breaks the scenario's
 ``reply_is_valid`` check is asked for again with a short correction (a new prompt, so a response cache does
-not hand back the same text); after ``max_env_retries`` the fixed ``fallback`` reply is used.
+not hand back the same text; the loop is :func:`pipeline.llm.environment.valid_replies`, shared with the
+yes/no hosts); after ``max_env_retries`` the fixed ``fallback`` reply is used. The judge's answer to
+:meth:`SimulatedGame.judge_conversation` is read by :func:`pipeline.judge.parse_verdict`.
 """
 
 from __future__ import annotations
@@ -18,15 +20,9 @@ from typing import Any
 from pipeline.envs.base import Split, StepResult, Task
 from pipeline.envs.gamekit import Episode, TextGame, seeded, task_id
 from pipeline.llm.base import Conversation, Sampling
+from pipeline.llm.environment import valid_replies
 
 GOAL_RE = re.compile(r"goal\s+reached", re.IGNORECASE)
-_VERDICT_RE = re.compile(r"<\s*(VALID|NOTVALID)\s*>", re.IGNORECASE)
-
-
-def parse_verdict(text: str) -> bool | None:
-    """The judge's last ``<VALID>`` / ``<NOTVALID>`` tag as True / False; None when it gave neither."""
-    found = _VERDICT_RE.findall(text)
-    return None if not found else found[-1].upper() == "VALID"
 
 
 @dataclass
@@ -104,24 +100,13 @@ class SimulatedGame(TextGame):
             return []
         self._require_environment()
         conversations = [self.environment_conversation(s, a) for s, a in zip(states, actions, strict=True)]
-        replies: list[str | None] = [None] * len(states)
-        attempts = [0] * len(states)
-        pending = list(range(len(states)))
-        while pending:
-            generations = self.environment.generate([conversations[i] for i in pending], self.env_sampling)
-            retry = []
-            for i, generation in zip(pending, generations, strict=True):
-                text = "" if generation.error else self.clean_reply(generation.text)
-                if GOAL_RE.search(text) or self.reply_is_valid(states[i].task, text):
-                    replies[i] = text
-                elif attempts[i] < self.max_env_retries:
-                    attempts[i] += 1
-                    conversations[i] = conversations[i] + [
-                        {"role": "assistant", "content": text or "..."},
-                        {"role": "user", "content": self.prompts("retry")},
-                    ]
-                    retry.append(i)
-            pending = retry
+
+        def parse(i: int, text: str) -> str | None:
+            text = self.clean_reply(text)
+            return text if GOAL_RE.search(text) or self.reply_is_valid(states[i].task, text) else None
+
+        replies, attempts = valid_replies(self.environment, conversations, self.env_sampling, parse,
+                                          self.prompts("retry"), self.max_env_retries)
         results = []
         for state, action, reply, tries in zip(states, actions, replies, attempts, strict=True):
             success = reply is not None and bool(GOAL_RE.search(reply))
@@ -149,5 +134,3 @@ class SimulatedGame(TextGame):
             {"role": "system", "content": self.prompts("judge_system")},
             {"role": "user", "content": self.prompts("judge", **fields)},
         ]
-
-    parse_verdict = staticmethod(parse_verdict)

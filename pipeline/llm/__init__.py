@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import ConfigError, LLMConfig
+from pipeline.config import ConfigError, LLMConfig, RolloutTextConfig
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
 from pipeline.llm.embedding import EmbeddingBackend
@@ -43,15 +43,15 @@ __all__ = [
 ]
 
 
-def sampling_from_config(cfg: LLMConfig, **overrides: Any) -> Sampling:
-    """The Sampling a role's params describe (temperature, top-p, min-p, max tokens, seed)."""
-    values: dict[str, Any] = {
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "min_p": cfg.min_p,
-        "max_tokens": cfg.max_tokens,
-        "seed": cfg.seed,
-    }
+def sampling_from_config(cfg: LLMConfig | RolloutTextConfig, **overrides: Any) -> Sampling:
+    """The Sampling params describe: an LLM role's (``LLMConfig``: temperature, top-p, min-p, max tokens, seed)
+    or the policy's (``rollout_text``: no seed, so the samples of one prompt are distinct draws). The one place
+    a Sampling is built from params; ``overrides`` replace fields (e.g. an evaluation temperature)."""
+    values: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "min_p": cfg.min_p}
+    if isinstance(cfg, LLMConfig):
+        values.update(max_tokens=cfg.max_tokens, seed=cfg.seed)
+    else:
+        values.update(max_tokens=cfg.max_new_tokens)
     values.update(overrides)
     return Sampling(**values)
 

@@ -346,3 +346,13 @@ class CachedBackend(ChatBackend):
         self.inner.close()
         if self.cache is not None:
             self.cache.close()
+
+
+def ask(
+    backend: ChatBackend, conversations: list[Conversation], sampling: Sampling, accept: Callable[[str], bool]
+) -> list[Generation]:
+    """``backend.generate``; a cached backend stores only answers ``accept`` parses (failures are re-asked on a
+    rerun, a bounded number of times)."""
+    if isinstance(backend, CachedBackend):
+        return backend.generate(conversations, sampling, accept=accept)
+    return backend.generate(conversations, sampling)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from pipeline.config import LLMConfig, Params
+from pipeline.config import LLMConfig, Params, llm_roles
 
 # Short names for the roles the stages use (README: policy, environment, judge, annotator); any dotted params key
 # naming an LLMConfig works too.
@@ -27,28 +26,16 @@ class CheckFailed(RuntimeError):
     """The request failed; the message is the full report."""
 
 
-def llm_roles(params: Params) -> dict[str, LLMConfig]:
-    """Every LLMConfig in params by dotted key (e.g. ``annotate_text.judge``)."""
-    found: dict[str, LLMConfig] = {}
-
-    def walk(model: BaseModel, prefix: str) -> None:
-        for name in type(model).model_fields:
-            value = getattr(model, name)
-            if isinstance(value, LLMConfig):
-                found[prefix + name] = value
-            elif isinstance(value, BaseModel):
-                walk(value, prefix + name + ".")
-
-    walk(params, "")
-    return found
+#: Where the named policy lives (``pipeline.policies.policy_path``: the LLM layer knows no stages or games).
+PolicyPath = Callable[[Params, str], str]
 
 
-def resolve_role(params: Params, role: str) -> tuple[str, LLMConfig]:
+def resolve_role(params: Params, role: str, policy_path: PolicyPath | None = None) -> tuple[str, LLMConfig]:
     """(dotted key, config) of a role name or dotted key; ValueError listing the known ones otherwise."""
     roles = llm_roles(params)
     if role == POLICY:
-        from pipeline.policies import policy_path
-
+        if policy_path is None:
+            raise ValueError("llm: checking the policy needs where it lives (policy_path)")
         path = policy_path(params, "base")
         if params.policy.backend == "hf" and not Path(path).exists():
             raise ValueError(f"llm: policy: no model at {path} (run the bootstrap stage, or set policy.model)")
@@ -60,7 +47,7 @@ def resolve_role(params: Params, role: str) -> tuple[str, LLMConfig]:
     return key, roles[key]
 
 
-def check_role(params: Params, role: str) -> str:
+def check_role(params: Params, role: str, policy_path: PolicyPath | None = None) -> str:
     """Send one request (bypassing the cache) with ``role``'s backend; a printable report.
 
     Raises CheckFailed (message = the report) when the request fails, ValueError for an unknown role.
@@ -70,7 +57,7 @@ def check_role(params: Params, role: str) -> str:
 
     if role == POLICY and params.policy.backend == "scripted":
         return f"role: policy\nbackend: scripted ({params.policy.model}): the games' scripted players; no LLM request"
-    key, cfg = resolve_role(params, role)
+    key, cfg = resolve_role(params, role, policy_path)
     lines = [f"role: {role} ({key})", f"backend: {cfg.backend}  model: {cfg.model or '(default)'}"]
     if cfg.backend == "openai":
         lines.append(f"base_url: {cfg.base_url or '(SDK default)'}")

@@ -1,11 +1,12 @@
-"""An LLM as the environment of a guessing game: answers restricted to Yes / No / Goal reached.
+"""An LLM as a game's environment: the one loop that asks it until its reply is valid, and its accounting.
 
-A reply outside the three is re-asked with a correction turn appended (so a greedy model sees a new prompt),
-up to ``max_retries`` times; then the fixed default reply is used and counted as UNKNOWN in the ledger.
-Games call :func:`answer_yes_no_batch` from ``step_batch`` when ``game.environment`` is an LLM backend
-(``pipeline.envs.llm_host``). What the environment cost a stage (its ledger: requests, dedup, cache hits, tokens,
-latency, retries, failures, UNKNOWNs) goes into the stage's metrics as ``environment/...`` keys: from the games
-(:func:`environment_metrics`) or from an :func:`environment_accounting` block around the whole stage.
+:func:`valid_replies` is how every LLM-hosted game (``pipeline.envs.llm_host``: Yes / No / Goal reached hosts;
+``pipeline.envs.simulated``: scenario role-play) gets its replies: a reply the game's parser rejects is shown
+back with the game's correction turn appended (so a greedy model sees a new prompt), up to ``max_retries``
+times; what is still invalid then is counted as UNKNOWN in the ledger and left to the game's fallback. What the
+environment cost a stage (its ledger: requests, dedup, cache hits, tokens, latency, retries, failures, UNKNOWNs)
+goes into the stage's metrics as ``environment/...`` keys: from the games (:func:`environment_metrics`) or from
+an :func:`environment_accounting` block around the whole stage.
 """
 
 from __future__ import annotations
@@ -14,98 +15,58 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.ledger import Ledger
-from pipeline.llm.prompts import (
-    environment_default_reply,
-    environment_messages,
-    environment_retry,
-    parse_environment_reply,
-)
 
-ENVIRONMENT_SAMPLING = Sampling(temperature=0.0, max_tokens=16)
+T = TypeVar("T")
 
 
 def ledger_of(backend: object) -> Ledger | None:
     return getattr(backend, "ledger", None)
 
 
-@dataclass(frozen=True)
-class EnvironmentQuery:
-    """One question to the host: the secret, its category, the (question, reply) history and the question."""
+def valid_replies(
+    backend: ChatBackend,
+    conversations: list[Conversation],
+    sampling: Sampling,
+    parse: Callable[[int, str], T | None],
+    correction: str,
+    max_retries: int,
+) -> tuple[list[T | None], list[int]]:
+    """The environment's reply to each conversation, as ``parse(index, text)`` reads it, and the retries each took.
 
-    secret: str
-    category: str
-    history: tuple[tuple[str, str], ...] | list[tuple[str, str]]
-    question: str
-
-
-class LLMEnvironmentResponder:
-    """Batched host replies with strict validation.
-
-    Args:
-        backend: the environment's chat backend (normally a CachedBackend from ``make_backend``).
-        max_retries: re-asks after an invalid reply (PAPRIKA: 5).
-        sampling: defaults to greedy, 16 tokens.
+    A reply ``parse`` rejects (None) is shown back to the model with ``correction`` as the next user turn and
+    asked again; a failed request is resent as it was. After ``max_retries`` retries a reply is None (the
+    caller's fallback), counted as UNKNOWN in the backend's ledger.
     """
-
-    def __init__(self, backend: ChatBackend, max_retries: int = 5, sampling: Sampling | None = None) -> None:
-        self.backend = backend
-        self.max_retries = max_retries
-        self.sampling = sampling or ENVIRONMENT_SAMPLING
-
-    def answer_batch(self, items: list[EnvironmentQuery]) -> list[str]:
-        conversations: list[Conversation] = [
-            environment_messages(q.secret, q.category, list(q.history), q.question) for q in items
-        ]
-        replies: list[str | None] = [None] * len(items)
-        pending = list(range(len(items)))
-        retry = environment_retry()
-        for _ in range(self.max_retries + 1):
-            if not pending:
-                break
-            generations = self.backend.generate([conversations[i] for i in pending], self.sampling)
-            still: list[int] = []
-            for i, g in zip(pending, generations, strict=True):
-                reply = parse_environment_reply(g.text) if g.error is None else None
-                if reply is not None:
-                    replies[i] = reply
-                    continue
+    conversations = list(conversations)
+    values: list[T | None] = [None] * len(conversations)
+    retries = [0] * len(conversations)
+    pending = list(range(len(conversations)))
+    while pending:
+        generations = backend.generate([conversations[i] for i in pending], sampling)
+        still: list[int] = []
+        for i, g in zip(pending, generations, strict=True):
+            value = parse(i, g.text) if g.error is None else None
+            if value is not None:
+                values[i] = value
+            elif retries[i] < max_retries:
+                retries[i] += 1
                 if g.error is None:  # a bad answer: show it and ask again; a failed request is simply resent
                     conversations[i] = [
                         *conversations[i],
-                        {"role": "assistant", "content": g.text},
-                        {"role": "user", "content": retry},
+                        {"role": "assistant", "content": g.text if g.text.strip() else "..."},
+                        {"role": "user", "content": correction},
                     ]
                 still.append(i)
-            pending = still
-        if pending:
-            ledger = ledger_of(self.backend)
-            if ledger is not None:
-                ledger.count_unknown(len(pending))
-        default = environment_default_reply()
-        return [r if r is not None else default for r in replies]
-
-
-def answer_yes_no_batch(
-    backend: ChatBackend,
-    secrets: list[str],
-    categories: list[str],
-    histories: list[list[tuple[str, str]]],
-    questions: list[str],
-    *,
-    max_retries: int = 5,
-    sampling: Sampling | None = None,
-) -> list[str]:
-    """Host replies ("Yes" / "No" / "Goal reached", or the default reply) for parallel episodes."""
-    items = [
-        EnvironmentQuery(s, c, tuple(h), q)
-        for s, c, h, q in zip(secrets, categories, histories, questions, strict=True)
-    ]
-    return LLMEnvironmentResponder(backend, max_retries=max_retries, sampling=sampling).answer_batch(items)
+        pending = still
+    unknown = sum(v is None for v in values)
+    ledger = ledger_of(backend)
+    if unknown and ledger is not None:
+        ledger.count_unknown(unknown)
+    return values, retries
 
 
 # -- accounting: the environment's ledger in a stage's metrics -------------------------------------------------

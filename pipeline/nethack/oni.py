@@ -9,7 +9,7 @@ sample-factory's serial runner, with parallel rollout workers, and across a kill
   the table is worth 0. A step costs a dict lookup: the worker never waits for the annotator.
 - :class:`OnlineAnnotator` (its own process, started and watched by the trainer, see ``sf.py``): gathers the
   spooled messages (exact-string dedup), labels the unlabelled ones in batches through Curio's LLM layer
-  (``pipeline.llm.annotation.label_messages``: cache, ledger, any backend), appends them to ``labels.jsonl``,
+  (``pipeline.nethack.annotation.label_messages``: cache, ledger, any backend), appends them to ``labels.jsonl``,
   trains the reward model on the labels so far (many updates per batch early, fewer later), and publishes the
   rewards of every seen message. A failed or unparseable answer leaves the message pending (asked again, at
   most ``max_attempts`` times); an exception in a batch is logged and retried after a pause — RL goes on.
@@ -379,7 +379,7 @@ class OnlineAnnotator:
         attempt: the message stays pending as it was; an unparseable answer is, up to ``max_attempts``."""
         from pipeline.config import LLMConfig
         from pipeline.llm import sampling_from_config
-        from pipeline.llm.annotation import label_messages
+        from pipeline.nethack.annotation import label_messages
 
         sampling = sampling_from_config(LLMConfig(**self.cfg["annotator"]))
         answers = label_messages(
@@ -435,7 +435,7 @@ class OnlineAnnotator:
         if not seen:
             return {}
         if self.kind == "cosine":
-            from pipeline.llm.prompts import nethack_goal
+            from pipeline.nethack.annotation import nethack_goal
 
             sims = self.embedder.similarity(seen, nethack_goal(self.cfg["goal"])["embedding"])
             r = cosine_rewards(sims, self.cfg["cosine_threshold"])

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from nle import nethack
 
-from pipeline.envs.nethack import decode_message, make_env, seed_env
+from pipeline.nethack.env import decode_message, make_env, seed_env
 
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
 MESSAGE_SIZE = 256  # bytes of NLE's message observation

@@ -33,7 +33,7 @@ from nle import nethack
 from sample_factory.model.encoder import Encoder
 from torch import nn
 
-from pipeline.envs.nethack import TASK_NAMES, decode_message, make_env
+from pipeline.nethack.env import TASK_NAMES, decode_message, make_env
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
 from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
 
@@ -214,7 +214,7 @@ def message_rewards(directory: str) -> MessageRewards:
 def threshold_value(directory: str, quantile: float | None) -> float | None:
     if quantile is None or not directory:
         return None
-    from pipeline.models.reward import load_reward_model
+    from pipeline.nethack.reward import load_reward_model
 
     return load_reward_model(directory)[1].threshold(quantile)
 
@@ -304,7 +304,7 @@ def latest_checkpoint(experiment_dir: str | Path) -> tuple[Path, int] | None:
 
 
 def num_actions(extended_actions: bool) -> int:
-    from pipeline.envs.nethack import EXTENDED_ACTIONS, TASK_ACTIONS
+    from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS
 
     return len(EXTENDED_ACTIONS if extended_actions else TASK_ACTIONS)
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.config import Params
+from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend, Sampling
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
@@ -292,8 +293,7 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     games = make_games(params)
     score_by_turns = {g.name: g.score_by_turns for g in games}
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
-    sampling = Sampling(temperature=params.rollout_text.temperature, top_p=params.rollout_text.top_p,
-                        min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
+    sampling = sampling_from_config(params.rollout_text)
     device = params.policy.device
 
     done_rounds = sorted(int(p.name.split("-")[1]) for p in state_dir.glob("round-*") if (p / "DONE").exists())

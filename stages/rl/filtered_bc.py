@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.config import Params
-from pipeline.llm.base import Sampling
+from pipeline.llm import sampling_from_config
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
@@ -44,8 +44,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         shutil.rmtree(rounds_dir, ignore_errors=True)
     games = make_games(params)
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
-    sampling = Sampling(temperature=params.rollout_text.temperature, top_p=params.rollout_text.top_p,
-                        min_p=params.rollout_text.min_p, max_tokens=params.rollout_text.max_new_tokens)
+    sampling = sampling_from_config(params.rollout_text)
     current = Path(init)
     for r in range(cfg.rounds):
         round_dir = rounds_dir / f"round-{r:03d}"

@@ -1,4 +1,5 @@
-"""Trajectory judges: was a claimed success real? ``rules`` = a program check, otherwise an LLM prompt.
+"""Trajectory judges: was a claimed success real? ``rules`` = a program check, otherwise an LLM prompt
+(``prompts/judge.yaml``).
 
 A game that was not claimed as won is NOTVALID without asking anyone (judges only confirm wins). An LLM
 answer without a final ``<VALID>`` / ``<NOTVALID>`` tag is UNKNOWN, its raw text kept.
@@ -7,18 +8,51 @@ answer without a final ``<VALID>`` / ``<NOTVALID>`` tag is UNKNOWN, its raw text
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pipeline.config import RULES_MODELS, LLMConfig
 from pipeline.envs.base import Game, Task, make_game
-from pipeline.llm.annotation import ask
-from pipeline.llm.base import ChatBackend, Sampling
+from pipeline.llm.base import ChatBackend, Conversation, Sampling
+from pipeline.llm.cache import ask
 from pipeline.llm.ledger import Ledger
-from pipeline.llm.prompts import judge_messages, parse_verdict
+from pipeline.llm.prompts import load_prompt, render
 
 RULES_JUDGES = RULES_MODELS["annotate_text.judge"]
 _TASK_FIELDS = {f.name for f in dataclasses.fields(Task)}
+_prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
+_VERDICT_RE = re.compile(r"<\s*(NOT\s*VALID|VALID)\s*>", re.IGNORECASE)
+
+
+def judge_messages(
+    secret: str, category: str, conversation: Conversation, final_action: str | None, claimed_success: bool
+) -> Conversation:
+    """The judge's conversation for one finished game (system turns of the game are left out)."""
+    p = _prompt("judge")
+    speakers = p["speakers"]
+    transcript = "\n".join(
+        f"{speakers.get(m['role'], m['role'])}: {m['content']}" for m in conversation if m["role"] != "system"
+    )
+    user = render(
+        p["user"],
+        secret=secret,
+        category=category,
+        claimed="yes" if claimed_success else "no",
+        final_action=final_action if final_action is not None else "(none)",
+        transcript=transcript,
+    )
+    return [{"role": "system", "content": render(p["system"])}, {"role": "user", "content": user}]
+
+
+def parse_verdict(text: str) -> Literal["VALID", "NOTVALID"] | None:
+    """The last ``<VALID>`` / ``<NOTVALID>`` tag of the answer; None when there is none."""
+    tags = _VERDICT_RE.findall(text)
+    if not tags:
+        return None
+    return "VALID" if re.sub(r"\s", "", tags[-1]).upper() == "VALID" else "NOTVALID"
 
 
 @dataclass

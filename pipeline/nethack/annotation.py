@@ -1,29 +1,100 @@
 """NetHack annotation: Motif pairwise preferences over captions and ONI per-message labels.
 
-Both take a chat backend (the prompts in ``prompts/``) or the embedding backend (similarity to the goal's
-embedding sentence, the no-LLM default). Parse failures never raise: they come back as UNKNOWN with the raw
-answer and are counted in the backend's ledger.
+Both take a chat backend (the prompts in ``prompts/``: ``motif.yaml`` which of two captions shows more progress,
+``oni.yaml`` is one message helpful, ``goals.yaml`` the goal variants) or the embedding backend (similarity to
+the goal's embedding sentence, the no-LLM default). Parse failures never raise: they come back as UNKNOWN with
+the raw answer and are counted in the backend's ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import re
+from pathlib import Path
+from typing import Literal
 
-from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.llm.cache import CachedBackend
+from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.llm.cache import CachedBackend, ask
 from pipeline.llm.embedding import EmbeddingBackend
 from pipeline.llm.ledger import Ledger
-from pipeline.llm.prompts import (
-    RETRY_PROMPT,
-    MessageLabel,
-    PreferenceLabel,
-    message_label_messages,
-    nethack_goal,
-    parse_message_label,
-    parse_preference,
-    preference_messages,
-)
+from pipeline.llm.prompts import load_prompt, render
 
+PreferenceLabel = Literal["FIRST", "SECOND", "TIE", "UNKNOWN"]
+MessageLabel = Literal["helpful", "unhelpful", "UNKNOWN"]
+_prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
+
+
+# -- Motif pairwise preference ------------------------------------------------------------------------------
+_PREFERENCE_RE = re.compile(r"best[ _]description[\"']?\s*[:=]\s*[\"']?\s*(1|2|none)\b", re.IGNORECASE)
+_PREFERENCE_LABEL: dict[str, PreferenceLabel] = {"1": "FIRST", "2": "SECOND", "none": "TIE"}
+
+
+def nethack_goals() -> dict[str, dict[str, str]]:
+    return _prompt("goals")
+
+
+def preference_goals() -> list[str]:
+    return list(nethack_goals())
+
+
+def preference_templates() -> list[str]:
+    return list(_prompt("motif")["templates"])
+
+
+def nethack_goal(goal: str) -> dict[str, str]:
+    """One goal variant (text, question, embedding sentence); a one-line error for an unknown name."""
+    goals = nethack_goals()
+    if goal not in goals:
+        raise ValueError(f"llm: unknown goal {goal!r} (known: {', '.join(goals)})")
+    return goals[goal]
+
+
+def preference_messages(
+    caption_1: str, caption_2: str, goal: str = "defaultgoal", template: str = "default"
+) -> Conversation:
+    """The Motif-style comparison of two captions for one goal variant and template."""
+    p = _prompt("motif")
+    if template not in p["templates"]:
+        raise ValueError(f"llm: unknown preference template {template!r} (known: {', '.join(p['templates'])})")
+    g = nethack_goal(goal)
+    user = render(
+        p["templates"][template],
+        goal_text=g["text"],
+        question=g["question"],
+        caption_1=caption_1 or p["empty_caption"],
+        caption_2=caption_2 or p["empty_caption"],
+    )
+    return [{"role": "system", "content": render(p["system"])}, {"role": "user", "content": user}]
+
+
+def parse_preference(text: str) -> PreferenceLabel:
+    """FIRST / SECOND / TIE from the last ``("best_description": 1|2|None)`` of the answer, else UNKNOWN."""
+    found = _PREFERENCE_RE.findall(text)
+    return _PREFERENCE_LABEL[found[-1].lower()] if found else "UNKNOWN"
+
+
+RETRY_PROMPT: str = _prompt("motif")["retry"].strip()
+
+
+# -- ONI per-message label ----------------------------------------------------------------------------------
+# The tag must close the answer: only trailing whitespace or a full stop may follow it.
+_LABEL_RE = re.compile(r"<label>\s*(helpful|unhelpful)\s*</label>[\s.]*\Z", re.IGNORECASE)
+
+
+def message_label_messages(message: str, goal: str = "defaultgoal") -> Conversation:
+    """The ONI-style question "is this one game message helpful?"."""
+    p = _prompt("oni")
+    user = render(p["user"], goal_text=nethack_goal(goal)["text"], message=message)
+    return [{"role": "system", "content": render(p["system"])}, {"role": "user", "content": user}]
+
+
+def parse_message_label(text: str) -> MessageLabel:
+    """helpful / unhelpful only from a final ``<label>…</label>`` tag; UNKNOWN otherwise."""
+    found = _LABEL_RE.search(text)
+    return found.group(1).lower() if found else "UNKNOWN"  # type: ignore[return-value]
+
+
+# -- annotation -------------------------------------------------------------------------------------------
 # Motif: temperature 0.1, top-p 0.95. The seed makes the answer a function of the prompt, hence cacheable.
 PREFERENCE_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=512, seed=0)
 LABEL_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=256, seed=0)
@@ -32,16 +103,6 @@ RETRY_SEPARATOR = "\n[retry]\n"
 
 def _ledger(backend: object) -> Ledger | None:
     return getattr(backend, "ledger", None)
-
-
-def ask(
-    backend: ChatBackend, conversations: list, sampling: Sampling, accept: Callable[[str], bool]
-) -> list[Generation]:
-    """``backend.generate``; a cached backend stores only answers ``accept`` parses (failures are re-asked on a
-    rerun, a bounded number of times)."""
-    if isinstance(backend, CachedBackend):
-        return backend.generate(conversations, sampling, accept=accept)
-    return backend.generate(conversations, sampling)
 
 
 def _preference_parses(text: str) -> bool:
