@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-UPSTREAM = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "reflogprobs", "train-policy"]
+UPSTREAM = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo"]
 GRID: dict[str, list[list[str]]] = {
     "filtered_bc": [["rl_text.top_quantile=0.1"], ["rl_text.top_quantile=0.25"]],
     "archer": [["rl_text.archer.actor_lr=0.00001"], ["rl_text.archer.actor_lr=0.0001"]],
