@@ -62,6 +62,8 @@ TABLE = "rewards.json"
 MODEL = "model.pt"
 STATUS = "status.json"
 PROGRESS = "progress.csv"
+# niceness of the annotator process: under contention it gets ~10 % of a core (Linux CFS weights 110 vs 1024)
+ANNOTATOR_NICE = 10
 
 
 # -- reward types: r_LLM per message, from labels / model outputs ---------------------------------------------
@@ -497,13 +499,14 @@ class OnlineAnnotator:
 
 
 def annotator_preexec() -> None:
-    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a slightly lower CPU priority
-    than the trainer, so RL keeps its pace when the cores are busy."""
+    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a low CPU priority
+    (``ANNOTATOR_NICE``): when the cores are busy RL keeps its pace and labels lag (ONI's design: labelling is
+    asynchronous); a server-backed annotator mostly waits on the network anyway."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.nice(2)
+    os.nice(ANNOTATOR_NICE)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
