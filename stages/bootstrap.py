@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import random
 
-from pipeline.artifacts import atomic_write_json, chunk_seed, read_rows, run_chunked
+from pipeline.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_rows, run_chunked, stable_hash
+from pipeline.checkpoints import keyed_dir, run_key
 from pipeline.config import Params
 from pipeline.envs.base import format_answer, make_game
 from pipeline.models import tiny
@@ -82,15 +83,17 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 params_hash=params.section_hash(PARAMS), desc="scripted play")
     conversations = [r["conversation"] for r in read_rows(data_dir, ["conversation"])]
 
-    texts = [m["content"] for c in conversations for m in c]
-    texts += [text for g, t in tasks for text in (g.system_prompt(t), g.first_message(t))]
-    tokenizer = tiny.train_tokenizer(texts, cfg.vocab_size)
+    openings = [text for g, t in tasks for text in (g.system_prompt(t), g.first_message(t))]
+    tokenizer = tiny.train_tokenizer([m["content"] for c in conversations for m in c] + openings, cfg.vocab_size)
+    # Checkpoints resume only under the same params, scripted data and game openings (the tokenizer's text).
+    ckpt = keyed_dir(out / "checkpoints",
+                     run_key(params.section_hash(PARAMS), dataset_hash(data_dir), stable_hash(openings)))
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
     lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations)
     # Scripted conversations vary in length (about half of a padded batch is padding): padding-free batches
     # skip that compute, same loss; only when every conversation fits the context, as nothing is truncated.
     model, history, resumed = sft_train(
-        model, tokenizer, conversations, out / "checkpoints",
+        model, tokenizer, conversations, ckpt,
         lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=params.seed,
         tracker=ctx.tracker, prefix="bootstrap", padding_free=lengths[-1] <= cfg.n_positions,
     )

@@ -1,4 +1,4 @@
-"""What train-sft and train-dpo share: checkpoint directories keyed by (params, inputs) and finishing a phase.
+"""What train-sft and train-dpo share: finishing a phase and its metrics (checkpoints: ``pipeline.checkpoints``).
 
 The policy is trained in two stages so the reference of DPO can be the policy DPO starts from (PAPRIKA):
 train-sft (SFT on the best trajectories) → reflogprobs (scores the pairs with ``train_policy.dpo.init``, the SFT
@@ -11,28 +11,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pipeline.checkpoints import mark_finished
 from pipeline.models import tiny
-
-
-def checkpoint_dir(root: Path, key: str) -> Path:
-    """A checkpoint directory that belongs to one (params, inputs) key; stale checkpoints are removed."""
-    marker = root / "KEY"
-    if root.exists() and (not marker.exists() or marker.read_text() != key):
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
-    marker.write_text(key)
-    return root
-
-
-def finished(model_dir: Path, key: str) -> bool:
-    return (model_dir / "DONE").exists() and (model_dir / "DONE").read_text() == key
 
 
 def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str) -> None:
     """Save the trained model into ``model_dir``, swapped in whole once complete (the previous model and the
     ``checkpoints/`` inside it go with the swap)."""
     tiny.save(model, tokenizer, model_dir)
-    (model_dir / "DONE").write_text(key)
+    mark_finished(model_dir, key)
     shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)  # keep the DVC output small once done
 
 

@@ -9,12 +9,13 @@ resumes from its ``checkpoints/``.
 from __future__ import annotations
 
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_manifest, read_rows
+from pipeline.checkpoints import finished, keyed_dir, run_key
 from pipeline.config import ConfigError, Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.policies import policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.train import checkpoint_dir, finish, finished, phase_metrics
+from stages.train import finish, phase_metrics
 
 NAME = "train-dpo"
 PARAMS = ["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"]
@@ -29,12 +30,12 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     if manifest.get("upstream", {}).get("reference") != dir_hash(init):
         raise ConfigError(f"data/reflogprobs was not scored by the policy DPO starts from "
                           f"(train_policy.dpo.init={cfg.dpo.init}): run the reflogprobs stage first")
-    key = params.section_hash(PARAMS) + dataset_hash(src) + dir_hash(init)
+    key = run_key(params.section_hash(PARAMS), dataset_hash(src), dir_hash(init))
     metrics: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(init, params.policy.device)
         pairs = read_rows(src)
-        ckpt = checkpoint_dir(out / "checkpoints", key)
+        ckpt = keyed_dir(out / "checkpoints", key)
         model, history, resumed = dpo_train(
             model, tokenizer, pairs, ckpt, lr=cfg.dpo.lr, epochs=cfg.dpo.epochs, batch_size=cfg.dpo.batch_size,
             beta=cfg.dpo.beta, rpo_alpha=cfg.dpo.rpo_alpha, loss_type=cfg.dpo.loss_type,

@@ -17,13 +17,16 @@ caption seen, which RL workers load instead of re-running the network. Learning 
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import torch
 
-from pipeline.artifacts import atomic_write_json, chunk_seed, read_table
+from pipeline.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_table
+from pipeline.checkpoints import finished, mark_finished, run_key
 from pipeline.config import Params
 from pipeline.nethack.reward import (
+    STATS,
     MessageRewardNet,
     RewardNetConfig,
     RewardStats,
@@ -56,8 +59,14 @@ def pair_loss(rewards: torch.Tensor, first: np.ndarray, second: np.ndarray, y: n
 
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.train_reward
-    pairs = read_table(params.data_path("pairs_nethack")).to_pandas()
-    out = params.data_path("reward_model")
+    src, out = params.data_path("pairs_nethack"), params.data_path("reward_model")
+    curve_csv = params.plots_path(f"{NAME}.csv")
+    # One pass, seconds long: no checkpoints; a model finished under the same params and pairs is kept.
+    key = run_key(params.section_hash(PARAMS), dataset_hash(src))
+    if finished(out, key) and curve_csv.exists():
+        return StageResult(metrics=json.loads((out / STATS).read_text())["metrics"],
+                           outputs=[str(out), str(curve_csv)])
+    pairs = read_table(src).to_pandas()
     # One thread: on a shared 2-core machine OpenMP's spinning threads made steps ~40x slower, not faster.
     torch.set_num_threads(1)
     torch.manual_seed(chunk_seed(params.seed, NAME, 0))
@@ -138,10 +147,10 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     normalised = stats.normalize(raw)
     atomic_write_json(out / TABLE, {c: float(v) for c, v in zip(captions, normalised, strict=True)})
 
-    plots = params.plots_path()
-    plots.mkdir(parents=True, exist_ok=True)
-    with open(plots / f"{NAME}.csv", "w", newline="") as f:
+    curve_csv.parent.mkdir(parents=True, exist_ok=True)
+    with open(curve_csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(curve[0]))
         writer.writeheader()
         writer.writerows(curve)
-    return StageResult(metrics=metrics, outputs=[str(out), str(plots / f"{NAME}.csv")])
+    mark_finished(out, key)
+    return StageResult(metrics=metrics, outputs=[str(out), str(curve_csv)])

@@ -7,12 +7,13 @@ and the merged (plain) model is saved. Resumes from ``data/train_policy/sft/chec
 from __future__ import annotations
 
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_rows
+from pipeline.checkpoints import finished, keyed_dir, run_key
 from pipeline.config import Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.policies import policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.train import checkpoint_dir, finish, finished, phase_metrics
+from stages.train import finish, phase_metrics
 
 NAME = "train-sft"
 PARAMS = ["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"]
@@ -23,12 +24,12 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     base = policy_path(params, "base")
     out = params.data_path("train_policy", "sft")
     src = params.data_path("pairs_text", "sft")
-    key = params.section_hash(PARAMS) + dataset_hash(src) + dir_hash(base)
+    key = run_key(params.section_hash(PARAMS), dataset_hash(src), dir_hash(base))
     metrics: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(base, params.policy.device)
         conversations = [r["messages"] for r in read_rows(src, ["messages"])]
-        ckpt = checkpoint_dir(out / "checkpoints", key)
+        ckpt = keyed_dir(out / "checkpoints", key)
         model, history, resumed = sft_train(
             model, tokenizer, conversations, ckpt, lr=cfg.sft.lr, epochs=cfg.sft.epochs,
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,

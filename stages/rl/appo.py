@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
+from pipeline.checkpoints import keyed_dir, run_key
 from pipeline.config import Params, RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
 from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
@@ -39,7 +40,6 @@ from pipeline.stage import StageContext, StageResult
 
 NAME = "rl-nethack"
 PARAMS = ["seed", "rl_nethack"]
-IDENTITY = "curio_identity.json"  # what a checkpoint was trained under, apart from its length
 
 
 def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Path, reward_dir: Path) -> list[str]:
@@ -80,11 +80,11 @@ def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Pat
 
 
 def identity(args: list[str], reward_dir: Path, uses_model: bool) -> str:
-    """What a checkpoint was trained under: the arguments except where things live, and the reward model's
-    content (not its path), so moving the data directory does not restart training."""
+    """The run key of a variant's checkpoints: the arguments except where things live (its params slice), and
+    the reward model's content (not its path), so moving the data directory does not restart training."""
     where = ("--experiment=", "--train_dir=", "--reward_model_dir=")
     kept = [a for a in args if not a.startswith(where)]
-    return stable_hash({"args": kept, "reward_model": dir_hash(reward_dir) if uses_model else None})
+    return run_key(stable_hash(kept), dir_hash(reward_dir) if uses_model else "")
 
 
 def _stop_with_parent() -> None:
@@ -108,11 +108,7 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     experiment = train_dir / name
     args = sf_args(params, name, variant, train_dir, reward_dir)
     ident = identity(args, reward_dir, variant.reward == "motif" and variant.int_coef != 0)
-    id_file = experiment / IDENTITY
-    if experiment.exists() and (not id_file.exists() or json.loads(id_file.read_text())["identity"] != ident):
-        shutil.rmtree(experiment)  # trained under other settings: its checkpoints must not be continued
-    experiment.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(id_file, {"identity": ident, "args": args})
+    keyed_dir(experiment, ident)  # sample-factory resumes in it; trained under other settings: emptied first
 
     found = latest_checkpoint(experiment)
     if found is not None and found[1] >= cfg.train_for_env_steps and (experiment / SUMMARY).exists():

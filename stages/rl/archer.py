@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.checkpoints import keyed_dir, run_key
 from pipeline.config import Params
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend, Sampling
@@ -285,11 +286,10 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
     out = params.data_path("rl_text")
     init = policy_path(params, "dpo")
-    key = params.section_hash(PARAMS)
-    replay = ReplayBuffer(out / "replay", key, {"init": dir_hash(init)}, ccfg.buffer_capacity)
-    state_dir = out / "state"
-    if not replay.data.finished():  # a fresh start (or changed inputs): earlier checkpoints are stale
-        shutil.rmtree(state_dir, ignore_errors=True)
+    key, init_hash = params.section_hash(PARAMS), dir_hash(init)
+    replay = ReplayBuffer(out / "replay", key, {"init": init_hash}, ccfg.buffer_capacity)
+    # Round checkpoints of other params or another init are stale: never resumed.
+    state_dir = keyed_dir(out / "state", run_key(key, init_hash))
     games = make_games(params)
     score_by_turns = {g.name: g.score_by_turns for g in games}
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]

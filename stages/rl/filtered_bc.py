@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.checkpoints import keyed_dir, run_key
 from pipeline.config import Params
 from pipeline.llm import sampling_from_config
 from pipeline.llm.hf import HFBackend, load_policy
@@ -37,11 +38,11 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_text
     out = params.data_path("rl_text")
     init = policy_path(params, "dpo")
-    key = params.section_hash(PARAMS)
-    rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": dir_hash(init)})
-    rounds_dir = out / "rounds"
-    if not rollouts.finished():  # a fresh start (or changed inputs): earlier round models are stale
-        shutil.rmtree(rounds_dir, ignore_errors=True)
+    key, init_hash = params.section_hash(PARAMS), dir_hash(init)
+    rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": init_hash})
+    # Round models and SFT checkpoints of other params or another init are stale: never resumed.
+    rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
+    checkpoints = keyed_dir(out / "checkpoints", run_key(key, init_hash))
     games = make_games(params)
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
@@ -67,20 +68,21 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         keep = top_fraction(so_far, cfg.top_quantile)
         if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
             model, _, _ = sft_train(
-                model, tokenizer, [k["conversation"] for k in keep], out / "checkpoints" / f"round-{r:03d}",
+                model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
                 lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
                 prefix=f"rl_round_{r}",
             )
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
         stats = summarize(read_part(rollouts, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
         tiny.save(model, tokenizer, round_dir)
         (round_dir / "DONE").write_text("ok")
+        shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
         current = round_dir
     final = out / "model"
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(current, final)
+    shutil.rmtree(checkpoints)  # finished: no checkpoint left in the DVC output
     rollouts.mark_complete(cfg.rounds)
     rows = read_rows(out / "rollouts", ["success", "invalid", "turns", "score"]) if cfg.rounds else []
     history, episodes = [], 0

@@ -21,7 +21,7 @@ NAME = "rl-text"
 PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text",
           "rl_text"]
 # What each algorithm writes under data/rl_text besides model/; another algorithm's leftovers are removed.
-OUTPUT_DIRS = {"filtered_bc": {"rollouts", "rounds"}, "archer": {"replay", "state", "episodes"},
+OUTPUT_DIRS = {"filtered_bc": {"rollouts", "rounds", "checkpoints"}, "archer": {"replay", "state", "episodes"},
                "chai": {"replay", "state", "episodes"}}
 
 

@@ -1,0 +1,87 @@
+"""One resume idiom (pipeline.checkpoints): a rerun of the same key resumes, a stale checkpoint never does.
+
+The bugs these pin down: bootstrap resumed the previous run's last trainer checkpoint after a params change and
+trained nothing; rl-text resumed (and left behind) the SFT checkpoints of a killed run under other params.
+"""
+
+import shutil
+
+import pytest
+
+from pipeline.artifacts import read_rows
+from pipeline.checkpoints import finished, keyed_dir, mark_finished, run_key
+from pipeline.config import load_params
+from pipeline.stage import StageContext, stage_module
+
+TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_layer=1", "bootstrap.n_embd=32",
+                  "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4",
+                  "bootstrap.n_positions=512"]
+
+
+class Killed(Exception):
+    """Stands for a kill right after a trainer wrote its last checkpoint."""
+
+
+def params_at(tmp_path, *overrides):
+    return load_params("params.yaml", [f"data_dir={tmp_path / 'data'}", *TINY_BOOTSTRAP, *overrides])
+
+
+def test_keyed_dir_keeps_its_own_key_and_empties_another(tmp_path):
+    root = keyed_dir(tmp_path / "ckpt", run_key("params-a", "input-1"))
+    (root / "checkpoint-4").mkdir()
+    assert (keyed_dir(root, run_key("params-a", "input-1")) / "checkpoint-4").exists()  # same key: resume
+    assert not (keyed_dir(root, run_key("params-a", "input-2")) / "checkpoint-4").exists()  # new input: stale
+    (tmp_path / "unkeyed" / "checkpoint-9").mkdir(parents=True)  # written before keys: nobody knows its run
+    assert list(keyed_dir(tmp_path / "unkeyed", "k").iterdir()) == [tmp_path / "unkeyed" / "KEY"]
+    mark_finished(tmp_path, "k")
+    assert finished(tmp_path, "k") and not finished(tmp_path, "other")
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(tmp_path_factory):
+    """A tiny bootstrap run: its data directory and metrics."""
+    tmp = tmp_path_factory.mktemp("bootstrap")
+    metrics = stage_module("bootstrap").run(params_at(tmp), StageContext()).metrics
+    return tmp, metrics
+
+
+def test_bootstrap_trains_afresh_after_a_params_change(bootstrapped):
+    tmp, first = bootstrapped
+    assert first["resumed_from_step"] == 0 and first["final_loss"] > 0
+    assert list((tmp / "data" / "bootstrap" / "checkpoints").glob("checkpoint-*"))  # the finished run's last one
+
+    changed = stage_module("bootstrap").run(params_at(tmp, "bootstrap.lr=0.001"), StageContext()).metrics
+    assert changed["resumed_from_step"] == 0  # the old checkpoint was not resumed: the new lr trained
+    assert changed["final_loss"] > 0 and changed["final_loss"] != first["final_loss"]
+
+
+def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_path, monkeypatch):
+    import stages.rl.filtered_bc as fbc
+
+    shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
+    run = ["games.max_train_tasks=2", "rl_text.rounds=1", "rl_text.tasks_per_round=1", "rollout_text.max_new_tokens=8",
+           "rl_text.trajectories_per_task=1", "rl_text.epochs=1", "rl_text.batch_size=2"]
+    # A tiny policy rarely plays a valid episode: each round clones scripted play instead, so that it trains.
+    scripted = read_rows(bootstrapped[0] / "data" / "bootstrap" / "scripted")[:4]
+    monkeypatch.setattr(fbc, "top_fraction", lambda rows, fraction: scripted)
+    real_sft, resumed, kill = fbc.sft_train, [], [True]
+
+    def sft_train(*args, **kwargs):
+        result = real_sft(*args, **kwargs)
+        resumed.append(result[2])
+        if kill[0]:
+            raise Killed
+        return result
+
+    monkeypatch.setattr(fbc, "sft_train", sft_train)
+    out = tmp_path / "data" / "rl_text"
+    for _ in range(2):  # killed after round 0's SFT checkpoint, twice under the same params
+        with pytest.raises(Killed):
+            stage_module("rl-text").run(params_at(tmp_path, *run), StageContext())
+    assert resumed[0] == 0 and resumed[1] > 0  # the same key resumed the killed run's checkpoint
+    assert list((out / "checkpoints").rglob("checkpoint-*"))
+
+    kill[0] = False
+    stage_module("rl-text").run(params_at(tmp_path, *run, "rl_text.lr=0.0003"), StageContext())
+    assert resumed[2] == 0  # other params: the killed run's checkpoint was dropped, not resumed
+    assert not (out / "checkpoints").exists() and (out / "model").is_dir()  # nothing stale left behind
