@@ -60,3 +60,20 @@ def test_nethack_lives_in_one_package():
         if module.split(".")[0] in ("nle", "sample_factory")
     }
     assert not outside, "NetHack code outside pipeline/nethack:\n" + "\n".join(sorted(outside))
+
+
+def test_the_readme_layout_names_every_module_and_folder():
+    """The README's map for newcomers stays whole: every module and folder of pipeline/ and stages/ is named
+    (text games are "one module per game" in envs/, so they need not be listed one by one)."""
+    readme = (PIPELINE.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[: layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
+    root = PIPELINE.parent
+    wanted = [p for p in PIPELINE.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    wanted += [p for p in PIPELINE.glob("*.py") if p.name != "__init__.py"]
+    for folder in ("llm", "models", "nethack"):
+        wanted += [p for p in (PIPELINE / folder).glob("*.py") if p.name != "__init__.py"]
+    wanted += [p for p in (root / "stages").rglob("*.py") if p.name != "__init__.py"]
+    missing = [str(p.relative_to(root)) for p in wanted
+               if (p.name + "/" if p.is_dir() else p.name) not in layout]
+    assert not missing, "README.md's Layout does not name: " + ", ".join(sorted(missing))
