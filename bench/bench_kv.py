@@ -24,6 +24,7 @@ import torch
 
 from pipeline.config import load_params
 from pipeline.envs.base import extract_answer
+from pipeline.llm import sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.play import play_episodes
@@ -87,7 +88,7 @@ def main() -> None:
     params = load_params("params.yaml")
     game = make_games(params)[0]
     tasks = game.tasks("train")
-    sampling = Sampling(temperature=1.0, max_tokens=params.rollout_text.max_new_tokens)
+    sampling = sampling_from_config(params.rollout_text, temperature=1.0)  # the rollout sampling, at T=1
     models = [("built-in", Path(policy_path(params, args.policy)), args.episodes, 0)] if args.episodes else []
     if args.real:
         path = smollm2() if args.real == "smollm2" else Path(args.real)

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from pipeline.config import load_params
-from pipeline.llm.base import Sampling
+from pipeline.llm import sampling_from_config
 from pipeline.play import play_episodes
 from pipeline.policies import load_policy_backend, make_games
 
@@ -30,7 +30,7 @@ def main() -> None:
     game = make_games(params)[0]
     tasks = game.tasks("train")
     jobs = [(game, tasks[i % len(tasks)], 0) for i in range(args.episodes)]
-    sampling = Sampling(temperature=1.0, max_tokens=params.rollout_text.max_new_tokens)
+    sampling = sampling_from_config(params.rollout_text, temperature=1.0)  # the rollout sampling, at T=1
 
     t0 = time.perf_counter()
     batched = play_episodes(policy, jobs, sampling, seed=0)
