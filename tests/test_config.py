@@ -40,17 +40,6 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_dvc_yaml_params_match_stage_modules():
-    import yaml
-
-    from pipeline.stage import STAGES, stage_module
-
-    stages = yaml.safe_load(open("dvc.yaml"))["stages"]
-    for name in STAGES:
-        assert name in stages, name
-        assert sorted(stages[name]["params"]) == sorted(stage_module(name).PARAMS), name
-
-
 def test_embedded_defaults_equal_params_yaml():
     """The pydantic defaults are the shipped params.yaml: a section left out of params.yaml means the same run."""
     from pipeline.config import Params

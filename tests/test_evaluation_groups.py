@@ -94,11 +94,11 @@ def test_training_stages_ignore_eval_groups_and_evaluation_does_not(tmp_path):
     a = params_in(tmp_path)
     b = params_in(tmp_path, "games.eval_groups=[mastermind]", "games.max_eval_tasks=5")
     for name in ("rollout-text", "rl-text"):
-        keys = stage_module(name).PARAMS
+        keys = stage_module(name).STAGE.params
         assert a.section_hash(keys) == b.section_hash(keys), name
     # Evaluation plays them; pre-training (the model's world knowledge) covers them too.
     for name in ("evaluate-text", "bootstrap"):
-        keys = stage_module(name).PARAMS
+        keys = stage_module(name).STAGE.params
         assert a.section_hash(keys) != b.section_hash(keys), name
 
 

@@ -8,38 +8,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import NETHACK_TINY as TINY
+from conftest import nethack_params as make_params
 
 from pipeline.artifacts import read_manifest, read_table
 from pipeline.config import Params, load_params
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.stage import StageContext, execute
-
-TINY = [
-    "tracking.enabled=false",
-    "rollout_nethack.episodes=4", "rollout_nethack.episodes_per_chunk=2", "rollout_nethack.max_episode_steps=300",
-    "annotate_nethack.num_pairs=600", "annotate_nethack.pairs_per_chunk=200",
-    "train_reward.epochs=4", "train_reward.batch_size=128",
-    "rl_nethack.train_for_env_steps=1024", "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256",
-    "rl_nethack.max_episode_steps=400", "rl_nethack.variants={motif: {ext_coef: 0.1, int_coef: 0.1}}",
-    "rl_nethack.timeout_s=300",
-    "evaluate_nethack.episodes=2", "evaluate_nethack.max_episode_steps=150",
-    "evaluate_nethack.policies=[random, motif]",
-]
-
-
-def make_params(root: Path, *overrides: str) -> Params:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "params.yaml").write_text("{}\n")
-    return load_params(root / "params.yaml", [*TINY, f"data_dir={root / 'data'}", *overrides])
-
-
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory) -> Params:
-    """rollout → annotate (embedding default) → pairs → train-reward, once for the module."""
-    params = make_params(tmp_path_factory.mktemp("nethack"))
-    for name in ("rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward"):
-        execute(name, params)
-    return params
 
 
 class FakeJudge(ChatBackend):

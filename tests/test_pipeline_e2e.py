@@ -9,12 +9,9 @@ import time
 
 import pytest
 import torch
-from conftest import SMALL, curio, make_project
+from conftest import SMALL, TEXT_STAGES, curio, make_project
 
 from pipeline.artifacts import read_manifest, read_rows
-
-TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
-               "rl-text", "evaluate-text"]
 
 
 def start(args, cwd):
@@ -35,15 +32,6 @@ def kill_when(proc, predicate, timeout=240):
         time.sleep(0.05)
     proc.kill()
     return False
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A small project with every text stage run once, via `curio stage`."""
-    proj = make_project(tmp_path_factory.mktemp("trained"), SMALL)
-    for name in TEXT_STAGES:
-        curio(["stage", name], proj)
-    return proj
 
 
 def test_every_stage_produces_its_outputs(trained):

@@ -1,0 +1,168 @@
+"""Each stage declares itself once (``STAGE`` in its module): what it reads, depends on and writes. dvc.yaml, the
+stage registry and params.yaml are generated from the declarations and the params schema, and a stage reads
+only the params it declares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import READS_LOG, REPO
+from pydantic import BaseModel
+
+from pipeline.config import Params, UndeclaredParamError, load_params
+from pipeline.generate import generate, render_dvc_yaml
+from pipeline.registry import STAGES
+from pipeline.stage import READS_ENV, Stage, declaration, declared_stages, execute
+
+
+def covered(key: str, declared: list[str]) -> bool:
+    """``key`` is a declared key or inside one (``rollout_text.top_p`` is covered by ``rollout_text``)."""
+    return any(key == d or key.startswith(d + ".") for d in declared)
+
+
+def test_generated_files_are_current():
+    """dvc.yaml, pipeline/registry.py and params.yaml are what `curio generate` writes from the declarations."""
+    stale = generate(REPO, check=True)
+    assert not stale, f"out of date: {', '.join(map(str, stale))}; run `curio generate`"
+
+
+def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
+    (tmp_path / "pipeline").mkdir()
+    for name in ("dvc.yaml", "params.yaml", "pipeline/registry.py"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text().replace("      - pipeline/llm/judge.py", ""))
+    assert generate(tmp_path, check=True) == [tmp_path / "dvc.yaml"]
+    assert generate(tmp_path) == [tmp_path / "dvc.yaml"]
+    assert (tmp_path / "dvc.yaml").read_text() == (REPO / "dvc.yaml").read_text()
+    assert generate(tmp_path, check=True) == []
+
+
+def test_dvc_yaml_says_what_each_declaration_says():
+    stages = declared_stages()
+    assert [s.name for s in stages if not s.cmd] == list(STAGES)
+    spec = yaml.safe_load(render_dvc_yaml(stages))["stages"]
+    for stage in stages:
+        entry = spec[stage.name]
+        assert entry["cmd"] == stage.command
+        assert entry.get("params", []) == stage.params
+        deps = entry["deps"]
+        assert set(stage.code + stage.data) <= set(deps) and len(deps) == len(set(deps)), stage.name
+        outs = [next(iter(o)) if isinstance(o, dict) else o for o in entry["outs"]]
+        assert [o.path for o in stage.outs] == outs[: len(stage.outs)], stage.name
+        if not stage.cmd:
+            assert stage.module.replace(".", "/") + ".py" in deps
+            assert f"metrics/stages/{stage.name}.json" in outs  # execute() writes it
+    # every declared plot with a title is a plot definition; its file is an out of the stage that declares it
+    definitions = {next(iter(next(iter(d.values()))["y"])) for d in yaml.safe_load(render_dvc_yaml(stages))["plots"]
+                   if isinstance(d, dict)}
+    assert definitions == {p.path for s in stages for p in s.plots if p.title}
+
+
+def test_every_param_has_a_help_string():
+    """As TRL's configs do: every key of params.yaml says what it is (and params.yaml shows it as a comment)."""
+    def missing(cls: type[BaseModel], prefix: str = "") -> list[str]:
+        out = []
+        for name, info in cls.model_fields.items():
+            out += [] if info.description else [prefix + name]
+            sub = info.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                out += missing(sub, f"{prefix}{name}.")
+        return out
+
+    assert missing(Params) == []
+
+
+# -- the slice a stage receives ---------------------------------------------------------------------------------
+def test_a_stage_gets_only_its_declared_params(tmp_path):
+    params = load_params(REPO / "params.yaml", ["rollout_text.min_p=0.1", f"data_dir={tmp_path}"])
+    view = declaration("evaluate-text").slice(params)
+    assert view.rollout_text.min_p == 0.1 and view.rollout_text.top_p == params.rollout_text.top_p
+    assert view.games == params.games and view.data_path("x") == tmp_path / "x"  # shared: where outputs go
+    with pytest.raises(UndeclaredParamError, match="evaluate-text reads params key 'rollout_text.temperature'"):
+        view.rollout_text.temperature  # noqa: B018 - the read is the test
+    with pytest.raises(UndeclaredParamError, match="'bootstrap'"):
+        view.bootstrap  # noqa: B018
+    # the slice's fields keep the schema's types and help strings
+    assert type(view).model_fields["rollout_text"].annotation.model_fields["min_p"].description == (
+        Params.model_fields["rollout_text"].annotation.model_fields["min_p"].description)
+
+
+def test_a_slice_hashes_like_the_whole_params():
+    """A stage's params hash (its resume key) is unchanged by running it on its slice: finished parts stay valid."""
+    params = load_params(REPO / "params.yaml")
+    for stage in declared_stages():
+        assert stage.slice(params).section_hash(stage.params) == params.section_hash(stage.params), stage.name
+
+
+def test_a_declaration_naming_an_unknown_key_fails():
+    with pytest.raises(KeyError, match="rollout_text.top_k"):
+        Stage("x", params=["rollout_text.top_k"]).params_model  # noqa: B018
+    with pytest.raises(KeyError, match="given to every stage"):
+        Stage("x", params=["data_dir"]).params_model  # noqa: B018
+
+
+def test_an_undeclared_read_fails_the_stage_loudly(tmp_path, monkeypatch):
+    """Through execute (what DVC and Prefect call), a stage reading a key it does not declare fails with a line
+    naming the key, instead of running with a key DVC does not watch."""
+    import stages.pairs_nethack as module
+
+    declared = module.STAGE
+    monkeypatch.setattr(module, "STAGE", Stage(declared.name, params=["seed"], data=declared.data,
+                                               outs=declared.outs, track=declared.track))
+    params = load_params(REPO / "params.yaml", ["tracking.enabled=false", f"data_dir={tmp_path / 'data'}"])
+    with pytest.raises(UndeclaredParamError, match="pairs-nethack reads params key 'pairs_nethack'"):
+        execute("pairs-nethack", params)
+
+
+# -- the four bugs of #10 ----------------------------------------------------------------------------------------
+def test_evaluate_text_reruns_when_the_sampling_it_uses_changes():
+    """evaluate-text samples with rollout_text.top_p / min_p: a change reaches its params hash (its chunks are
+    redone) and dvc.yaml (dvc repro reruns it)."""
+    stage = declaration("evaluate-text")
+    base = load_params(REPO / "params.yaml")
+    for override in ("rollout_text.top_p=0.9", "rollout_text.min_p=0.1"):
+        changed = load_params(REPO / "params.yaml", [override])
+        assert changed.section_hash(stage.params) != base.section_hash(stage.params), override
+        assert covered(override.split("=")[0], yaml.safe_load((REPO / "dvc.yaml").read_text())
+                       ["stages"]["evaluate-text"]["params"])
+
+
+def test_annotate_text_depends_on_the_judge_code_and_prompt():
+    """Editing the judge's code or its prompt reruns annotate-text under dvc repro."""
+    import inspect
+
+    from pipeline.llm import prompts
+    from pipeline.llm.judge import make_judge
+
+    deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["annotate-text"]["deps"]
+    judge_code = Path(inspect.getsourcefile(make_judge)).relative_to(REPO).as_posix()
+    prompt_dir = Path(prompts.__file__).parent.relative_to(REPO).as_posix()
+    assert covered(judge_code, deps) and covered(prompt_dir, deps), deps
+
+
+# -- reads ⊆ declared, on every stage of both tracks ----------------------------------------------------------------
+def test_every_stage_reads_what_it_declares_and_nothing_else(trained, chain, tmp_path, monkeypatch):
+    """Each stage ran on a tiny budget with the whole params wrapped in a recorder (pipeline.stage.READS_ENV):
+    the text track in `trained`, the NetHack chain in `chain`, its RL and evaluation here. Every key read is
+    declared (a key DVC does not watch would not rerun the stage), and every declared key is read."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "reward_model").symlink_to(chain.data_path("reward_model"))
+    log = tmp_path / READS_LOG
+    monkeypatch.setenv(READS_ENV, str(log))
+    params = chain.model_copy(update={"data_dir": str(data), "metrics_dir": str(tmp_path / "metrics")})
+    for name in ("rl-nethack", "evaluate-nethack"):
+        execute(name, params)
+
+    records = [json.loads(line) for path in (trained / READS_LOG, Path(chain.data_dir).parent / READS_LOG, log)
+               for line in path.read_text().splitlines()]
+    assert {r["stage"] for r in records} == set(STAGES)
+    for r in records:
+        assert r["declared"] == declaration(r["stage"]).params
+        undeclared = [k for k in r["reads"] if not covered(k, r["declared"])]
+        assert not undeclared, f"{r['stage']} reads {undeclared} but does not declare them"
+        unread = [d for d in r["declared"] if not any(covered(k, [d]) or covered(d, [k]) for k in r["reads"])]
+        assert not unread, f"{r['stage']} declares {unread} but never reads them"
