@@ -1,7 +1,9 @@
 """Typed schema of params.yaml: load, override, validate.
 
 Every section is a strict pydantic model (unknown keys are errors). A bad value surfaces as one line naming
-the key (``ConfigError``); the CLI turns it into exit code 2 before anything is written.
+the key (``ConfigError``); the CLI turns it into exit code 2 before anything is written. The defaults and help
+strings here are the only ones: ``curio generate`` writes params.yaml from them, and a stage's params slice
+(``slice_model``) is cut from these models.
 """
 
 from __future__ import annotations

@@ -116,3 +116,21 @@ def smollm2_dir() -> Path:
 
     out, _ = import_gguf(out=REPO / DEFAULT_DIR)
     return out
+
+
+@pytest.fixture(scope="session")
+def nethack_track(chain, tmp_path_factory):
+    """The rest of the NetHack track on `chain`'s reward model: rl-nethack and evaluate-nethack, in a data
+    directory of their own (recording the params keys they read into READS_LOG beside it)."""
+    from pipeline.stage import READS_ENV, execute
+
+    root = tmp_path_factory.mktemp("nethack_rl")
+    (root / "data").mkdir()
+    (root / "data" / "reward_model").symlink_to(chain.data_path("reward_model"))
+    params = chain.model_copy(update={"data_dir": str(root / "data")})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(READS_ENV, str(root / READS_LOG))
+        for name in ("rl-nethack", "evaluate-nethack"):
+            execute(name, params)
+    return params
+

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pipeline.config import Params, UndeclaredParamError, load_params
 from pipeline.generate import generate, render_dvc_yaml
 from pipeline.registry import STAGES
-from pipeline.stage import READS_ENV, Stage, declaration, declared_stages, execute
+from pipeline.stage import Stage, declaration, declared_stages, execute
 
 
 def covered(key: str, declared: list[str]) -> bool:
@@ -144,21 +144,12 @@ def test_annotate_text_depends_on_the_judge_code_and_prompt():
 
 
 # -- reads ⊆ declared, on every stage of both tracks ----------------------------------------------------------------
-def test_every_stage_reads_what_it_declares_and_nothing_else(trained, chain, tmp_path, monkeypatch):
+def test_every_stage_reads_what_it_declares_and_nothing_else(trained, chain, nethack_track):
     """Each stage ran on a tiny budget with the whole params wrapped in a recorder (pipeline.stage.READS_ENV):
-    the text track in `trained`, the NetHack chain in `chain`, its RL and evaluation here. Every key read is
-    declared (a key DVC does not watch would not rerun the stage), and every declared key is read."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "reward_model").symlink_to(chain.data_path("reward_model"))
-    log = tmp_path / READS_LOG
-    monkeypatch.setenv(READS_ENV, str(log))
-    params = chain.model_copy(update={"data_dir": str(data), "metrics_dir": str(tmp_path / "metrics")})
-    for name in ("rl-nethack", "evaluate-nethack"):
-        execute(name, params)
-
-    records = [json.loads(line) for path in (trained / READS_LOG, Path(chain.data_dir).parent / READS_LOG, log)
-               for line in path.read_text().splitlines()]
+    the text track in `trained`, the NetHack track in `chain` and `nethack_track`. Every key read is declared
+    (a key DVC does not watch would not rerun the stage), and every declared key is read."""
+    logs = [trained / READS_LOG, *(Path(p.data_dir).parent / READS_LOG for p in (chain, nethack_track))]
+    records = [json.loads(line) for path in logs for line in path.read_text().splitlines()]
     assert {r["stage"] for r in records} == set(STAGES)
     for r in records:
         assert r["declared"] == declaration(r["stage"]).params
