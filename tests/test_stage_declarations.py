@@ -41,6 +41,23 @@ def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
     assert generate(tmp_path, check=True) == []
 
 
+def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(tmp_path):
+    """params.yaml's shape and help come from the schema; its values are the user's baseline until --defaults."""
+    from pipeline.generate import kept_values
+
+    (tmp_path / "pipeline").mkdir()
+    for name in ("dvc.yaml", "pipeline/registry.py"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    (tmp_path / "params.yaml").write_text("seed: 3\nrollout_text:\n  top_p: 0.9\n")  # hand-written, partial
+    assert generate(tmp_path) == [tmp_path / "params.yaml"]
+    params = load_params(tmp_path / "params.yaml")
+    assert (params.seed, params.rollout_text.top_p) == (3, 0.9)
+    assert "min_p: 0.0" in (tmp_path / "params.yaml").read_text()  # every key is listed, with its help
+    assert kept_values(params) == ["seed=3 (default 0)", "rollout_text.top_p=0.9 (default 1.0)"]
+    generate(tmp_path, defaults=True)
+    assert (tmp_path / "params.yaml").read_text() == (REPO / "params.yaml").read_text()
+
+
 def test_dvc_yaml_says_what_each_declaration_says():
     stages = declared_stages()
     assert [s.name for s in stages if not s.cmd] == list(STAGES)
