@@ -3,9 +3,10 @@
 - ``dvc.yaml`` from every stage's ``STAGE`` declaration (:class:`pipeline.stage.Stage`): deps, params, outs,
   metrics, plots, in dependency order.
 - ``pipeline/registry.py``: stage name -> module, so the CLI lists stages without importing them all.
-- ``params.yaml`` from the pydantic schema (:mod:`pipeline.config`): every default and its help string. The
-  schema is the one source of defaults: it travels with the package (a params.yaml that leaves a key out
-  gets the same value), sits next to each key's type, bounds and help, and a stage's slice is cut from it.
+- ``params.yaml`` from the pydantic schema (:mod:`pipeline.config`): every key with its help string, the values
+  an existing params.yaml holds (``--defaults``: the schema's). The schema is the one source of defaults: it
+  travels with the package (a params.yaml that leaves a key out gets the same value), sits next to each key's
+  type, bounds and help, and a stage's slice is cut from it; the repo's params.yaml holds the defaults.
 
 ``curio generate --check`` writes nothing and fails (exit 1) naming the files that are out of date.
 """
