@@ -16,10 +16,17 @@ import pyarrow as pa
 from pipeline.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
 from pipeline.config import Params
 from pipeline.judge import JudgeItem, make_judge
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "annotate-text"
-PARAMS = ["annotate_text"]
+STAGE = Stage(
+    NAME,
+    params=["annotate_text"],
+    code=["pipeline/judge.py", "pipeline/prompts/judge.yaml"],
+    data=["data/rollout_text"],
+    outs=[Out("data/annotate_text", persist=True)],
+    notes={"pipeline/judge.py": "the judge's code and prompt: editing either re-judges"},
+)
 ROWS_PER_CHUNK = 1024
 
 
@@ -54,7 +61,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         return replace_rows(part, rows, {"judge_label": [v.label for v in verdicts],
                                          "judge_raw": [v.raw for v in verdicts]})
 
-    params_hash, upstream = params.section_hash(PARAMS), {"rollout_text": dataset_hash(src)}
+    params_hash, upstream = params.section_hash(STAGE.params), {"rollout_text": dataset_hash(src)}
     # A rerun asks again for the UNKNOWN verdicts of finished parts (bounded by judge.max_attempts per request).
     redone = redo_rows(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), "judge_label", "UNKNOWN",
                        rejudge)

@@ -35,10 +35,17 @@ from pipeline.artifacts import (
 )
 from pipeline.config import AnnotateNetHackConfig, Params
 from pipeline.nethack.captions import window_captions
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "annotate-nethack"
-PARAMS = ["seed", "annotate_nethack"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "annotate_nethack"],
+    code=["pipeline/nethack/captions.py", "pipeline/nethack/annotation.py", "pipeline/nethack/prompts"],
+    data=["data/rollout_nethack"],
+    outs=[Out("data/annotate_nethack", persist=True)],
+    track="nethack",
+)
 
 SCHEMA = pa.schema(
     [
@@ -136,7 +143,7 @@ def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
             schema=SCHEMA,
         )
 
-    params_hash = params.section_hash(PARAMS)
+    params_hash = params.section_hash(STAGE.params)
     upstream = {"rollouts": dataset_hash(rollouts)}
     redone = redo_unknown(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), backend, cfg)
     run_chunked(

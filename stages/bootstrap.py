@@ -23,10 +23,17 @@ from pipeline.config import Params
 from pipeline.envs.base import format_answer, make_game
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "bootstrap"
-PARAMS = ["seed", "policy.model", "games.groups", "games.eval_groups", "bootstrap"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "policy.model", "games.groups", "games.eval_groups", "bootstrap"],
+    code=["pipeline/models/tiny.py", "pipeline/envs"],
+    outs=[Out("data/bootstrap", persist=True)],
+    plots=[Plot("metrics/plots/bootstrap_loss.json", "Bootstrap (pre-training) loss", x="step", y="loss")],
+    models=["bootstrap/model"],
+)
 EPISODES_PER_CHUNK = 500
 
 
@@ -80,14 +87,14 @@ def run(params: Params, ctx: StageContext) -> StageResult:
 
     data_dir = out / "scripted"
     run_chunked(data_dir, num_chunks=num_chunks, make_chunk=make_chunk,
-                params_hash=params.section_hash(PARAMS), desc="scripted play")
+                params_hash=params.section_hash(STAGE.params), desc="scripted play")
     conversations = [r["conversation"] for r in read_rows(data_dir, ["conversation"])]
 
     openings = [text for g, t in tasks for text in (g.system_prompt(t), g.first_message(t))]
     tokenizer = tiny.train_tokenizer([m["content"] for c in conversations for m in c] + openings, cfg.vocab_size)
     # Checkpoints resume only under the same params, scripted data and game openings (the tokenizer's text).
     ckpt = keyed_dir(out / "checkpoints",
-                     run_key(params.section_hash(PARAMS), dataset_hash(data_dir), stable_hash(openings)))
+                     run_key(params.section_hash(STAGE.params), dataset_hash(data_dir), stable_hash(openings)))
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
     lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations)
     # Scripted conversations vary in length (about half of a padded batch is padding): padding-free batches

@@ -16,11 +16,26 @@ from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "evaluate-text"
-PARAMS = ["seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
-          "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text"]
+STAGE = Stage(
+    NAME,
+    params=[
+        "seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
+        "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text",
+    ],
+    code=["pipeline/play.py", "pipeline/policies.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/envs"],
+    data=["data/bootstrap", "data/train_policy/sft", "data/train_policy/dpo", "data/rl_text"],
+    outs=[Out("data/evaluate_text", persist=True)],
+    plots=[
+        Plot("metrics/plots/eval.json", "Text evaluation, held-out success", x="success_rate", y="policy",
+             template="bar_horizontal"),
+        Plot("metrics/plots/eval.png"),
+    ],
+    notes={"stages/rl/archer.py": "a chai model is the policy re-ranked by its critic",
+           "pipeline/envs": "the games it plays"},
+)
 
 
 def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, temperature: float,
@@ -98,7 +113,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             out, num_chunks=len(policies),
             make_chunk=lambda i: evaluate_policy(params, policies[i], "eval", chunk_seed(params.seed, NAME, 0),
                                                  cfg.trajectories_per_task, cfg.temperature),
-            params_hash=params.section_hash(PARAMS), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
+            params_hash=params.section_hash(STAGE.params), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
         )
     rows = read_rows(out)
     groups = eval_groups(params)

@@ -21,10 +21,22 @@ import numpy as np
 from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
 from pipeline.config import ConfigError, Params
 from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "evaluate-nethack"
-PARAMS = ["seed", "rl_nethack.task", "rl_nethack.extended_actions", "evaluate_nethack"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "rl_nethack.task", "rl_nethack.extended_actions", "evaluate_nethack"],
+    code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py"],
+    data=["data/rl_nethack"],
+    outs=[Out("data/evaluate_nethack", persist=True)],
+    plots=[
+        Plot("metrics/plots/evaluate-nethack.csv", "NetHack evaluation, mean return", x="return", y="policy",
+             template="bar_horizontal"),
+        Plot("metrics/plots/evaluate-nethack.png"),
+    ],
+    track="nethack",
+)
 COLUMNS = ("return", "score", "depth", "length", "success")
 
 
@@ -119,7 +131,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         out,
         num_chunks=len(policies),
         make_chunk=lambda i: evaluate_policy(params, i, policies[i]),
-        params_hash=params.section_hash(PARAMS),
+        params_hash=params.section_hash(STAGE.params),
         upstream=upstream,
         schema=EPISODE_SCHEMA,
         desc="evaluate-nethack policies",

@@ -28,14 +28,24 @@ from pipeline.config import ConfigError, Params
 from pipeline.llm import sampling_from_config
 from pipeline.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
 from pipeline.play import PROMPT_MESSAGES
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "pairs-text"
-PARAMS = [
-    "seed", "policy", "pairs_text", "rollout_text.temperature", "rollout_text.top_p", "rollout_text.min_p",
-    "rollout_text.max_new_tokens", "rollout_text.max_format_retries", "rollout_text.batch_size",
-    "rollout_text.environment",
-]
+STAGE = Stage(
+    NAME,
+    params=[
+        "seed", "policy", "pairs_text", "rollout_text.temperature", "rollout_text.top_p", "rollout_text.min_p",
+        "rollout_text.max_new_tokens", "rollout_text.max_format_retries", "rollout_text.batch_size",
+        "rollout_text.environment",
+    ],
+    code=[
+        "pipeline/play.py", "pipeline/multiturn_reward.py", "pipeline/multiturn_pairs.py",
+        "pipeline/prompts/multiturn_judge.yaml",
+    ],
+    data=["data/annotate_text", "data/bootstrap"],
+    outs=[Out("data/pairs_text")],
+    notes={"data/bootstrap": "strategy multiturn samples candidate turns from the base policy"},
+)
 
 
 def effective_success(row: dict, strategy: str) -> bool | None:
@@ -136,7 +146,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     rng = random.Random(chunk_seed(params.seed, NAME, 0))
     pairs, sft = build(rows, cfg.turn_threshold, cfg.judge_label_strategy, cfg.pairs_per_task, rng)
     upstream = {"annotate_text": dataset_hash(src)}
-    h = params.section_hash(PARAMS)
+    h = params.section_hash(STAGE.params)
     out = params.data_path("pairs_text")
     tasks = len({(r["group"], r["task_id"]) for r in rows})
     stats: dict[str, int] = defaultdict(int)

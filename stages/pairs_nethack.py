@@ -19,10 +19,16 @@ import pyarrow.compute as pc
 
 from pipeline.artifacts import dataset_hash, read_table, run_chunked
 from pipeline.config import Params
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "pairs-nethack"
-PARAMS = ["seed", "pairs_nethack"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "pairs_nethack"],
+    data=["data/annotate_nethack"],
+    outs=[Out("data/pairs_nethack")],
+    track="nethack",
+)
 
 Y_OF_LABEL = {"FIRST": 0.0, "SECOND": 1.0, "TIE": 0.5}
 
@@ -70,7 +76,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         out,
         num_chunks=1,
         make_chunk=lambda _: build(source, params.seed, cfg.val_fraction, cfg.keep_ties),
-        params_hash=params.section_hash(PARAMS),
+        params_hash=params.section_hash(STAGE.params),
         upstream={"annotations": dataset_hash(annotations)},
         schema=SCHEMA,
         desc="pairs-nethack",

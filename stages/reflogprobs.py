@@ -16,10 +16,18 @@ from pipeline.config import Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
 from pipeline.policies import policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "reflogprobs"
-PARAMS = ["seed", "policy", "reflogprobs", "train_policy.dpo.init"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "policy", "reflogprobs", "train_policy.dpo.init"],
+    code=["pipeline/models/training.py", "pipeline/models/chat.py"],
+    data=["data/pairs_text", "data/bootstrap", "data/train_policy/sft"],
+    outs=[Out("data/reflogprobs", persist=True)],
+    notes={"data/bootstrap": "the reference when train_policy.dpo.init is base",
+           "data/train_policy/sft": "the reference when train_policy.dpo.init is sft (the default)"},
+)
 PAIRS_PER_CHUNK = 2048
 
 
@@ -47,7 +55,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         out, num_chunks=len(chunks),
         make_chunk=lambda i: annotate_pairs(model, tokenizer, chunks[i], params.reflogprobs.batch_size,
                                             params.policy.device),
-        params_hash=params.section_hash(PARAMS),
+        params_hash=params.section_hash(STAGE.params),
         upstream={"pairs": dataset_hash(src), "reference": dir_hash(ref_path)},
         desc="reference log-probs",
     )

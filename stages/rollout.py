@@ -29,11 +29,17 @@ from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_metrics
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "rollout-text"
 # Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
-PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"],
+    code=["pipeline/play.py", "pipeline/envs"],
+    data=["data/bootstrap"],
+    outs=[Out("data/rollout_text", persist=True)],
+)
 
 
 def task_key(group: str, task_id: str) -> str:
@@ -137,7 +143,8 @@ def run_curriculum(params: Params, ctx: StageContext) -> StageResult:
     rounds = CurriculumRounds(params, jobs, out, policy, on_turn=bar.update)
     bar.total = rounds.num_rounds * rounds.per_round * cfg.trajectories_per_task
     run_chunked(out, num_chunks=rounds.num_rounds, make_chunk=rounds.make_chunk,
-                params_hash=params.section_hash(PARAMS), upstream={"policy": dir_hash(policy_path(params, "base"))},
+                params_hash=params.section_hash(STAGE.params),
+                upstream={"policy": dir_hash(policy_path(params, "base"))},
                 schema=EPISODE_SCHEMA, desc="curriculum rounds")
     bar.close()
     rows = read_rows(out, ["success", "invalid", "turns", "score"])
@@ -164,7 +171,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             max_format_retries=cfg.max_format_retries, policy_name="base", on_turn=bar.update,
         )
 
-    run_chunked(out, num_chunks=len(chunks), make_chunk=make_chunk, params_hash=params.section_hash(PARAMS),
+    run_chunked(out, num_chunks=len(chunks), make_chunk=make_chunk, params_hash=params.section_hash(STAGE.params),
                 upstream={"policy": dir_hash(policy_path(params, "base"))}, schema=EPISODE_SCHEMA,
                 desc="rollout chunks")
     bar.close()

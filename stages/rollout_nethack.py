@@ -17,10 +17,16 @@ import numpy as np
 from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
 from pipeline.config import Params
 from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "rollout-nethack"
-PARAMS = ["seed", "rollout_nethack"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "rollout_nethack"],
+    code=["pipeline/nethack/play.py", "pipeline/nethack/env.py"],
+    outs=[Out("data/rollout_nethack", persist=True)],
+    track="nethack",
+)
 
 
 def episode_seeds(seed: int, episodes: list[int]) -> list[int]:
@@ -60,7 +66,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         out,
         num_chunks=num_chunks,
         make_chunk=lambda i: collect_chunk(params, i, policy).table(),
-        params_hash=params.section_hash(PARAMS),
+        params_hash=params.section_hash(STAGE.params),
         upstream=upstream,
         schema=STEP_SCHEMA,
         desc="rollout-nethack chunks",

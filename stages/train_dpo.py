@@ -14,11 +14,19 @@ from pipeline.config import ConfigError, Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.policies import policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 from stages.train import finish, phase_metrics
 
 NAME = "train-dpo"
-PARAMS = ["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"],
+    code=["stages/train.py", "pipeline/models/training.py"],
+    data=["data/reflogprobs", "data/bootstrap", "data/train_policy/sft"],
+    outs=[Out("data/train_policy/dpo", persist=True)],
+    plots=[Plot("metrics/plots/dpo_loss.json", "DPO loss", x="step", y="loss")],
+    models=["train_policy/dpo"],
+)
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -30,7 +38,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     if manifest.get("upstream", {}).get("reference") != dir_hash(init):
         raise ConfigError(f"data/reflogprobs was not scored by the policy DPO starts from "
                           f"(train_policy.dpo.init={cfg.dpo.init}): run the reflogprobs stage first")
-    key = run_key(params.section_hash(PARAMS), dataset_hash(src), dir_hash(init))
+    key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(init))
     metrics: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(init, params.policy.device)

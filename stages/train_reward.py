@@ -35,10 +35,19 @@ from pipeline.nethack.reward import (
     soft_bt_loss,
 )
 from pipeline.nethack.sf import TABLE
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "train-reward"
-PARAMS = ["seed", "train_reward"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "train_reward"],
+    code=["pipeline/nethack/reward.py"],
+    data=["data/pairs_nethack"],
+    outs=[Out("data/reward_model")],
+    plots=[Plot("metrics/plots/train-reward.csv", "Reward model, validation agreement", x="epoch", y="val_agreement")],
+    models=["reward_model"],
+    track="nethack",
+)
 QUANTILE_LEVELS = [round(q, 2) for q in np.linspace(0, 1, 101)]
 
 
@@ -62,7 +71,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     src, out = params.data_path("pairs_nethack"), params.data_path("reward_model")
     curve_csv = params.plots_path(f"{NAME}.csv")
     # One pass, seconds long: no checkpoints; a model finished under the same params and pairs is kept.
-    key = run_key(params.section_hash(PARAMS), dataset_hash(src))
+    key = run_key(params.section_hash(STAGE.params), dataset_hash(src))
     if finished(out, key) and curve_csv.exists():
         return StageResult(metrics=json.loads((out / STATS).read_text())["metrics"],
                            outputs=[str(out), str(curve_csv)])

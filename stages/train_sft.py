@@ -12,11 +12,21 @@ from pipeline.config import Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.policies import policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 from stages.train import finish, phase_metrics
 
 NAME = "train-sft"
-PARAMS = ["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"],
+    code=["stages/train.py", "pipeline/models/training.py", "pipeline/models/chat.py"],
+    data=["data/pairs_text", "data/bootstrap"],
+    outs=[Out("data/train_policy/sft", persist=True)],
+    plots=[Plot("metrics/plots/sft_loss.json", "SFT loss", x="step", y="loss")],
+    models=["train_policy/sft"],
+    doc=("The policy trains in two stages around reflogprobs: its reference is the policy DPO starts from "
+         "(train_policy.dpo.init, SFT by default), so it scores the pairs after train-sft (PAPRIKA)."),
+)
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -24,7 +34,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     base = policy_path(params, "base")
     out = params.data_path("train_policy", "sft")
     src = params.data_path("pairs_text", "sft")
-    key = run_key(params.section_hash(PARAMS), dataset_hash(src), dir_hash(base))
+    key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(base))
     metrics: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(base, params.policy.device)

@@ -54,6 +54,26 @@ def small_project(tmp_path):
     return make_project(tmp_path, SMALL)
 
 
+def judge_sources() -> list[str]:
+    """The files annotate-text's LLM judge is made of: its code, and every file read while it builds a prompt."""
+    import inspect
+    from unittest import mock
+
+    from pipeline import judge
+
+    read: list[Path] = []
+    real = Path.read_text
+
+    def spy(path: Path, *args, **kwargs) -> str:
+        read.append(Path(path).resolve())
+        return real(path, *args, **kwargs)
+
+    with mock.patch.object(Path, "read_text", spy):
+        judge.judge_messages("cat", "animal", [{"role": "user", "content": "Is it a cat?"}], "cat", True)
+    files = [Path(inspect.getsourcefile(judge.make_judge)).resolve(), *read]
+    return sorted({f.relative_to(REPO).as_posix() for f in files})
+
+
 TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
                "rl-text", "evaluate-text"]
 READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.stage)

@@ -6,11 +6,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import NETHACK_TINY, REPO, SMALL, curio, make_project
+from conftest import NETHACK_TINY, SMALL, curio, judge_sources, make_project
 
 from pipeline.artifacts import read_manifest, read_rows
 from pipeline.registry import STAGES
@@ -138,13 +137,9 @@ def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(
 
     The stages' tiny outputs are copied in from the session's runs, so each stage resumes to completion in
     seconds (its params hash and inputs unchanged): the DVC / Prefect / MLflow bookkeeping is what runs."""
-    import inspect
     import shutil
 
     import yaml
-
-    from pipeline.llm import prompts
-    from pipeline.llm.judge import make_judge
 
     proj = make_project(tmp_path, SMALL + [o for o in NETHACK_TINY if not o.startswith("tracking.")])
     nethack = [chain.data_path(name) for name in ("rollout_nethack", "annotate_nethack", "pairs_nethack",
@@ -198,9 +193,7 @@ def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(
 
     # the judge's params, code and prompts are annotate-text's (bug: its prompt edits used to rerun nothing)
     assert changed_by(lambda: set_param("annotate_text.judge.max_tokens", 64)) == {"annotate-text"}
-    judge_code = Path(inspect.getsourcefile(make_judge)).relative_to(REPO).as_posix()
-    prompt_dir = Path(prompts.__file__).parent.relative_to(REPO).as_posix()
-    for source in (judge_code, prompt_dir):
+    for source in judge_sources():
         assert "annotate-text" in changed_by(lambda s=source: touch(s)), source
     # evaluate-text samples with rollout_text.min_p (bug: a change used to rerun nothing there)
     assert changed_by(lambda: set_param("rollout_text.min_p", 0.1)) == {

@@ -36,10 +36,27 @@ from pipeline.checkpoints import keyed_dir, run_key
 from pipeline.config import Params, RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
 from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "rl-nethack"
-PARAMS = ["seed", "rl_nethack"]
+STAGE = Stage(
+    NAME,
+    params=["seed", "rl_nethack"],
+    code=[
+        "pipeline/nethack/sf.py", "pipeline/nethack/intrinsic.py", "pipeline/nethack/oni.py",
+        "pipeline/nethack/env.py", "pipeline/nethack/reward.py",
+    ],
+    data=["data/reward_model"],
+    outs=[Out("data/rl_nethack", persist=True)],
+    plots=[
+        Plot("metrics/plots/rl-nethack.json", "NetHack APPO, episode return over env steps", x="env_steps", y="return",
+             template="variants"),
+        Plot("metrics/plots/rl-nethack-oni", x="env_steps", y="pending", in_stage=True,
+             note="one CSV per online variant; other columns: dvc plots show -y labels ..."),
+    ],
+    models=["rl_nethack"],
+    track="nethack",
+)
 
 
 def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Path, reward_dir: Path) -> list[str]:

@@ -42,7 +42,7 @@ from pipeline.models import tiny
 from pipeline.play import play_episodes, summarize
 from pipeline.policies import game_tasks, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.rl.text import NAME, PARAMS
+from stages.rl.text import NAME, STAGE
 
 HEAD_HIDDEN = 256
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -286,7 +286,7 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
     out = params.data_path("rl_text")
     init = policy_path(params, "dpo")
-    key, init_hash = params.section_hash(PARAMS), dir_hash(init)
+    key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
     replay = ReplayBuffer(out / "replay", key, {"init": init_hash}, ccfg.buffer_capacity)
     # Round checkpoints of other params or another init are stale: never resumed.
     state_dir = keyed_dir(out / "state", run_key(key, init_hash))

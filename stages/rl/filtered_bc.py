@@ -24,7 +24,7 @@ from pipeline.models.training import sft_train
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
-from stages.rl.text import NAME, PARAMS
+from stages.rl.text import NAME, STAGE
 
 
 def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
@@ -38,7 +38,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_text
     out = params.data_path("rl_text")
     init = policy_path(params, "dpo")
-    key, init_hash = params.section_hash(PARAMS), dir_hash(init)
+    key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
     rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": init_hash})
     # Round models and SFT checkpoints of other params or another init are stale: never resumed.
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))

@@ -15,11 +15,28 @@ import importlib
 import shutil
 
 from pipeline.config import Params
-from pipeline.stage import StageContext, StageResult
+from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "rl-text"
-PARAMS = ["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text",
-          "rl_text"]
+STAGE = Stage(
+    NAME,
+    params=[
+        "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
+    ],
+    code=[
+        "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/play.py",
+        "pipeline/policies.py", "pipeline/models/training.py", "pipeline/envs",
+    ],
+    data=["data/train_policy/sft", "data/train_policy/dpo"],
+    outs=[Out("data/rl_text", persist=True)],
+    plots=[
+        Plot("metrics/plots/rl_rounds.json",
+             "rl-text, success over environment samples (algorithms compare at equal samples)", x="episodes",
+             y="success_rate"),
+    ],
+    models=["rl_text/model"],
+    notes={"pipeline/envs": "the games it plays"},
+)
 # What each algorithm writes under data/rl_text besides model/; another algorithm's leftovers are removed.
 OUTPUT_DIRS = {"filtered_bc": {"rollouts", "rounds", "checkpoints"}, "archer": {"replay", "state", "episodes"},
                "chai": {"replay", "state", "episodes"}}
