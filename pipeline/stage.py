@@ -264,6 +264,10 @@ class ReadRecorder:
         self._target, self._path = target, path
         self.reads: set[str] = set() if reads is None else reads
 
+    @property
+    def __class__(self) -> type:  # isinstance(recorder, LLMConfig) answers as for the object it records
+        return type(self._target)
+
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
         if name.startswith("_"):
