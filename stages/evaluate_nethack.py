@@ -26,7 +26,7 @@ from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 NAME = "evaluate-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "rl_nethack.task", "rl_nethack.extended_actions", "evaluate_nethack"],
+    params=["seed", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants", "evaluate_nethack"],
     code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py"],
     data=["data/rl_nethack"],
     outs=[Out("data/evaluate_nethack", persist=True)],
