@@ -20,6 +20,8 @@ import yaml
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
 from pipeline.cards import write_cards
 from pipeline.config import Params
+from pipeline.models.launch import use_processes
+from pipeline.runners import use_runner
 from pipeline.tracking import Tracker, git_tags, stage_run
 
 # dvc.yaml stage name -> module implementing it. Adding a stage = a module + a line here + a dvc.yaml entry.
@@ -135,12 +137,15 @@ def execute(name: str, params: Params) -> StageResult:
         experiment=params.tracking.experiment,
         enabled=params.tracking.enabled,
         tags={"curio.params_hash": params_hash, **git},
-        artifact_root=params.tracking.artifact_root,
+        artifact_root=params.tracking.artifact_root, uri=params.tracking.uri,
     ) as tracker:
         deps, outs = data_paths(params, name)
         inputs = digests(deps) if tracker.enabled else {}
         tracker.log_inputs(inputs)
-        result: StageResult = module.run(params, StageContext(tracker=tracker))
+        # chunked work goes where params.runner says; training uses train_policy's accelerate processes
+        with use_runner(params.runner), use_processes(params.train_policy.num_processes,
+                                                      params.train_policy.accelerate_config):
+            result: StageResult = module.run(params, StageContext(tracker=tracker))
         result.metrics.setdefault("seconds", round(time.time() - start, 2))
         out = metrics_path(params, name)
         atomic_write_json(out, result.metrics)
