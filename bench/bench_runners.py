@@ -75,7 +75,7 @@ def main() -> None:
     sweep("local", None, -1)
     print(f"before: {load()}", flush=True)
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0",
                       env={"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}) as cluster:
         print(f"dask cluster start (2 workers): {time.perf_counter() - t0:.1f} s", flush=True)
         times: dict[str, list[float]] = {"local": [], "dask": []}

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
     from pipeline.config import RunnerConfig
 
+# As in pipeline/flows.py, before prefect reads its settings: no analytics, and the ephemeral API gets more than
+# its default 20 s to start on a loaded machine.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
 _ACTIVE: contextvars.ContextVar[RunnerConfig | None] = contextvars.ContextVar("curio_runner", default=None)
 
 
@@ -123,7 +128,7 @@ def task_runner(cfg: RunnerConfig, local_workers: int = 1) -> TaskRunner:
             return DaskTaskRunner(address=cfg.address)
         return DaskTaskRunner(cluster_kwargs={
             "n_workers": cfg.workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
-            "dashboard_address": None, "env": env})
+            "dashboard_address": ":0", "env": env})
     from prefect_ray import RayTaskRunner
 
     init: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
