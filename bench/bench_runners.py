@@ -71,13 +71,13 @@ def main() -> None:
                                overrides={"runner.kind": kind, "runner.address": address, "eval_sweep.max_workers": 1})
         return time.perf_counter() - start, rows
 
-    # Prefect's database and the policy's first load, outside the timings
-    sweep("local", None, -1)
+    sweep("local", None, -2)  # Prefect's database and this process's first policy load, untimed
     print(f"before: {load()}", flush=True)
     t0 = time.perf_counter()
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0",
                       env={"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}) as cluster:
         print(f"dask cluster start (2 workers): {time.perf_counter() - t0:.1f} s", flush=True)
+        sweep("dask", cluster.scheduler_address, -1)  # the workers' first imports and policy load, untimed
         times: dict[str, list[float]] = {"local": [], "dask": []}
         results: dict[str, list] = {"local": [], "dask": []}
         for n in range(args.repeats):
