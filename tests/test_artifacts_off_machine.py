@@ -114,7 +114,7 @@ def test_stages_log_to_an_mlflow_tracking_server_by_param_or_env(tmp_path):
         experiment = client.get_experiment_by_name("served")
         runs = client.search_runs([experiment.experiment_id])
         assert [r.info.run_name for r in runs] == ["evaluate-text", "evaluate-text"]
-        assert all(0.0 <= r.data.metrics["base/success_rate"] <= 1.0 for r in runs)
+        assert all(0.0 <= r.data.metrics["base_success_rate"] <= 1.0 for r in runs)
         # Artifacts went through the server into its artifact store, and come back from it.
         files = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
         assert "eval.png" in files
