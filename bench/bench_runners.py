@@ -5,8 +5,11 @@
 Builds a small built-in policy first (the bootstrap stage with few episodes, in a temporary directory), then runs
 the same sweep (checkpoint ``base``, the eval split, ``--seeds`` cells of ``--eval-tasks`` held-out tasks × k
 episodes) alternately on the local runner with ``eval_sweep.max_workers=1`` and on the Dask runner connected to a
-standing cluster of 2 single-threaded worker processes on 127.0.0.1 (what `runner.address` points at in a real
-deployment; its start-up is printed apart). One torch thread per worker and in the local run. Prints each wall
+standing cluster on 127.0.0.1 (``dask scheduler`` and 2 single-threaded ``dask worker`` processes: what
+`runner.address` points at in a real deployment; its start-up is printed apart). The scheduler and each worker run
+in a session of their own, as separate programs do: this kernel shares CPU fairly between sessions (autogroup),
+so two workers inside the bench's own session would share one session's CPU. One torch thread per worker and in
+the local run. Prints each wall
 time, the local/dask ratio, whether both wrote the same rows, and the load average (the machine may be shared).
 """
 
@@ -14,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +34,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def load() -> str:
@@ -46,7 +58,6 @@ def main() -> None:
 
     import torch
     import yaml
-    from distributed import LocalCluster
 
     from pipeline.config import _set_dotted, load_params, parse_override
     from pipeline.flows import eval_sweep_flow
@@ -73,19 +84,40 @@ def main() -> None:
 
     sweep("local", None, -2)  # Prefect's database and this process's first policy load, untimed
     print(f"before: {load()}", flush=True)
+    # The cluster as separate programs, each in its own session: the kernel here shares CPU fairly between
+    # sessions (autogroup), so 2 workers inside one session would get the CPU of one however many cores exist.
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      env={"OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}) as cluster:
-        print(f"dask cluster start (2 workers): {time.perf_counter() - t0:.1f} s", flush=True)
-        sweep("dask", cluster.scheduler_address, -1)  # the workers' first imports and policy load, untimed
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    dask_bin = str(Path(sys.executable).with_name("dask"))
+    logs = open(WORK / "dask.log", "w")  # noqa: SIM115 - closed with the processes below
+    procs = [subprocess.Popen([dask_bin, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0"], env=env, stdout=logs, stderr=subprocess.STDOUT,
+                              start_new_session=True)]
+    try:
+        procs += [subprocess.Popen([dask_bin, "worker", address, "--nworkers", "1", "--nthreads", "1", "--host",
+                                    "127.0.0.1", "--dashboard-address", ":0"], env=env, stdout=logs,
+                                   stderr=subprocess.STDOUT, start_new_session=True) for _ in range(2)]
+        from distributed import Client
+
+        with Client(address, timeout=120) as client:
+            client.wait_for_workers(2, timeout=300)
+        print(f"dask cluster start (scheduler + 2 workers): {time.perf_counter() - t0:.1f} s", flush=True)
+        sweep("dask", address, -1)  # the workers' first imports and policy load, untimed
         times: dict[str, list[float]] = {"local": [], "dask": []}
         results: dict[str, list] = {"local": [], "dask": []}
         for n in range(args.repeats):
-            for kind, address in (("local", None), ("dask", cluster.scheduler_address)):
-                seconds, rows = sweep(kind, address, n)
+            for kind, where in (("local", None), ("dask", address)):
+                seconds, rows = sweep(kind, where, n)
                 times[kind].append(seconds)
                 results[kind].append(rows)
                 print(f"round {n}: {kind:5s} {seconds:6.1f} s  ({load()})", flush=True)
+    finally:
+        for proc in reversed(procs):
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        logs.close()
     same = all(r == results["local"][0] for rs in results.values() for r in rs)
     local, dask = statistics.median(times["local"]), statistics.median(times["dask"])
     episodes = args.seeds * args.eval_tasks * args.k

@@ -39,6 +39,7 @@ def test_sft_on_two_gloo_processes_follows_the_one_process_loss_curve(tiny_lm, t
     assert type(trained).__name__ == "GPT2LMHeadModel"  # the trained model comes back to the stage's process
 
 
+@pytest.mark.slow  # a second launch of 2 processes (~40 CPU-seconds); the SFT test above is the default tier's
 def test_dpo_on_two_gloo_processes_follows_the_one_process_loss_curve(tiny_lm, tmp_path):
     model, tok = tiny_lm
     pairs = []

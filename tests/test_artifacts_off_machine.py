@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, curio, make_project
 
@@ -35,6 +36,7 @@ def _run(args: list[str], cwd: Path) -> str:
     return res.stdout
 
 
+@pytest.mark.slow  # four stages and a dozen dvc commands: ~20 CPU-seconds, minutes on a shared machine
 def test_a_run_pushed_to_a_dvc_remote_is_pulled_by_a_fresh_clone_and_repro_is_a_no_op(tmp_path):
     project = make_project(tmp_path, SCRIPTED)
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())
@@ -82,6 +84,7 @@ def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 180) -> N
     raise AssertionError("mlflow server not healthy")
 
 
+@pytest.mark.slow  # an mlflow server (~18 s to start) and two stage runs
 def test_stages_log_to_an_mlflow_tracking_server_by_param_or_env(tmp_path):
     from mlflow.tracking import MlflowClient
 
