@@ -101,6 +101,22 @@ class TrackingConfig(Section):
     enabled: bool = Field(True, description="log every stage to MLflow")
     artifact_root: str = Field("mlartifacts", description="artifact directory of the default SQLite store, relative "
                                "to the checkout a command runs in (a copy never writes into another clone)")
+    uri: str | None = Field(None, description="MLflow tracking URI, e.g. an `mlflow server` (http://HOST:5000), "
+                            "which also stores the artifacts; null = $MLFLOW_TRACKING_URI, else ./mlflow.db")
+
+
+class RunnerConfig(Section):
+    """Where chunked stages (rollout-text, annotate-*, reflogprobs, evaluate-*) and the eval-sweep fan out:
+    a Prefect task runner. Not a stage param: a runner changes where chunks run, never their rows."""
+
+    kind: Literal["local", "dask", "ray"] = Field(
+        "local", description="local: this process (eval-sweep: eval_sweep.max_workers threads); dask: prefect-dask "
+        "on a `distributed` cluster; ray: prefect-ray on a Ray cluster")
+    address: str | None = Field(
+        None, description="dask: scheduler address (tcp://HOST:8786); ray: cluster address (HOST:6379, "
+        "ray://HOST:10001 or auto); null = start a local cluster of `workers` processes for the run")
+    workers: int = Field(2, ge=1, description="worker processes of a local dask / ray cluster")
+    torch_threads: int = Field(1, ge=1, description="torch threads per worker process (1: one core each)")
 
 
 # -- text track --------------------------------------------------------------------------------------------
@@ -305,6 +321,11 @@ class TrainPolicyConfig(Section):
                                   description="DPO on the pairs with the stored reference log-probs (TRL DPOTrainer)")
     lora: LoraConfigSection = Field(default_factory=LoraConfigSection, description="peft LoRA adapters for both phases")
     save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
+    num_processes: int = Field(1, ge=1, description="processes training data-parallel under `accelerate launch` "
+                               "(train-sft, train-dpo, bootstrap, rl-text); batch sizes stay global: each process "
+                               "takes batch_size / num_processes of every batch")
+    accelerate_config: str | None = Field(None, description="an accelerate config file (GPUs, machines, mixed "
+                                          "precision) for `accelerate launch`; used instead of num_processes")
 
 
 class CriticConfig(Section):
@@ -584,6 +605,8 @@ class Params(Section, Locations):
         description="the text policy: which model plays and trains, on which backend and device")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                      description="MLflow: one run per stage, nested under a pipeline run")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig,
+                                 description="where chunked stages and the eval-sweep fan out (Prefect task runner)")
     games: GamesConfig = Field(default_factory=GamesConfig,
                                description="text track: the task groups played, their splits and caps")
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig,

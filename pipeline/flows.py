@@ -20,11 +20,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before pre
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.config import Params, load_params  # noqa: E402
 from pipeline.errors import CurioError  # noqa: E402
+from pipeline.runners import started  # noqa: E402
 from pipeline.stage import STAGES, execute  # noqa: E402
 from pipeline.tracking import pipeline_run  # noqa: E402
 
@@ -145,7 +146,7 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
         logger.info("overrides: outputs go to %s (params.yaml and dvc.lock untouched)", root)
     summary: dict[str, str] = {}
     with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
-                      artifact_root=params.tracking.artifact_root):
+                      artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         for name in order:
             if stages and name not in stages:
                 continue
@@ -165,12 +166,19 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     return summary
 
 
-@task(task_run_name="evaluate {checkpoint} {split} seed={seed}")
+@task(task_run_name="evaluate {checkpoint} {split} seed={seed}", cache_policy=NO_CACHE)
 def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: int, temperature: float,
-                   groups: list[str], overrides: dict[str, Any] | None = None) -> list[dict]:
-    """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all."""
+                   groups: list[str], overrides: dict[str, Any] | None = None,
+                   torch_threads: int | None = None) -> list[dict]:
+    """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all.
+    ``torch_threads``: set in a Dask / Ray worker process (one core each)."""
     from pipeline.play import summarize
     from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
+
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
 
     params = _params(params_file, overrides)
     rows = evaluate_policy(params, checkpoint, split, seed, k, temperature, groups=groups)
@@ -260,7 +268,7 @@ def plot_sweep(rows: list[dict], out: Path) -> list[Path]:
     return written
 
 
-@flow(name="eval-sweep", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=2))
+@flow(name="eval-sweep", log_prints=True)
 def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | None = None,
                     splits: list[str] | None = None, seeds: list[int] | None = None,
                     trajectories_per_task: int | None = None, out_dir: str | None = None,
@@ -276,13 +284,16 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     cfg = params.eval_sweep
     k = trajectories_per_task or params.evaluate_text.trajectories_per_task
     groups = list(groups or cfg.groups or eval_groups(params))
-    futures = [
-        _evaluate_cell.submit(params_file, c, s, seed, k, params.evaluate_text.temperature, groups, overrides)
-        for c in checkpoints or cfg.checkpoints
-        for s in splits or cfg.splits
-        for seed in seeds or cfg.seeds
-    ]
-    rows = [row for f in futures for row in f.result()]
+    cells = [(c, s, seed) for c in checkpoints or cfg.checkpoints for s in splits or cfg.splits
+             for seed in seeds or cfg.seeds]
+    # params.runner picks where the cells run: eval_sweep.max_workers threads here, or Dask / Ray workers
+    with started(params.runner, local_workers=cfg.max_workers) as runner:
+        futures = [runner.submit(_evaluate_cell, parameters={
+            "params_file": str(Path(params_file).resolve()), "checkpoint": c, "split": s, "seed": seed, "k": k,
+            "temperature": params.evaluate_text.temperature, "groups": groups, "overrides": overrides,
+            "torch_threads": params.runner.torch_threads if params.runner.kind != "local" else None})
+            for c, s, seed in cells]
+        rows = [row for f in futures for row in f.result()]
     out = Path(out_dir) if out_dir else params.data_path("eval_sweep")
     out.mkdir(parents=True, exist_ok=True)
     import pyarrow as pa

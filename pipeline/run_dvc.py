@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
         print(f"curio: {e}", file=sys.stderr)
         return 2
     with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
-                      artifact_root=params.tracking.artifact_root):
+                      artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         return subprocess.call(["dvc", "repro", *argv])
 
 

@@ -28,7 +28,9 @@ from pydantic import BaseModel
 from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
 from pipeline.cards import write_cards
 from pipeline.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.models.launch import use_processes
 from pipeline.registry import STAGES
+from pipeline.runners import use_runner
 from pipeline.tracking import Tracker, git_tags, stage_run
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
@@ -222,13 +224,16 @@ def execute(name: str, params: Params) -> StageResult:
         experiment=params.tracking.experiment,
         enabled=params.tracking.enabled,
         tags={"curio.params_hash": params_hash, **git},
-        artifact_root=params.tracking.artifact_root,
+        artifact_root=params.tracking.artifact_root, uri=params.tracking.uri,
     ) as tracker:
         deps, outs = data_paths(params, stage)
         inputs = digests(deps) if tracker.enabled else {}
         tracker.log_inputs(inputs)
+        # chunked work goes where params.runner says; training uses train_policy's accelerate processes
         try:
-            result: StageResult = stage_module(name).run(recorder or view, StageContext(tracker=tracker))
+            with use_runner(params.runner), use_processes(params.train_policy.num_processes,
+                                                          params.train_policy.accelerate_config):
+                result: StageResult = stage_module(name).run(recorder or view, StageContext(tracker=tracker))
         finally:
             if recorder is not None:
                 with open(os.environ[READS_ENV], "a") as f:

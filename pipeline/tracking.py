@@ -1,6 +1,7 @@
 """MLflow: one run per stage, nested under a pipeline run; params, metrics, artifacts, lineage tags.
 
-The default store is a SQLite file under the repo (git-ignored); ``MLFLOW_TRACKING_URI`` overrides it. Artifacts go
+The default store is a SQLite file under the repo (git-ignored); ``MLFLOW_TRACKING_URI`` overrides it, and
+``tracking.uri`` in params overrides both (e.g. an ``mlflow server``: ``http://HOST:5000``). Artifacts go
 to ``tracking.artifact_root`` (default ``mlartifacts``, resolved against the checkout the command runs in): a
 copied checkout, even one whose ``mlflow.db`` came along, writes into its own directory, never the original's.
 The experiment is tagged as a model-training experiment (``mlflow.experimentKind``), so the UI opens its runs
@@ -25,20 +26,21 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _SECRET_HINTS = ("key", "token", "secret", "password")
 
 
-def tracking_uri(root: Path | None = None) -> str:
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
+def tracking_uri(root: Path | None = None, uri: str | None = None) -> str:
+    """``uri`` (params' ``tracking.uri``), else ``$MLFLOW_TRACKING_URI``, else this checkout's SQLite store."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     root = (root or Path.cwd()).resolve()
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
-def _setup(experiment: str, artifact_root: str = "mlartifacts") -> Any:
+def _setup(experiment: str, artifact_root: str = "mlartifacts", uri: str | None = None) -> Any:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     import mlflow
 
-    uri = tracking_uri()
-    own_store = "MLFLOW_TRACKING_URI" not in os.environ  # read first: set_tracking_uri exports it
+    own_store = not uri and "MLFLOW_TRACKING_URI" not in os.environ  # read first: set_tracking_uri exports it
+    uri = tracking_uri(uri=uri)
     mlflow.set_tracking_uri(uri)
     # SQLite stores keep artifacts in this checkout; remote servers choose their own artifact root.
     root = (Path.cwd() / artifact_root).resolve().as_uri() if uri.startswith("sqlite") else None
@@ -129,13 +131,13 @@ class Tracker:
 @contextlib.contextmanager
 def stage_run(
     stage: str, params: dict, experiment: str = "curio", enabled: bool = True, tags: dict | None = None,
-    artifact_root: str = "mlartifacts",
+    artifact_root: str = "mlartifacts", uri: str | None = None,
 ) -> Iterator[Tracker]:
     """An MLflow run for one stage, nested under ``$CURIO_PARENT_RUN_ID`` when set."""
     if not enabled:
         yield Tracker(None)
         return
-    mlflow = _setup(experiment, artifact_root)
+    mlflow = _setup(experiment, artifact_root, uri)
     parent = os.environ.get(PARENT_ENV)
     all_tags = {"curio.stage": stage, **(tags or {})}
     with mlflow.start_run(run_name=stage, parent_run_id=parent, nested=bool(parent), tags=all_tags):
@@ -145,12 +147,12 @@ def stage_run(
 
 @contextlib.contextmanager
 def pipeline_run(name: str, experiment: str = "curio", enabled: bool = True,
-                 artifact_root: str = "mlartifacts") -> Iterator[str | None]:
+                 artifact_root: str = "mlartifacts", uri: str | None = None) -> Iterator[str | None]:
     """The parent run of a whole pipeline; exports its id so child processes nest under it."""
     if not enabled:
         yield None
         return
-    mlflow = _setup(experiment, artifact_root)
+    mlflow = _setup(experiment, artifact_root, uri)
     with mlflow.start_run(run_name=name, tags={"curio.kind": "pipeline", **git_tags()}) as run:
         old = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = run.info.run_id

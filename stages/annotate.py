@@ -10,12 +10,15 @@ verdicts only (each request at most ``judge.max_attempts`` times over all runs).
 from __future__ import annotations
 
 import json
+from functools import partial
+from typing import Any
 
 import pyarrow as pa
 
 from pipeline.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
 from pipeline.config import Params
 from pipeline.judge import JudgeItem, make_judge
+from pipeline.runners import ChunkJob, loaded
 from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "annotate-text"
@@ -43,18 +46,20 @@ def judge_items(rows: list[dict]) -> list[JudgeItem]:
     ]
 
 
+def judge_chunk(judge: Any, _index: int, part: pa.Table) -> pa.Table:
+    """One chunk of rollout rows with the judge's label and raw answer appended."""
+    verdicts = judge.judge(judge_items(part.to_pylist()))
+    part = part.append_column("judge_label", pa.array([v.label for v in verdicts], pa.string()))
+    return part.append_column("judge_raw", pa.array([v.raw for v in verdicts], pa.string()))
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     src = params.data_path("rollout_text")
     out = params.data_path("annotate_text")
     table = read_table(src)
-    judge = make_judge(params.annotate_text.judge)
+    judge = loaded(load := partial(make_judge, params.annotate_text.judge))  # the chunks' judge, in this process
     num_chunks = max(1, -(-table.num_rows // ROWS_PER_CHUNK))
-
-    def make_chunk(index: int) -> pa.Table:
-        part = table.slice(index * ROWS_PER_CHUNK, ROWS_PER_CHUNK)
-        verdicts = judge.judge(judge_items(part.to_pylist()))
-        part = part.append_column("judge_label", pa.array([v.label for v in verdicts], pa.string()))
-        return part.append_column("judge_raw", pa.array([v.raw for v in verdicts], pa.string()))
+    slices = [table.slice(i * ROWS_PER_CHUNK, ROWS_PER_CHUNK) for i in range(num_chunks)]
 
     def rejudge(part: pa.Table, rows: list[int]) -> pa.Table:
         verdicts = judge.judge(judge_items(part.take(rows).to_pylist()))
@@ -65,8 +70,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     # A rerun asks again for the UNKNOWN verdicts of finished parts (bounded by judge.max_attempts per request).
     redone = redo_rows(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), "judge_label", "UNKNOWN",
                        rejudge)
-    run_chunked(out, num_chunks=num_chunks, make_chunk=make_chunk, params_hash=params_hash, upstream=upstream,
-                desc="judging")
+    run_chunked(out, num_chunks=num_chunks, make_chunk=ChunkJob(run=judge_chunk, inputs=slices, load=load),
+                params_hash=params_hash, upstream=upstream, desc="judging")
     labels = read_table(out, ["judge_label", "success"]).to_pylist()
     n = max(1, len(labels))
     metrics = {

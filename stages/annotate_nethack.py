@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from pipeline.artifacts import (
 )
 from pipeline.config import AnnotateNetHackConfig, Params
 from pipeline.nethack.captions import window_captions
+from pipeline.runners import ChunkJob, loaded
 from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "annotate-nethack"
@@ -108,6 +111,40 @@ def redo_unknown(ds: ChunkedDataset, backend: Any, cfg: AnnotateNetHackConfig) -
     return redo_rows(ds, "label", "UNKNOWN", fix, SCHEMA)
 
 
+class PairChunks(Sequence):
+    """Chunk i's pairs with their captions, every column but the answer (computed when asked for: the driver
+    holds the rollout messages, a worker gets one chunk's captions)."""
+
+    def __init__(self, params: Params, messages: list[str], episodes: np.ndarray, steps: np.ndarray) -> None:
+        self.params, self.messages, self.episodes, self.steps = params, messages, episodes, steps
+        cfg = params.annotate_nethack
+        self.cfg, self.num_chunks = cfg, -(-cfg.num_pairs // cfg.pairs_per_chunk)
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def __getitem__(self, index: int) -> pa.Table:  # type: ignore[override]
+        a, b = pair_indices(self.params, index, len(self.messages))
+        start = index * self.cfg.pairs_per_chunk
+        return pa.table({
+            "pair": np.arange(start, start + len(a), dtype=np.int64),
+            "episode_first": self.episodes[a].astype(np.int32),
+            "step_first": self.steps[a].astype(np.int32),
+            "caption_first": window_captions(self.messages, self.episodes, a, self.cfg.context_steps),
+            "episode_second": self.episodes[b].astype(np.int32),
+            "step_second": self.steps[b].astype(np.int32),
+            "caption_second": window_captions(self.messages, self.episodes, b, self.cfg.context_steps),
+        })
+
+
+def annotate_chunk(cfg: AnnotateNetHackConfig, backend: Any, _index: int, pairs: pa.Table) -> pa.Table:
+    """One chunk: the annotator's (label, raw) for each pair of captions."""
+    first, second = pairs["caption_first"].to_pylist(), pairs["caption_second"].to_pylist()
+    answers = annotate(backend, cfg, list(zip(first, second, strict=True)))
+    pairs = pairs.append_column("label", pa.array([label for label, _ in answers], pa.string()))
+    return pairs.append_column("raw", pa.array([raw for _, raw in answers], pa.string()))
+
+
 def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
     """``backend`` replaces the configured annotator (tests)."""
     cfg = params.annotate_nethack
@@ -117,39 +154,25 @@ def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
     messages = steps["message"].to_pylist()
     episodes = steps["episode"].to_numpy()
     step_numbers = steps["step"].to_numpy()
-    if backend is None:
+    chunks = PairChunks(params, messages, episodes, step_numbers)
+    if backend is None:  # the configured annotator: built once per process that annotates chunks, any runner
         from pipeline.llm import make_backend
 
-        backend = make_backend(cfg.annotator, role="annotator")
-
-    def make_chunk(index: int) -> pa.Table:
-        a, b = pair_indices(params, index, len(messages))
-        first = window_captions(messages, episodes, a, cfg.context_steps)
-        second = window_captions(messages, episodes, b, cfg.context_steps)
-        answers = annotate(backend, cfg, list(zip(first, second, strict=True)))
-        start = index * cfg.pairs_per_chunk
-        return pa.table(
-            {
-                "pair": np.arange(start, start + len(a), dtype=np.int64),
-                "episode_first": episodes[a].astype(np.int32),
-                "step_first": step_numbers[a].astype(np.int32),
-                "caption_first": first,
-                "episode_second": episodes[b].astype(np.int32),
-                "step_second": step_numbers[b].astype(np.int32),
-                "caption_second": second,
-                "label": [label for label, _ in answers],
-                "raw": [raw for _, raw in answers],
-            },
-            schema=SCHEMA,
-        )
+        load = partial(make_backend, cfg.annotator, role="annotator")
+        backend = loaded(load)
+        job: ChunkJob | Callable[[int], pa.Table] = ChunkJob(run=partial(annotate_chunk, cfg), inputs=chunks,
+                                                             load=load)
+    else:  # a given backend (tests) annotates in this process
+        def job(index: int) -> pa.Table:
+            return annotate_chunk(cfg, backend, index, chunks[index])
 
     params_hash = params.section_hash(STAGE.params)
     upstream = {"rollouts": dataset_hash(rollouts)}
     redone = redo_unknown(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), backend, cfg)
     run_chunked(
         out,
-        num_chunks=-(-cfg.num_pairs // cfg.pairs_per_chunk),
-        make_chunk=make_chunk,
+        num_chunks=len(chunks),
+        make_chunk=job,
         params_hash=params_hash,
         upstream=upstream,
         schema=SCHEMA,

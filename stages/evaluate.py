@@ -10,12 +10,15 @@ chart ``metrics/plots/eval.png`` and, with more than one group, per-group bars `
 
 from __future__ import annotations
 
+from functools import partial
+
 from pipeline.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
 from pipeline.config import Params
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
+from pipeline.runners import ChunkJob
 from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "evaluate-text"
@@ -48,6 +51,13 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
     sampling = sampling_from_config(params.rollout_text, temperature=temperature)
     return play_episodes(backend, jobs, sampling, seed=seed,
                          max_format_retries=params.rollout_text.max_format_retries, policy_name=policy)
+
+
+def evaluate_chunk(params: Params, _state: None, _index: int, policy: str) -> list[dict]:
+    """One chunk of evaluate-text: one policy's episodes (the same seed for every policy)."""
+    cfg = params.evaluate_text
+    return evaluate_policy(params, policy, "eval", chunk_seed(params.seed, NAME, 0), cfg.trajectories_per_task,
+                           cfg.temperature)
 
 
 def plot_bars(results: dict[str, dict], path) -> None:
@@ -110,9 +120,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     upstream = {p: dir_hash(policy_path(params, p)) for p in policies}
     with environment_accounting() as environment:  # one LLM-environment ledger over every policy's games
         run_chunked(
-            out, num_chunks=len(policies),
-            make_chunk=lambda i: evaluate_policy(params, policies[i], "eval", chunk_seed(params.seed, NAME, 0),
-                                                 cfg.trajectories_per_task, cfg.temperature),
+            out, num_chunks=len(policies), make_chunk=ChunkJob(run=partial(evaluate_chunk, params), inputs=policies),
             params_hash=params.section_hash(STAGE.params), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
         )
     rows = read_rows(out)

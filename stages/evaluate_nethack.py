@@ -15,12 +15,14 @@ Output: ``data/evaluate_nethack`` — chunked Parquet, one row per episode, one 
 from __future__ import annotations
 
 import csv
+from functools import partial
 
 import numpy as np
 
 from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
 from pipeline.config import ConfigError, Params
 from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
+from pipeline.runners import ChunkJob
 from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "evaluate-nethack"
@@ -106,6 +108,11 @@ def policy_names(params: Params) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def evaluate_chunk(params: Params, _state: None, index: int, policy: str) -> list[dict]:
+    """One chunk of evaluate-nethack: one policy's episodes."""
+    return evaluate_policy(params, index, policy)
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     import torch
 
@@ -130,7 +137,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     run_chunked(
         out,
         num_chunks=len(policies),
-        make_chunk=lambda i: evaluate_policy(params, i, policies[i]),
+        make_chunk=ChunkJob(run=partial(evaluate_chunk, params), inputs=policies),
         params_hash=params.section_hash(STAGE.params),
         upstream=upstream,
         schema=EPISODE_SCHEMA,

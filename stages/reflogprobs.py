@@ -9,6 +9,8 @@ stage runs after train-sft), as in PAPRIKA: DPO's first loss is then log 2.
 
 from __future__ import annotations
 
+from functools import partial
+
 from tqdm.auto import tqdm
 
 from pipeline.artifacts import dataset_hash, dir_hash, read_rows, run_chunked
@@ -16,6 +18,7 @@ from pipeline.config import Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
 from pipeline.policies import policy_path
+from pipeline.runners import ChunkJob
 from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "reflogprobs"
@@ -44,17 +47,21 @@ def annotate_pairs(model, tokenizer, pairs: list[dict], batch_size: int, device:
     return rows
 
 
+def reference_chunk(params: Params, state: tuple, _index: int, pairs: list[dict]) -> list[dict]:
+    model, tokenizer = state
+    return annotate_pairs(model, tokenizer, pairs, params.reflogprobs.batch_size, params.policy.device)
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     src = params.data_path("pairs_text", "preferences")
     out = params.data_path("reflogprobs")
     ref_path = policy_path(params, params.train_policy.dpo.init)
-    model, tokenizer = load_policy(ref_path, params.policy.device)
     pairs = read_rows(src)
     chunks = [pairs[i : i + PAIRS_PER_CHUNK] for i in range(0, len(pairs), PAIRS_PER_CHUNK)]
     run_chunked(
-        out, num_chunks=len(chunks),
-        make_chunk=lambda i: annotate_pairs(model, tokenizer, chunks[i], params.reflogprobs.batch_size,
-                                            params.policy.device),
+        out, num_chunks=len(chunks),  # the reference model is loaded once per process that computes chunks
+        make_chunk=ChunkJob(run=partial(reference_chunk, params), inputs=chunks,
+                            load=partial(load_policy, ref_path, params.policy.device)),
         params_hash=params.section_hash(STAGE.params),
         upstream={"pairs": dataset_hash(src), "reference": dir_hash(ref_path)},
         desc="reference log-probs",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter, defaultdict
+from functools import partial
 
 from tqdm.auto import tqdm
 
@@ -26,9 +27,10 @@ from pipeline.curriculum import UCBCurriculum
 from pipeline.envs.base import Game, Task
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
-from pipeline.llm.environment import environment_metrics
+from pipeline.llm.environment import environment_accounting, environment_metrics
 from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
+from pipeline.runners import ChunkJob
 from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "rollout-text"
@@ -153,29 +155,41 @@ def run_curriculum(params: Params, ctx: StageContext) -> StageResult:
     return StageResult(metrics={**metrics, **rounds.metrics()}, outputs=[str(out)])
 
 
+def rollout_state(params: Params) -> tuple[ChatBackend, dict[str, tuple[Game, Task]]]:
+    """What every rollout chunk shares, built once per process: the base policy and the train tasks by key."""
+    tasks = {task_key(g.name, t.task_id): (g, t) for g in make_games(params) for t in game_tasks(params, g, "train")}
+    return load_policy_backend(params, "base"), tasks
+
+
+def rollout_chunk(params: Params, state: tuple[ChatBackend, dict[str, tuple[Game, Task]]], index: int,
+                  keys: list[str]) -> list[dict]:
+    """Chunk ``index``: its tasks (by key) × k samples, with the chunk's own seed."""
+    cfg = params.rollout_text
+    policy, tasks = state
+    episode_jobs = [(*tasks[key], s) for key in keys for s in range(cfg.trajectories_per_task)]
+    return play_episodes(policy, episode_jobs, sampling_from_config(cfg), seed=chunk_seed(params.seed, NAME, index),
+                         max_format_retries=cfg.max_format_retries, policy_name="base")
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     if params.rollout_text.curriculum.enabled:
         return run_curriculum(params, ctx)
     cfg = params.rollout_text
     out = params.data_path("rollout_text")
-    policy = load_policy_backend(params, "base")
-    jobs = [(g, t) for g in make_games(params) for t in game_tasks(params, g, "train")]
-    chunks = [jobs[i : i + cfg.tasks_per_chunk] for i in range(0, len(jobs), cfg.tasks_per_chunk)]
-    total = len(jobs) * cfg.trajectories_per_task
-    bar = tqdm(total=total, desc="rollout episodes", unit="ep")
-
-    def make_chunk(index: int) -> list[dict]:
-        episode_jobs = [(g, t, s) for g, t in chunks[index] for s in range(cfg.trajectories_per_task)]
-        return play_episodes(
-            policy, episode_jobs, sampling_from_config(params.rollout_text), seed=chunk_seed(params.seed, NAME, index),
-            max_format_retries=cfg.max_format_retries, policy_name="base", on_turn=bar.update,
-        )
-
-    run_chunked(out, num_chunks=len(chunks), make_chunk=make_chunk, params_hash=params.section_hash(STAGE.params),
-                upstream={"policy": dir_hash(policy_path(params, "base"))}, schema=EPISODE_SCHEMA,
-                desc="rollout chunks")
+    # Chunks as data (task keys): any runner's worker loads the policy once and plays the chunks it is given.
+    with environment_accounting() as environment:
+        keys = [task_key(g.name, t.task_id) for g in make_games(params) for t in game_tasks(params, g, "train")]
+        chunks = [keys[i : i + cfg.tasks_per_chunk] for i in range(0, len(keys), cfg.tasks_per_chunk)]
+        bar = tqdm(total=len(keys) * cfg.trajectories_per_task, desc="rollout episodes", unit="ep")
+        run_chunked(out, num_chunks=len(chunks),
+                    make_chunk=ChunkJob(run=partial(rollout_chunk, params), inputs=chunks,
+                                        load=partial(rollout_state, params)),
+                    params_hash=params.section_hash(STAGE.params),
+                    upstream={"policy": dir_hash(policy_path(params, "base"))},
+                    schema=EPISODE_SCHEMA, desc="rollout chunks",
+                    on_chunk=lambda i: bar.update(len(chunks[i]) * cfg.trajectories_per_task))
     bar.close()
     rows = read_rows(out, ["success", "invalid", "turns", "score"])
     metrics = {f"train/{k}": v for k, v in summarize(rows).items()}
-    metrics.update(environment_metrics(g for g, _ in jobs))  # the LLM environment's ledger, if any
+    metrics.update(environment.metrics())  # the LLM environment's ledger (of this process's chunks), if any
     return StageResult(metrics=metrics, outputs=[str(out)])

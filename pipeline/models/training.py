@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from pipeline.config import ConfigError, LoraConfigSection, check_dpo_loss_type
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
+from pipeline.models.launch import launched, requested, world_size
 from pipeline.tracking import Tracker
 
 
@@ -40,11 +41,14 @@ def _last_checkpoint(path: Path) -> str | None:
 
 def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ratio: float, seed: int,
                  save_steps: int) -> dict[str, Any]:
+    processes = world_size()
+    if batch_size % processes:
+        raise ConfigError(f"train_policy.num_processes: {processes} processes cannot split a batch of {batch_size}")
     return dict(
         output_dir=str(out),
         learning_rate=lr,
         num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,
+        per_device_train_batch_size=batch_size // processes,  # batch_size is the global batch
         lr_scheduler_type="cosine",
         warmup_ratio=warmup_ratio,
         logging_steps=5,
@@ -138,6 +142,12 @@ def sft_train(
     With ``lora`` enabled only LoRA adapters train; they are merged into the returned model unless ``merge`` is
     False.
     """
+    processes, config_file = requested()
+    if processes > 1 or config_file:
+        return launched("sft_train", model, tokenizer, conversations, checkpoint_dir, dict(
+            lr=lr, epochs=epochs, batch_size=batch_size, warmup_ratio=warmup_ratio, seed=seed, save_steps=save_steps,
+            lora=lora, merge=merge, padding_free=padding_free), num_processes=processes, config_file=config_file,
+            tracker=tracker, prefix=prefix)
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -277,6 +287,12 @@ def dpo_train(
     policy's and the reference's sums by the same assistant-only token count. With ``lora`` enabled only LoRA
     adapters train; they are merged into the returned model unless ``merge`` is False.
     """
+    processes, config_file = requested()
+    if processes > 1 or config_file:
+        return launched("dpo_train", model, tokenizer, pairs, checkpoint_dir, dict(
+            lr=lr, epochs=epochs, batch_size=batch_size, beta=beta, rpo_alpha=rpo_alpha, loss_type=loss_type,
+            label_smoothing=label_smoothing, warmup_ratio=warmup_ratio, seed=seed, save_steps=save_steps, lora=lora,
+            merge=merge), num_processes=processes, config_file=config_file, tracker=tracker, prefix="dpo")
     from datasets import Dataset
     from trl import DPOConfig
 

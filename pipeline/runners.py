@@ -1,0 +1,190 @@
+"""Where chunked work runs: in this process (``local``), on a Dask cluster or on a Ray cluster, through
+Prefect's task runners (``runner`` in params.yaml).
+
+A stage's chunks go to a cluster only when the stage describes them as a :class:`ChunkJob`: plain data plus
+two picklable functions, ``load`` (what every chunk shares: a policy, a judge) and ``run`` (one chunk). Each
+worker process builds ``load()`` once and keeps it for the chunks it is given, so a model is loaded once per
+worker, never shipped with a chunk. A chunk is the unit of work and of resume: the driver writes each part as
+its chunk comes back, so a lost worker costs its chunk only (the scheduler reruns it elsewhere) and a killed
+driver keeps every part already written. A plain ``make_chunk`` callable always runs in the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prefect.task_runners import TaskRunner
+
+    from pipeline.config import RunnerConfig
+
+# As in pipeline/flows.py, before prefect reads its settings: no analytics, and the ephemeral API gets more than
+# its default 20 s to start on a loaded machine.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+_ACTIVE: contextvars.ContextVar[RunnerConfig | None] = contextvars.ContextVar("curio_runner", default=None)
+
+
+@contextlib.contextmanager
+def use_runner(cfg: RunnerConfig) -> Iterator[None]:
+    """Run the chunked work started inside the block on ``cfg``'s runner (set by ``pipeline.stage.execute``)."""
+    token = _ACTIVE.set(cfg)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_runner() -> RunnerConfig | None:
+    return _ACTIVE.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkJob:
+    """A stage's chunks as data: chunk ``i`` is ``run(load(), i, inputs[i])``.
+
+    ``load`` and ``run`` must pickle (module-level functions, or ``functools.partial`` of them over params and
+    paths); ``inputs[i]`` is what chunk i alone needs (a slice of rows, task ids) and travels with that chunk
+    only. ``load()`` runs once per process that computes chunks, keyed by what it loads.
+    """
+
+    run: Callable[[Any, int, Any], Any]
+    inputs: Sequence[Any]
+    load: Callable[[], Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+# -- in a worker process -------------------------------------------------------------------------------------
+_LOADED: dict[str, Any] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _load_key(load: Callable[[], Any]) -> str:
+    import cloudpickle
+
+    return hashlib.sha256(cloudpickle.dumps(load)).hexdigest()
+
+
+def loaded(load: Callable[[], Any] | None) -> Any:
+    """``load()``, built once per process and kept while the same loader is asked for (a new one replaces it,
+    so a worker holds one set of models at a time)."""
+    if load is None:
+        return None
+    key = _load_key(load)
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            _LOADED.clear()
+            _LOADED[key] = load()
+        return _LOADED[key]
+
+
+def release(load: Callable[[], Any] | None) -> None:
+    """Drop what ``load`` built from this process's cache (the driver, once a local run of chunks is over)."""
+    if load is not None:
+        with _LOAD_LOCK:
+            _LOADED.pop(_load_key(load), None)
+
+
+def _set_torch_threads(n: int) -> None:
+    # Each worker is one process on one core: torch's own thread pool would only oversubscribe the cores.
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def compute_chunk(run: Callable[[Any, int, Any], Any], load: Callable[[], Any] | None, index: int, item: Any,
+                  torch_threads: int) -> Any:
+    """One chunk in a worker: the shared state from this process's cache, then ``run``."""
+    _set_torch_threads(torch_threads)
+    return run(loaded(load), index, item)
+
+
+# -- the task runners ----------------------------------------------------------------------------------------
+def task_runner(cfg: RunnerConfig, local_workers: int = 1) -> TaskRunner:
+    """The Prefect task runner of ``cfg``: ``local`` = threads in this process (``local_workers`` of them),
+    ``dask`` = prefect-dask on ``cfg.address`` (a ``distributed`` scheduler) or a local cluster of
+    ``cfg.workers`` processes, ``ray`` = prefect-ray on ``cfg.address`` or a local Ray head."""
+    if cfg.kind == "local":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=local_workers)
+    env = {"OMP_NUM_THREADS": str(cfg.torch_threads), "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1")}
+    if cfg.kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if cfg.address:
+            return DaskTaskRunner(address=cfg.address)
+        return DaskTaskRunner(cluster_kwargs={
+            "n_workers": cfg.workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
+            "dashboard_address": ":0", "env": env})
+    from prefect_ray import RayTaskRunner
+
+    init: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
+    if not cfg.address:
+        init["num_cpus"] = cfg.workers
+    return RayTaskRunner(address=cfg.address, init_kwargs=init)
+
+
+@contextlib.contextmanager
+def started(cfg: RunnerConfig, local_workers: int = 1) -> Iterator[TaskRunner]:
+    """:func:`task_runner`, started. Without ``PREFECT_API_URL`` this process talks to an ephemeral Prefect
+    server; Dask / Ray workers are then given its address, so they record their task runs there instead of each
+    starting a server of its own (a cluster on other machines needs a real server: set PREFECT_API_URL)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api = PREFECT_API_URL.value()
+    if not api and cfg.kind != "local":
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()  # the one this process's Prefect client uses
+        server.start()
+        api = server.api_url
+    with temporary_settings({PREFECT_API_URL: api}) if api else contextlib.nullcontext(), \
+            task_runner(cfg, local_workers) as runner:
+        yield runner
+
+
+def _chunk_task():
+    """The Prefect task wrapping :func:`compute_chunk` (built lazily: importing prefect costs a second)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    # Retries: a chunk whose worker died is rerun by the cluster itself (Dask reschedules, Ray retries).
+    return task(compute_chunk, name="chunk", task_run_name="chunk {index}", cache_policy=NO_CACHE,
+                persist_result=False)
+
+
+def map_chunks(job: ChunkJob, todo: Sequence[int], cfg: RunnerConfig,
+               on_result: Callable[[int, Any], None]) -> None:
+    """Compute chunks ``todo`` of ``job`` on ``cfg``'s cluster; ``on_result(index, rows)`` in this process as
+    each comes back (in completion order). A failed chunk does not stop the others: every chunk that finishes
+    is handed over, then the first error is raised."""
+    from prefect.futures import as_completed
+
+    chunk = _chunk_task()
+    failure: BaseException | None = None
+    with started(cfg) as runner:
+        futures = {runner.submit(chunk, parameters={"run": job.run, "load": job.load, "index": i,
+                                                    "item": job.inputs[i], "torch_threads": cfg.torch_threads}): i
+                   for i in todo}
+        for future in as_completed(list(futures)):
+            try:
+                rows = future.result()
+            except Exception as e:  # handed on once the other chunks are written
+                failure = failure or e
+                continue
+            on_result(futures[future], rows)
+    if failure is not None:
+        raise failure
