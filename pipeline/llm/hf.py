@@ -20,6 +20,9 @@ from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
+from pipeline.models.masks import install as install_masks
+
+install_masks()  # attention masks without vmap: same masks, a fraction of a small model's decode step
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
 _LOAD_LOCK = threading.Lock()
