@@ -3,8 +3,6 @@ KV cache is kept across its turns."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,6 +18,9 @@ from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
+from pipeline.models.masks import install as install_masks
+
+install_masks()  # attention masks without vmap: same masks, a fraction of a small model's decode step
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
 _LOAD_LOCK = threading.Lock()
@@ -49,8 +50,10 @@ def fit_context(ids: list[int], max_new: int, max_pos: int) -> tuple[list[int], 
     return ids[-(max_pos - max_new):], max_new
 
 
-def _conversation_key(conversation: Conversation) -> str:
-    return hashlib.sha1(json.dumps(conversation, sort_keys=True).encode()).hexdigest()
+def _conversation_key(conversation: Conversation) -> tuple:
+    """Where a conversation's cache is kept: its messages' roles and texts (a lookup still checks every reused
+    token, so a key only has to find the entry; the strings are shared with the conversation, not copied)."""
+    return tuple((m["role"], m["content"]) for m in conversation)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class _Entry:
     tokens: list[int]  # the token ids whose keys / values are held
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (heads, len(tokens), head_dim) keys and values
     nbytes: int
-    keys: list[str] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
 
 
 class ConversationKV:
@@ -75,7 +78,7 @@ class ConversationKV:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._keys: OrderedDict[str, _Entry] = OrderedDict()
+        self._keys: OrderedDict[tuple, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -118,7 +121,7 @@ class ConversationKV:
         while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._keys)))
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: tuple) -> None:
         entry = self._keys.pop(key, None)
         if entry is not None:
             entry.keys.remove(key)
@@ -270,8 +273,13 @@ class HFBackend(ChatBackend):
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         held = layers[0][0].shape[2]
         width = mask.shape[1]
+        past_w = max(n for n, _ in hits)
         for row, (c, b) in enumerate(zip(conversations, batch, strict=True)):
             k = min(gens[row].tokens_out, held - width)  # the last generated token was never fed back
-            keep = torch.cat([mask[row].nonzero().squeeze(1), torch.arange(width, width + k, device=mask.device)])
-            kv = [(key[row][:, keep].contiguous(), value[row][:, keep].contiguous()) for key, value in layers]
+            n = hits[row][0]
+            # The row's real tokens: its reused prefix (right-aligned in the past block), then its new prompt
+            # tokens and the generated ones (right-aligned in the rest), as _generate_batch laid them out.
+            positions = [*range(past_w - n, past_w), *range(width - (len(b) - n), width + k)]
+            keep = torch.tensor(positions, device=mask.device)
+            kv = [(key[row].index_select(1, keep), value[row].index_select(1, keep)) for key, value in layers]
             self.kv.store(c, gens[row].text, b + new[row, :k].tolist(), kv, replaces=hits[row][1])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import re
 
+from pipeline.models.tiny import PromptEncoder
+
 log = logging.getLogger(__name__)
 
 _SENTINEL = "CURIO7SENTINEL3Q"
@@ -160,7 +162,10 @@ def fit_context(tokenizer, messages: list[dict], max_tokens: int) -> tuple[list[
 def encode_prompt(tokenizer, conversation: list[dict], max_positions: int, max_new_tokens: int) -> list[int]:
     """Generation-prompt token ids of ``conversation``, its oldest turns dropped (logged, never the system / task
     message) when it would leave fewer than ``max_new_tokens`` of a ``max_positions`` context (0 = no limit)."""
-    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    fast = PromptEncoder.of(tokenizer)  # the built-in template, without a Jinja render every turn
+    ids = fast(conversation) if fast is not None else None
+    if ids is None:
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     budget = max_positions - max_new_tokens if max_positions else 0
     if budget > 0 and len(ids) > budget:
         fitted, dropped = fit_context(tokenizer, conversation, budget)

@@ -62,6 +62,56 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
     return fast
 
 
+class PromptEncoder:
+    """Generation-prompt ids of the built-in chat template, without rendering it: the same ids as
+    ``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)``.
+
+    Every message is ``<|role|>content<|end|>`` and special tokens always split the text before BPE, so the ids
+    are the role / end tokens around each content's own ids; a content is tokenized once and remembered (a game
+    repeats its questions and replies). A conversation re-rendered every turn then costs list concatenation
+    instead of a Jinja render and a BPE pass over the whole text. ``None`` for a tokenizer with another template
+    or a role without a special token (the caller renders those).
+    """
+
+    MAX_CACHED = 200_000
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.roles = {r: tokenizer.convert_tokens_to_ids(f"<|{r}|>") for r in ("system", "user", "assistant")}
+        self.end = tokenizer.convert_tokens_to_ids("<|end|>")
+        self._ids: dict[str, list[int]] = {}
+
+    @classmethod
+    def of(cls, tokenizer) -> PromptEncoder | None:
+        """The tokenizer's encoder (made once per tokenizer), or None when its template is not the built-in one."""
+        if getattr(tokenizer, "chat_template", None) != CHAT_TEMPLATE or not getattr(tokenizer, "is_fast", False):
+            return None
+        enc = getattr(tokenizer, "_curio_prompt_encoder", None)
+        if enc is None:
+            enc = tokenizer._curio_prompt_encoder = cls(tokenizer)
+        return enc
+
+    def content_ids(self, text: str) -> list[int]:
+        ids = self._ids.get(text)
+        if ids is None:
+            if len(self._ids) >= self.MAX_CACHED:
+                self._ids.clear()
+            ids = self._ids[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def __call__(self, messages: list[dict]) -> list[int] | None:
+        ids: list[int] = []
+        for m in messages:
+            role = self.roles.get(m["role"])
+            if role is None or not isinstance(m["content"], str):
+                return None
+            ids.append(role)
+            ids += self.content_ids(m["content"])
+            ids.append(self.end)
+        ids.append(self.roles["assistant"])
+        return ids
+
+
 def build_model(tokenizer, n_layer: int, n_embd: int, n_head: int, n_positions: int, seed: int = 0):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -20,7 +20,10 @@ from transformers import TrainerCallback
 from pipeline.config import ConfigError, LoraConfigSection, check_dpo_loss_type
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.models.launch import launched, requested, world_size
+from pipeline.models.masks import install as install_masks
 from pipeline.tracking import Tracker
+
+install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
 
 
 class _TrackerCallback(TrainerCallback):
@@ -63,6 +66,10 @@ def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ra
         # drift from the float32 ones reflogprobs stores). bf16 only where a GPU supports it.
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         fp16=False,
+        # TRL turns gradient checkpointing on by default: it saves activation memory by running each forward a
+        # second time in backward. Curio's models fit in memory without it; recomputing costs ~1/3 of a step and
+        # changes no gradient (bench/bench_train.py: bitwise-identical weights).
+        gradient_checkpointing=False,
         dataloader_num_workers=0,
         disable_tqdm=bool(os.environ.get("TQDM_DISABLE")),
     )

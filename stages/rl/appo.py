@@ -22,13 +22,16 @@ Output: ``data/rl_nethack/<variant>/`` (sample-factory experiment: config.json, 
 from __future__ import annotations
 
 import csv
+import ctypes
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, dir_hash, stable_hash
@@ -104,17 +107,21 @@ def identity(args: list[str], reward_dir: Path, uses_model: bool) -> str:
     return run_key(stable_hash(kept), dir_hash(reward_dir) if uses_model else "")
 
 
+# Resolved before any fork: variants start from several threads, and the child between fork and exec must not
+# import or load anything.
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
+_SPAWN = threading.Lock()  # one fork at a time
+
+
 def _stop_with_parent() -> None:
     """In the training child: get SIGINT when this stage's process dies, however it dies (even SIGKILL).
 
     sample-factory stops cleanly on SIGINT and writes a checkpoint, so a killed stage leaves no orphan
-    training on and the rerun resumes from where it stopped.
+    training on and the rerun resumes from where it stopped. (The signal follows the thread that started the
+    child, which waits for it to the end.)
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGINT)  # PR_SET_PDEATHSIG
 
 
 def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Path | None = None) -> dict:
@@ -137,9 +144,11 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     (experiment / SUMMARY).unlink(missing_ok=True)  # written anew by this run's end, or it failed
     start = time.time()
-    with open(log, "a") as out, subprocess.Popen(
-        command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_stop_with_parent
-    ) as proc:
+    with open(log, "a") as out:
+        with _SPAWN:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    preexec_fn=_stop_with_parent)
+    with proc:
         try:
             code = proc.wait(timeout=cfg.timeout_s)
         except subprocess.TimeoutExpired:
@@ -196,6 +205,16 @@ def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str
     return metrics
 
 
+def concurrent_variants(params: Params, cores: int | None = None) -> int:
+    """How many variants train at once: each is its own sample-factory process on one torch thread, so one
+    core per variant (serial mode; a parallel runner's workers take a core each), up to twice the cores — time
+    slicing costs little, and the last variant does not train alone while the other cores sit idle."""
+    cfg = params.rl_nethack
+    cores = cores or len(os.sched_getaffinity(0))
+    per_variant = 1 if cfg.serial_mode else cfg.num_workers + 1
+    return max(1, min(len(cfg.variants), 2 * cores // per_variant))
+
+
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_nethack
     metrics: dict[str, float | int | str] = {}
@@ -203,7 +222,12 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         if variant.reward == "motif" and variant.int_coef != 0 and not params.data_path("reward_model").exists():
             raise FileNotFoundError(f"{params.data_path('reward_model')}: variant {name} needs the train-reward "
                                     "model (run train-reward first)")
-        summary = train_variant(params, name, variant)
+    # Variants are independent processes with their own seeds: trained side by side, each learns what it would
+    # alone (one torch thread each; nothing depends on wall time but when checkpoints are written).
+    with ThreadPoolExecutor(max_workers=concurrent_variants(params)) as pool:
+        futures = {name: pool.submit(train_variant, params, name, variant) for name, variant in cfg.variants.items()}
+        summaries = {name: f.result() for name, f in futures.items()}
+    for name, summary in summaries.items():
         print(f"rl-nethack: {name}: {summary['action']} to {summary['env_steps']} env steps", flush=True)
         stats = summary.get("episode_stats", {})
         metrics.update({
