@@ -1,8 +1,9 @@
-"""Choose ``policy.format_prompt`` for a pretrained chat model on the validation split, never on held-out tasks.
+"""Choose how a pretrained chat model is taught the answer format, on the validation split, never on held-out tasks.
 
     OMP_NUM_THREADS=1 python bench/choose_format_prompt.py --preset presets/smollm2.yaml [--k 2] [-S key=value]
 
-For each candidate (``game``, ``rule``, ``example``: pipeline/envs/base.py ``format_note``) the untrained base
+For each candidate, a ``policy.format_prompt`` (``game``, ``rule``, ``example``: pipeline/envs/base.py
+``format_note``), ``+free`` for ``policy.free_answers`` (a reply without tags is read as a move), the untrained base
 policy (``policy.model``) plays every ``val`` task (``games.val_fraction`` of the train tasks, capped by
 ``games.max_eval_tasks``) k times with the evaluation sampling. Prints, per candidate, val success ± standard
 error, the share of the policy's replies that parsed as ``<Answer>…</Answer>``, the share of episodes ended by
@@ -22,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CANDIDATES = ("game", "rule", "example")
+CANDIDATES = ("game", "rule", "example", "game+free", "rule+free", "example+free")
 
 
 def score(rows: list[dict]) -> dict:
@@ -51,7 +52,9 @@ def main() -> None:
     base = (preset_overrides(args.preset) if args.preset else []) + args.overrides
     results = {}
     for cand in args.candidates.split(","):
-        params = load_params(REPO / "params.yaml", [*base, f"policy.format_prompt={cand}"])
+        prompt, _, free = cand.partition("+")
+        params = load_params(REPO / "params.yaml", [*base, f"policy.format_prompt={prompt}",
+                                                    f"policy.free_answers={str(free == 'free').lower()}"])
         if params.games.val_fraction <= 0:
             raise SystemExit("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")
         t0 = time.perf_counter()
@@ -59,11 +62,12 @@ def main() -> None:
                                temperature=params.evaluate_text.temperature)
         results[cand] = {**score(rows), "seconds": time.perf_counter() - t0}
         r = results[cand]
-        print(f"{cand:8s} val success {r['success_rate']:.3f} ± {r['se']:.3f}  parsed replies {r['parsed']:.3f}  "
+        print(f"{cand:12s} val success {r['success_rate']:.3f} ± {r['se']:.3f}  parsed replies {r['parsed']:.3f}  "
               f"invalid episodes {r['invalid_rate']:.3f}  mean turns {r['mean_turns']:.1f}  "
               f"({r['episodes']} episodes, {r['seconds']:.0f} s)", flush=True)
     best = max(results, key=lambda c: (results[c]["success_rate"], results[c]["parsed"]))
-    print(f"chosen on val: policy.format_prompt={best}")
+    prompt, _, free = best.partition("+")
+    print(f"chosen on val: policy.format_prompt={prompt} policy.free_answers={str(free == 'free').lower()}")
     if args.json:
         args.json.write_text(json.dumps({"chosen": best, "results": results}, indent=1))
 

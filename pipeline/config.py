@@ -102,6 +102,10 @@ class PolicyConfig(Section):
         "the built-in model is pre-trained on); rule = plus an explicit one-line rule; example = the rule plus the "
         "opening of a train task played by the scripted player (pretrained chat models that ignore the format; "
         "choose on the val split with bench/choose_format_prompt.py)")
+    free_answers: bool = Field(
+        False, description="a policy reply without <Answer> tags is read as a move (its first line) instead of "
+        "being re-sampled and ending the episode as invalid: small chat models that never write the tags "
+        "(SmolLM2-135M) still play, and learn from their own unformatted moves")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:

@@ -65,8 +65,9 @@ def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
 
     env = make_environment(params.rollout_text.environment)
     games = [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
-    if params.policy.format_prompt != "game":
-        for game in games:
+    for game in games:
+        game.free_answers = params.policy.free_answers
+        if params.policy.format_prompt != "game":
             game.format_note = format_note(game, params.policy.format_prompt, game_tasks(params, game, "train")[0])
     return games
 

@@ -112,3 +112,24 @@ def test_preset_runs_the_text_track_on_the_real_model_from_dvc_repro(smollm2_dir
     metrics = json.loads((proj / "metrics" / "stages" / "evaluate-text.json").read_text())
     for policy in ("base", "sft", "dpo", "rl"):
         assert 0.0 <= metrics[f"{policy}/success_rate"] <= 1.0
+
+
+def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
+    from pipeline.llm.base import ChatBackend, Generation
+    from pipeline.play import play_episodes
+    from pipeline.policies import game_tasks, make_games
+
+    class Untagged(ChatBackend):  # a chat model that names a secret without the tags, then chats on
+        def generate(self, conversations, sampling):
+            return [Generation(text="\n Is it a dog? \nI think it is a dog.") for _ in conversations]
+
+    [strict] = make_games(load_params("params.yaml"))
+    [free] = make_games(load_params("params.yaml", ["policy.free_answers=true"]))
+    assert strict.parse_action("Is it a cat?") is None and free.parse_action("Is it a cat?\nMaybe.") == "Is it a cat?"
+    assert free.parse_action("Sure. <Answer>Is it a dog?</Answer>") == "Is it a dog?"  # the tags win when present
+    assert free.parse_action(" \n ") is None
+    dog = next(t for t in game_tasks(load_params("params.yaml"), strict, "train") if t.env == "dog")
+    [invalid] = play_episodes(Untagged(), [(strict, dog, 0)], Sampling(), seed=0, max_format_retries=1)
+    [won] = play_episodes(Untagged(), [(free, dog, 0)], Sampling(), seed=0)
+    assert invalid["invalid"] and invalid["turns"] == 0 and invalid["format_retries"] == 2
+    assert won["success"] and won["turns"] == 1 and won["final_action"] == "Is it a dog?"

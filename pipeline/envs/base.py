@@ -67,6 +67,8 @@ class Game(ABC):
     #: more teaching of the answer format, appended to the system prompt (``policy.format_prompt``, set by
     #: ``pipeline.policies.make_games``); empty = the game's own prompt
     format_note: str = ""
+    #: ``policy.free_answers``: a reply without the tags is read as a move (its first line) instead of unparseable
+    free_answers: bool = False
 
     def __init__(self, environment: Any = None) -> None:
         self.environment = environment  # an LLM backend for LLM-simulated environments; None = the program
@@ -103,6 +105,14 @@ class Game(ABC):
         """A scripted player's next action given (action, reply) history; with probability ~``noise`` a poor
         move. Used by ``bootstrap`` to pre-train the built-in model. LLM-only games may leave it out."""
         raise NotImplementedError(f"{self.name} has no scripted player")
+
+    def parse_action(self, text: str) -> str | None:
+        """The move in an agent message: the ``<Answer>`` content; with ``free_answers``, else its first
+        non-empty line (small chat models that never write the tags still play, unformatted)."""
+        action = extract_answer(text)
+        if action is None and self.free_answers:
+            action = next((line.strip() for line in text.splitlines() if line.strip()), None)
+        return action
 
     def timeout_reply(self) -> str:
         return "You have run out of turns."
