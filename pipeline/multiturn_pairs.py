@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.config import LLMConfig, PairsTextConfig
-from pipeline.envs.base import Game, Task, extract_answer
+from pipeline.envs.base import Game, Task
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
 from pipeline.llm.ledger import Ledger
@@ -284,7 +284,7 @@ def multiturn_chunk(
         if len(cands) < 2:
             continue
         for c in cands:
-            if extract_answer(c.text) is None:
+            if game.parse_action(c.text) is None:
                 stats["unparseable_candidates"] += 1
                 c.rewards.append(UNPARSEABLE_REWARD)
                 continue

@@ -108,7 +108,7 @@ def _play(
         stepping: dict[int, list[tuple[Episode, str]]] = defaultdict(list)
         for ep, gen in zip(active, gens, strict=True):
             ep.tokens_out += gen.tokens_out
-            action = extract_answer(gen.text)
+            action = ep.game.parse_action(gen.text)
             if action is None:
                 ep.retries_this_turn += 1
                 ep.format_retries += 1
@@ -138,17 +138,19 @@ def _play(
             on_turn(n_before - len(active))
 
 
-def history_of(conversation: list[dict], prompt_messages: int = PROMPT_MESSAGES) -> list[tuple[str, str | None]]:
+def history_of(conversation: list[dict], prompt_messages: int = PROMPT_MESSAGES,
+               parse: Callable[[str], str | None] = extract_answer) -> list[tuple[str, str | None]]:
     """(action, reply) of each agent turn after the opening messages; reply None for a trailing agent turn.
+    ``parse`` reads a move (default: the ``<Answer>`` content; a game's ``parse_action``).
 
-    Raises ValueError for an agent message without a parseable ``<Answer>`` (play never records one).
+    Raises ValueError for an agent message without a parseable move (play never records one).
     """
     moves: list[tuple[str, str | None]] = []
     rest = conversation[prompt_messages:]
     for i, msg in enumerate(rest):
         if msg["role"] != "assistant":
             continue
-        action = extract_answer(msg["content"])
+        action = parse(msg["content"])
         if action is None:
             raise ValueError(f"agent turn {len(moves) + 1} has no <Answer>: {msg['content'][:80]!r}")
         reply = rest[i + 1]["content"] if i + 1 < len(rest) and rest[i + 1]["role"] == "user" else None
@@ -181,7 +183,7 @@ def resume_episodes(
     for g, t, s, conversation in starts:
         episodes.append(Episode(game=g, task=t, sample=s, state=g.reset(t, rng),
                                 conversation=[dict(m) for m in conversation]))
-        moves.append(history_of(conversation))
+        moves.append(history_of(conversation, parse=g.parse_action))
     start_turns = [sum(reply is not None for _, reply in m) for m in moves]
     for k in range(max((len(m) for m in moves), default=0)):
         stepping: dict[int, list[tuple[Episode, str, str | None]]] = defaultdict(list)

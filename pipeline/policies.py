@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.config import LLMConfig, Params
-from pipeline.envs.base import Game, Split, Task, make_game
+from pipeline.envs.base import Game, Split, Task, format_note, make_game
 from pipeline.llm.base import ChatBackend
 from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
@@ -59,11 +59,17 @@ def eval_groups(params: Params) -> list[str]:
 
 def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
     """The games of ``groups`` (default: the training groups, ``games.groups``); None as environment = the
-    game's own program answers, else an LLM simulates it."""
+    game's own program answers, else an LLM simulates it. Their system prompts teach the answer format as
+    ``policy.format_prompt`` says (an example exchange is played on the game's first train task)."""
     from pipeline.llm import make_environment
 
     env = make_environment(params.rollout_text.environment)
-    return [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
+    games = [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
+    for game in games:
+        game.free_answers = params.policy.free_answers
+        if params.policy.format_prompt != "game":
+            game.format_note = format_note(game, params.policy.format_prompt, game_tasks(params, game, "train")[0])
+    return games
 
 
 def game_tasks(params: Params, game: Game, split: Split | Literal["val"]) -> list[Task]:

@@ -104,18 +104,15 @@ def build(rows: list[dict], threshold: int, strategy: str, pairs_per_task: int,
 def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[str, str], h: str,
                     stats: dict[str, int]) -> dict[str, float | int]:
     """Write the per-turn pairs of every task to ``out`` (chunked, resumable); returns the LLM judge's ledger."""
-    from pipeline.envs.base import make_game
-    from pipeline.llm import make_environment
     from pipeline.play import task_from_row
-    from pipeline.policies import load_policy_backend, policy_path
+    from pipeline.policies import load_policy_backend, make_games, policy_path
 
     cfg = params.pairs_text
     by_task: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
         by_task[(r["group"], r["task_id"])].append(r)
     keys = sorted(by_task)
-    env = make_environment(params.rollout_text.environment)
-    games = {g: make_game(g, environment=env) for g in sorted({g for g, _ in keys})}
+    games = {g.name: g for g in make_games(params, sorted({g for g, _ in keys}))}  # the policy's move parsing
     inexact = [g for g in games if g not in EXACT_GROUPS]
     if cfg.judge.backend == "rules" and inexact:
         raise ConfigError(f"params: pairs_text.judge: the rules 'exact' judge needs a knowledge base "

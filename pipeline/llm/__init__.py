@@ -68,18 +68,13 @@ def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
     if cfg.backend == "openai":
         if not cfg.base_url:  # never the SDK's default public endpoint (load_params refuses this too)
             raise ConfigError("llm: the openai backend needs base_url (the server's URL)")
-        from pipeline.llm.openai_backend import OpenAIBackend
+        from pipeline.llm.openai_backend import OpenAIBackend, ShardedOpenAIBackend
 
-        return OpenAIBackend(
-            cfg.model,
-            cfg.base_url,
-            api_key_env=cfg.api_key_env,
-            max_concurrency=cfg.max_concurrency,
-            timeout_s=cfg.timeout_s,
-            max_retries=cfg.max_retries,
-            max_tokens=cfg.max_tokens,
-            backoff_s=cfg.backoff_s,
-        )
+        options = {"api_key_env": cfg.api_key_env, "max_concurrency": cfg.max_concurrency, "timeout_s": cfg.timeout_s,
+                   "max_retries": cfg.max_retries, "max_tokens": cfg.max_tokens, "backoff_s": cfg.backoff_s}
+        if cfg.client_processes > 1:
+            return ShardedOpenAIBackend(cfg.model, cfg.base_url, processes=cfg.client_processes, **options)
+        return OpenAIBackend(cfg.model, cfg.base_url, **options)
     if cfg.backend == "rules":
         from pipeline.llm.rules import RulesBackend, rules_program
 

@@ -19,7 +19,10 @@ client object; error messages are scrubbed of it before they are stored or logge
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import itertools
 import logging
+import multiprocessing
 import os
 import random
 import threading
@@ -358,3 +361,120 @@ class OpenAIBackend(ChatBackend):
         if hint is not None:
             delay = max(delay, min(hint, self.backoff_max_s))
         return delay
+
+
+def _shard_main(conn: Any, kwargs: dict) -> None:
+    """A client process: one OpenAIBackend (its own event loop and connections) answering batches sent over
+    ``conn`` as ``(job, conversations, sampling)``; batches run concurrently, each answered ``(job, result)``."""
+    backend = OpenAIBackend(**kwargs)
+    send_lock = threading.Lock()
+
+    def reply(job: int, future: Any) -> None:
+        try:
+            result: Any = future.result()
+        except BaseException as e:  # noqa: BLE001 - travels back to the caller's generate
+            result = RuntimeError(f"openai client process: {type(e).__name__}: {e}")
+        with send_lock:
+            conn.send((job, result))
+
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                break
+            if message is None:
+                break
+            job, conversations, sampling = message
+            future = asyncio.run_coroutine_threadsafe(backend._batch(conversations, sampling), backend._loop)
+            future.add_done_callback(lambda f, job=job: reply(job, f))
+    finally:
+        backend.close()
+
+
+class ShardedOpenAIBackend(ChatBackend):
+    """``client_processes`` OpenAIBackends in as many processes, for concurrencies one Python core cannot drive
+    (the SDK costs ~1 ms of CPU per request: one process tops out near 1,000 requests/s, less while a wave of
+    answers queues behind it). Each batch is dealt round-robin over the processes; each has its own event loop,
+    connection pool and breaker state, and ``max_concurrency`` per server is split between them, so the total
+    in flight per server is still ``max_concurrency``. Answers come back in input order, as from OpenAIBackend.
+    Processes start on the first ``generate`` (spawned: ~1 s) and stop on ``close``.
+    """
+
+    name = "openai"
+
+    def __init__(self, model: str, base_url: str | list[str] | None = None, *, processes: int = 2,
+                 max_concurrency: int = 16, **kwargs: Any) -> None:
+        super().__init__(model)
+        if processes < 2 or processes > max_concurrency:
+            raise ValueError(f"llm: client_processes must be 2..max_concurrency ({max_concurrency}), not {processes}")
+        read_api_key(kwargs.get("api_key_env"))  # a missing key is a one-line error here, not in a child
+        self.base_url = base_url
+        shares = [max_concurrency // processes + (k < max_concurrency % processes) for k in range(processes)]
+        self._kwargs = [{"model": model, "base_url": base_url, "max_concurrency": s, **kwargs} for s in shares]
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        self._pending: dict[int, concurrent.futures.Future] = {}
+        self._jobs = itertools.count()
+        self._lock = threading.Lock()  # processes, pending jobs
+        self._send_lock = threading.Lock()  # one writer per pipe at a time
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs an event-loop thread
+        for kwargs in self._kwargs:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_shard_main, args=(child, kwargs), name="curio-openai-client", daemon=True)
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+            threading.Thread(target=self._receive, args=(parent,), name="curio-openai-shard", daemon=True).start()
+
+    def _receive(self, conn: Any) -> None:
+        while True:
+            try:
+                job, result = conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                future = self._pending.pop(job)
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+        with self._lock:  # the process is gone: whatever it still owed fails loudly
+            owed = [f for f in self._pending.values() if not f.done()]
+        for future in owed:
+            future.set_exception(RuntimeError("openai client process exited"))
+
+    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+        if not conversations:
+            return []
+        with self._lock:
+            if not self._procs:
+                self._start()
+            n = len(self._conns)
+            jobs = [next(self._jobs) for _ in range(min(n, len(conversations)))]
+            futures = [self._pending.setdefault(job, concurrent.futures.Future()) for job in jobs]
+        with self._send_lock:  # not under _lock: the receiving threads must keep draining answers meanwhile
+            for k, job in enumerate(jobs):
+                self._conns[k].send((job, conversations[k::n], sampling))
+        out: list[Generation | None] = [None] * len(conversations)
+        for k, future in enumerate(futures):
+            out[k::n] = future.result()
+        return [g for g in out if g is not None]
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            for proc in self._procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.terminate()
+            for conn in self._conns:
+                conn.close()
+            self._conns, self._procs = [], []
