@@ -1,15 +1,9 @@
 """The real chat model in params: `curio models import-gguf`, the SmolLM2 preset, every LLM role naming it."""
 
-import json
-import os
 import random
-import subprocess
 
-import pytest
-from conftest import make_project
 from typer.testing import CliRunner
 
-from pipeline.artifacts import read_rows
 from pipeline.cli import app
 from pipeline.config import load_params, preset_overrides
 from pipeline.envs.base import FORMAT_RULE
@@ -18,9 +12,6 @@ from pipeline.llm.base import Sampling
 from pipeline.models.gguf import resolve_model
 
 PRESET = "presets/smollm2.yaml"
-# The slow test's budget: enough train secrets that some rollout wins, so there are pairs to train on.
-TINY = ["games.max_train_tasks=6", "games.max_eval_tasks=2", "rl_text.tasks_per_round=2",
-        "evaluate_text.trajectories_per_task=1", "tracking.enabled=false"]
 
 
 def test_import_gguf_is_done_once_with_the_files_own_end_of_turn(smollm2_dir):
@@ -86,31 +77,6 @@ def test_format_prompt_teaches_the_answer_format_only_when_asked():
     assert all(moves) and moves[0] == shown.scripted_action(first_train, [], random.Random(0), 0.0)
     assert example[2] in ("User: Yes.", "User: No.")
     assert shown.conversation_start(task)[1] == game.conversation_start(task)[1]  # the task message is unchanged
-
-
-@pytest.mark.slow
-def test_preset_runs_the_text_track_on_the_real_model_from_dvc_repro(smollm2_dir, tmp_path):
-    """presets/smollm2.yaml at a tiny budget through `dvc repro`: rollouts, the LLM judge, pairs, SFT, reference
-    log-probs, DPO, filtered BC and evaluation all run on SmolLM2 (the model named by path: no second import)."""
-    model = str(smollm2_dir)
-    tiny = [f"policy.model={model}", f"annotate_text.judge.model={model}", *TINY]
-    proj = make_project(tmp_path, [*preset_overrides(PRESET), *tiny])
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=proj, check=True)
-    res = subprocess.run(["dvc", "repro", "evaluate-text"], cwd=proj, env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-
-    rollouts = read_rows(proj / "data" / "rollout_text")
-    assert rollouts and not any(r["invalid"] for r in rollouts)  # free answers: every reply is a move
-    annotated = read_rows(proj / "data" / "annotate_text")
-    assert len(annotated) == len(rollouts) and {r["judge_label"] for r in annotated} <= {"VALID", "NOTVALID", "UNKNOWN"}
-    assert read_rows(proj / "data" / "pairs_text" / "preferences")
-    for name in ("sft", "dpo"):
-        assert (proj / "data" / "train_policy" / name / "model.safetensors").exists()
-    assert (proj / "data" / "rl_text" / "model" / "model.safetensors").exists()
-    metrics = json.loads((proj / "metrics" / "stages" / "evaluate-text.json").read_text())
-    for policy in ("base", "sft", "dpo", "rl"):
-        assert 0.0 <= metrics[f"{policy}/success_rate"] <= 1.0
 
 
 def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
