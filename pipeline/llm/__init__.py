@@ -47,13 +47,14 @@ def sampling_from_config(cfg: LLMConfig | RolloutTextConfig, **overrides: Any) -
     """The Sampling params describe: an LLM role's (``LLMConfig``: temperature, top-p, min-p, max tokens, seed)
     or the policy's (``rollout_text``: no seed, so the samples of one prompt are distinct draws). The one place
     a Sampling is built from params; ``overrides`` replace fields (e.g. an evaluation temperature)."""
-    values: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "min_p": cfg.min_p}
+    fields = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p"}
     if isinstance(cfg, LLMConfig):
-        values.update(max_tokens=cfg.max_tokens, seed=cfg.seed)
+        fields.update(max_tokens="max_tokens", seed="seed")
     else:
-        values.update(max_tokens=cfg.max_new_tokens)
-    values.update(overrides)
-    return Sampling(**values)
+        fields.update(max_tokens="max_new_tokens")
+    # an overridden field is not read: a stage that sets its own temperature need not declare the policy's
+    values: dict[str, Any] = {k: getattr(cfg, attr) for k, attr in fields.items() if k not in overrides}
+    return Sampling(**values, **overrides)
 
 
 def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
