@@ -273,6 +273,13 @@ class ReadRecorder:
     def __class__(self) -> type:  # isinstance(recorder, LLMConfig) answers as for the object it records
         return type(self._target)
 
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # pickled (a chunk job's loader sent to a worker, or hashed to key the worker's cache) as what it
+        # records: the section is used whole, and the copy is the plain value
+        if self._path:
+            self.reads.add(self._path)
+        return self._target.__reduce_ex__(protocol)
+
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
         if name.startswith("_"):

@@ -10,7 +10,7 @@ from pathlib import Path
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 #: What pipeline/llm may import from the project: itself, params, errors, artifacts and the chat-model helpers.
 LLM_MAY_IMPORT = ("pipeline.llm", "pipeline.config", "pipeline.errors", "pipeline.artifacts",
-                  "pipeline.models.chat", "pipeline.models.gguf")
+                  "pipeline.models.chat", "pipeline.models.gguf", "pipeline.models.masks")
 
 
 def imports(path: Path) -> set[str]:
