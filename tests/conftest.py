@@ -31,6 +31,15 @@ def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | 
     return res
 
 
+def run_in_project(args: list[str], cwd: Path) -> str:
+    """A command (dvc, curio, git) in a project dir with this interpreter's tools first on PATH; its stdout."""
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(cwd),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{' '.join(args)}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res.stdout
+
+
 def make_project(tmp: Path, overrides: list[str]) -> Path:
     """A copy of the repo's project files with params.yaml overridden, in which stages can run."""
     import yaml

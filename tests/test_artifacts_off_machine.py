@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, curio, make_project
+from conftest import run_in_project as _run
 
 from pipeline.artifacts import dataset_hash
 
@@ -28,12 +29,6 @@ SCRIPTED = ["tracking.enabled=false", "policy.backend=scripted", "policy.model=s
 STAGES = ["rollout-text", "annotate-text", "evaluate-text", "report"]
 
 
-def _run(args: list[str], cwd: Path) -> str:
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(cwd),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{' '.join(args)}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    return res.stdout
 
 
 @pytest.mark.slow  # four stages and a dozen dvc commands: ~20 CPU-seconds, minutes on a shared machine

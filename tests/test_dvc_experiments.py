@@ -5,24 +5,16 @@ its model-directory deps dropped so nothing upstream has to run)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 from conftest import REPO, make_project
+from conftest import run_in_project as _run
 
 SCRIPTED = ["tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.4",
             "games.max_eval_tasks=2", "evaluate_text.policies=[base]", "evaluate_text.trajectories_per_task=1"]
 
 
-def _run(args: list[str], cwd: Path) -> str:
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(cwd),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{' '.join(args)}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    return res.stdout
 
 
 def _metrics(exp: dict) -> dict:
