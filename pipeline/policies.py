@@ -28,14 +28,15 @@ def policy_path(params: Params, name: str) -> str:
     return paths.get(name, name)
 
 
-def load_policy_backend(params: Params, name_or_path: str, batch_size: int | None = None) -> ChatBackend:
-    """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so)."""
+def load_policy_backend(params: Params, name_or_path: str, batch_size: int | None = None,
+                        groups: list[str] | None = None) -> ChatBackend:
+    """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so).
+    ``groups``: the task groups it will play (default the training groups; the scripted policy needs them)."""
     path = policy_path(params, name_or_path)
     if params.policy.backend == "scripted":
         from pipeline.scripted import ScriptedPolicy, parse_noise
 
-        return ScriptedPolicy(make_games(params, list(dict.fromkeys(params.games.groups + eval_groups(params)))),
-                              parse_noise(params.policy.model))
+        return ScriptedPolicy(make_games(params, groups), parse_noise(params.policy.model))
     if params.policy.backend == "hf":
         from pipeline.llm.hf import HFBackend
 

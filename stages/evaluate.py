@@ -45,8 +45,9 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
                     groups: list[str] | None = None) -> list[dict]:
     """Play every task of ``split`` in ``groups`` (default: the evaluation groups) k times with the named
     policy; episode rows."""
-    backend = load_policy_backend(params, policy)
-    games = make_games(params, eval_groups(params) if groups is None else groups)
+    groups = eval_groups(params) if groups is None else groups
+    backend = load_policy_backend(params, policy, groups=groups)
+    games = make_games(params, groups)
     jobs = [(g, t, s) for g in games for t in game_tasks(params, g, split) for s in range(k)]
     sampling = sampling_from_config(params.rollout_text, temperature=temperature)
     return play_episodes(backend, jobs, sampling, seed=seed,
