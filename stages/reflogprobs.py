@@ -24,7 +24,7 @@ from pipeline.stage import Out, Stage, StageContext, StageResult
 NAME = "reflogprobs"
 STAGE = Stage(
     NAME,
-    params=["seed", "policy", "reflogprobs", "train_policy.dpo.init"],
+    params=["policy", "reflogprobs", "train_policy.dpo.init"],  # scoring is deterministic: no seed
     code=["pipeline/models/training.py", "pipeline/models/chat.py"],
     data=["data/pairs_text", "data/bootstrap", "data/train_policy/sft"],
     outs=[Out("data/reflogprobs", persist=True)],
