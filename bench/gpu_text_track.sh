@@ -18,7 +18,6 @@ for st in bootstrap rollout-text annotate-text pairs-text train-sft reflogprobs 
   t1=$(date +%s%N)
   printf "%-14s rc=%s %6d ms\n" $st $rc $(( (t1 - t0) / 1000000 ))
   if [ $rc -ne 0 ]; then tail -25 $D/$st.log; fi
-  [ -n "${OUT:-}" ] && cp $D/$st.log $OUT/
 done
 python3 -c "import json;d=json.load(open('$D/metrics/stages/evaluate-text.json'));print({k:round(v,3) for k,v in d.items() if k.endswith('/success_rate') and k.count('/')==1})"
 for alg in archer chai; do
@@ -29,4 +28,3 @@ for alg in archer chai; do
   done
   python3 -c "import json;d=json.load(open('$D/metrics/stages/evaluate-text.json'));print({k:round(v,3) for k,v in d.items() if k.endswith('/success_rate') and k.count('/')==1})"
 done
-[ -n "${OUT:-}" ] && cp -r $D/metrics $OUT/metrics
