@@ -8,17 +8,22 @@ output directory and a rerun resumes from the last checkpoint; a finished phase 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+from pipeline.artifacts import atomic_write_json
 from pipeline.checkpoints import mark_finished
 from pipeline.models import tiny
 
+HISTORY = "loss_history.json"  # a finished phase's loss curve, kept beside its model
 
-def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str) -> None:
-    """Save the trained model into ``model_dir``, swapped in whole once complete (the previous model and the
-    ``checkpoints/`` inside it go with the swap)."""
+
+def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str, history: list[dict]) -> None:
+    """Save the trained model (and its loss curve) into ``model_dir``, swapped in whole once complete (the
+    previous model and the ``checkpoints/`` inside it go with the swap)."""
     tiny.save(model, tokenizer, model_dir)
+    atomic_write_json(model_dir / HISTORY, history)
     mark_finished(model_dir, key)
     shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)  # keep the DVC output small once done
 
@@ -27,3 +32,12 @@ def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: li
     """The metrics a finished SFT or DPO phase reports: what it trained on, where it resumed, its last loss."""
     return {f"{prefix}/{items}": count, f"{prefix}/resumed_from_step": resumed,
             f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}
+
+
+def write_loss_plot(plot: Path, model_dir: Path) -> list[dict]:
+    """Write the declared loss plot from the finished phase's kept curve: a phase skipped because it is finished
+    (resumed, or its outputs restored by DVC / copied in) still leaves every output DVC declares."""
+    path = model_dir / HISTORY
+    history = json.loads(path.read_text()) if path.exists() else []
+    atomic_write_json(plot, history)
+    return history

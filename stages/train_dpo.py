@@ -8,14 +8,14 @@ resumes from its ``checkpoints/``.
 
 from __future__ import annotations
 
-from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_manifest, read_rows
+from pipeline.artifacts import dataset_hash, dir_hash, read_manifest, read_rows
 from pipeline.checkpoints import finished, keyed_dir, run_key
 from pipeline.config import ConfigError, Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.policies import policy_path
 from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
-from stages.train import finish, phase_metrics
+from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-dpo"
 STAGE = Stage(
@@ -50,7 +50,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             label_smoothing=cfg.dpo.label_smoothing, warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, lora=cfg.lora,
         )
-        atomic_write_json(params.plots_path("dpo_loss.json"), history)
-        finish(model, tokenizer, out, ckpt, key)
+        finish(model, tokenizer, out, ckpt, key, history)
         metrics = phase_metrics("dpo", "pairs", len(pairs), resumed, history)
+    write_loss_plot(params.plots_path("dpo_loss.json"), out)
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -6,14 +6,14 @@ and the merged (plain) model is saved. Resumes from ``data/train_policy/sft/chec
 
 from __future__ import annotations
 
-from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, read_rows
+from pipeline.artifacts import dataset_hash, dir_hash, read_rows
 from pipeline.checkpoints import finished, keyed_dir, run_key
 from pipeline.config import Params
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.policies import policy_path
 from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
-from stages.train import finish, phase_metrics
+from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-sft"
 STAGE = Stage(
@@ -45,7 +45,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
         )
-        atomic_write_json(params.plots_path("sft_loss.json"), history)
-        finish(model, tokenizer, out, ckpt, key)
+        finish(model, tokenizer, out, ckpt, key, history)
         metrics = phase_metrics("sft", "trajectories", len(conversations), resumed, history)
+    write_loss_plot(params.plots_path("sft_loss.json"), out)
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -69,7 +69,9 @@ def judge_sources() -> list[str]:
     from unittest import mock
 
     from pipeline import judge
+    from pipeline.llm.prompts import load_prompt
 
+    load_prompt.cache_clear()  # a prompt parsed earlier in the session would not be read again
     read: list[Path] = []
     real = Path.read_text
 

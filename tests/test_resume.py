@@ -85,3 +85,25 @@ def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_pa
     stage_module("rl-text").run(params_at(tmp_path, *run, "rl_text.lr=0.0003"), StageContext())
     assert resumed[2] == 0  # other params: the killed run's checkpoint was dropped, not resumed
     assert not (out / "checkpoints").exists() and (out / "model").is_dir()  # nothing stale left behind
+
+
+def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, tmp_path):
+    """A finished train-sft (its model restored by DVC, or copied in) trains nothing on a rerun, yet writes the loss
+    plot dvc.yaml declares, with the curve it trained — else `dvc commit` fails on a missing output."""
+    import json
+
+    from pipeline.artifacts import run_chunked
+
+    shutil.copytree(bootstrapped[0] / "data" / "bootstrap", tmp_path / "data" / "bootstrap")
+    scripted = read_rows(tmp_path / "data" / "bootstrap" / "scripted")[:10]
+    run_chunked(tmp_path / "data" / "pairs_text" / "sft", num_chunks=1, params_hash="hand-made",
+                make_chunk=lambda i: [{"messages": r["conversation"]} for r in scripted])
+    # 5 steps: one logged loss
+    params = params_at(tmp_path, "train_policy.sft.epochs=1", "train_policy.sft.batch_size=2")
+    first = stage_module("train-sft").run(params, StageContext()).metrics
+    plot = params.plots_path("sft_loss.json")
+    curve = plot.read_text()
+    assert first["sft/trajectories"] == 10 and len(json.loads(curve)) >= 1
+    plot.unlink()
+    assert stage_module("train-sft").run(params, StageContext()).metrics == {}  # finished: nothing trained
+    assert plot.read_text() == curve
