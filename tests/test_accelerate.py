@@ -164,6 +164,7 @@ def test_rl_text_refuses_a_batch_the_processes_cannot_split(trained, tmp_path):
     assert not params.data_path("rl_text", "state").exists()  # refused before anything was written
 
 
+@pytest.mark.slow  # ~40 s more: the same loop (actor=False) the ArCHer test above covers in the default tier
 def test_chai_trains_its_critic_on_two_gloo_processes(trained, tmp_path):
     from stages.rl.chai import is_chai_model
 
