@@ -7,15 +7,23 @@ TRL trainer data-parallel (DDP: NCCL on GPUs, gloo on CPUs), each on ``batch_siz
 batch, so the optimizer sees the same global batch as one process does. Rank 0 writes the checkpoints (the
 resume point, as in one process) and the trained model; the stage's process loads it and goes on as before
 (saving, tracking), so stages are unchanged. A process launched this way runs the trainer directly.
+
+A stage whose training loop is its own (rl-text's ArCHer and CHAI: stages/rl/archer.py) is launched whole with
+``launched_stage``: every process runs the stage's ``run`` on the same params and trains through
+``accelerate.Accelerator``; the main process's result and the metrics it logged come back to the stage's process.
+Both kinds of launch stop with the stage's process (a SIGKILLed stage leaves no orphan training on).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import CurioError
+from pipeline.tracking import Tracker
 
 _TRAINERS = ("sft_train", "dpo_train")
 _PROCESSES: contextvars.ContextVar[tuple[int, str | None]] = contextvars.ContextVar("curio_train_processes",
@@ -68,6 +77,27 @@ def launch_args(num_processes: int, config_file: str | None) -> list[str]:
             "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
 
 
+# Resolved before any fork: the child between fork and exec only calls it.
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _stop_with_parent() -> None:
+    """In the launcher's child: SIGTERM when the stage's process dies, however it dies (even SIGKILL). torchrun
+    then stops its processes, so a killed stage leaves no training on to race its rerun."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_launch(job: Path, num_processes: int, config_file: str | None, what: str) -> None:
+    """``accelerate launch -m pipeline.models.launch JOB``; LaunchError with its last lines when it fails."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args(num_processes, config_file),
+           "-m", "pipeline.models.launch", str(job)]
+    res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_stop_with_parent)
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+        raise LaunchError(f"accelerate launch ({what}, {num_processes} processes) failed:\n{tail}")
+
+
 def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, kwargs: dict[str, Any], *,
              num_processes: int, config_file: str | None, tracker=None, prefix: str = "sft"):
     """``pipeline.models.training.<trainer>(model, tokenizer, data, checkpoint_dir, **kwargs)`` run by
@@ -86,12 +116,7 @@ def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, k
         tokenizer.save_pretrained(job / "init")
         torch.save({"trainer": trainer, "data": data, "checkpoint_dir": str(checkpoint_dir), "kwargs": kwargs},
                    job / "job.pt")
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args(num_processes, config_file),
-               "-m", "pipeline.models.launch", str(job)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
-            raise LaunchError(f"accelerate launch ({trainer}, {num_processes} processes) failed:\n{tail}")
+        run_launch(job, num_processes, config_file, trainer)
         result = json.loads((job / "result.json").read_text())
         trained = AutoModelForCausalLM.from_pretrained(job / "out")
     finally:
@@ -102,8 +127,66 @@ def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, k
     return trained, result["history"], result["resumed"]
 
 
+class _LoggedMetrics(Tracker):
+    """The tracker of a launched stage's processes (they have no MLflow run): what the main process logs is kept,
+    for the stage's process to log into its run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[dict, int | None]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append(({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step))
+
+
+def launched_stage(module: str, stage: str, params, ctx, *, num_processes: int, config_file: str | None):
+    """``<module>.run(params, ctx)`` run by every process of ``accelerate launch``; returns the main process's
+    StageResult, after logging the metrics it logged (per round, per step) to ``ctx``'s tracker.
+
+    The processes read and write ``data_dir`` as the stage does (a filesystem they share); the params travel as
+    the stage's declared slice.
+    """
+    from pipeline.stage import StageResult, declaration
+
+    job = params.data_path(f".{stage}.launch")
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    try:
+        view = declaration(stage).slice(params)
+        (job / "stage.json").write_text(json.dumps({"module": module, "stage": stage,
+                                                    "params": view.model_dump(mode="json")}))
+        run_launch(job, num_processes, config_file, stage)
+        result = json.loads((job / "result.json").read_text())
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+    for metrics, step in result["logged"]:
+        ctx.tracker.log_metrics(metrics, step=step)
+    return StageResult(metrics=result["metrics"], outputs=result["outputs"])
+
+
+def _run_stage(job: Path) -> None:
+    """One launched process of a stage: its ``run``; the main process writes the result and logged metrics."""
+    from accelerate import PartialState
+
+    from pipeline.stage import StageContext, declaration
+
+    spec = json.loads((job / "stage.json").read_text())
+    params = declaration(spec["stage"]).params_model.model_validate(spec["params"])
+    tracker = _LoggedMetrics()
+    result = importlib.import_module(spec["module"]).run(params, StageContext(tracker=tracker))
+    state = PartialState()  # set up by the stage's Accelerator
+    if state.is_main_process:
+        (job / "result.json").write_text(json.dumps({"metrics": result.metrics, "outputs": result.outputs,
+                                                     "logged": tracker.logged}))
+    state.wait_for_everyone()
+    state.destroy_process_group()
+
+
 def main(job: Path) -> None:
     """One launched process: train with the job's data; rank 0 saves the model and the loss history."""
+    if (job / "stage.json").exists():
+        _run_stage(job)
+        return
     import torch
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -17,6 +17,12 @@ transitions (s, a, r, s′, done) become part r of the replay buffer (chunked Pa
 and both optimisers are then checkpointed (``data/rl_text/state``), so a SIGKILL loses at most the round in
 flight, and a resumed run equals an uninterrupted one (every round re-seeds its RNGs).
 Online CHAI (stages/rl/chai.py) trains the same critic with ``train_loop(..., actor=False)``.
+
+Several processes (``train_policy.num_processes`` or ``train_policy.accelerate_config``): the stage runs under
+``accelerate launch``; each process plays its share of a round's episodes (the bulk of the wall time) and
+computes every critic / actor step on its share of the same global batch, through ``accelerate.Accelerator``
+(DDP: the averaged gradient is the global batch's, as in one process). The main process holds the replay buffer
+and writes the same files one process writes, so a run resumes with any number of processes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 import torch
@@ -34,16 +41,22 @@ from torch import nn
 
 from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.checkpoints import keyed_dir, run_key
-from pipeline.config import Params
+from pipeline.config import ConfigError, Params
+from pipeline.errors import CurioError
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend, Sampling
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
+from pipeline.models.launch import launched_stage, requested, world_size
 from pipeline.play import play_episodes, summarize
 from pipeline.policies import game_tasks, make_games, policy_path
 from pipeline.stage import StageContext, StageResult
 from stages.rl.text import NAME, STAGE
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+T = TypeVar("T")
 HEAD_HIDDEN = 256
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 TRANSITION_SCHEMA = pa.schema([
@@ -161,24 +174,26 @@ def load_encoder(source: str | Path):
 
 def critic_step(critic: DoubleCritic, target: DoubleCritic, opt: torch.optim.Optimizer, batch: list[dict],
                 sample_pi: Callable[[list[list[dict]]], list[str]], gamma: float, tau: float,
-                grad_clip: float) -> float:
-    """One gradient step on MSE to the four targets, then the Polyak update of the target; returns the loss."""
-    states = [b["state"] for b in batch]
+                grad_clip: float, accelerator: Accelerator | None = None) -> float:
+    """One gradient step on MSE to the four targets, then the Polyak update of the target; returns the loss.
+
+    With an ``accelerator`` (several processes), ``batch`` is the global batch, each process computes on its
+    share and ``critic`` is the prepared (DDP) model: the averaged gradient is the global batch's.
+    """
+    mine, share = own_share(batch, accelerator)
+    states = [b["state"] for b in mine]
     with torch.no_grad():
-        vbar1, vbar2 = target.values([b["next_state"] for b in batch])
-        reward = torch.tensor([b["reward"] for b in batch], dtype=torch.float32, device=vbar1.device)
-        done = torch.tensor([b["done"] for b in batch], device=vbar1.device)
+        vbar1, vbar2 = target.values([b["next_state"] for b in mine])
+        reward = torch.tensor([b["reward"] for b in mine], dtype=torch.float32, device=vbar1.device)
+        done = torch.tensor([b["done"] for b in mine], device=vbar1.device)
         qt1, qt2 = q_targets(reward, done, vbar1, vbar2, gamma)
         qbar1, qbar2, _, _ = target(states, sample_pi(states))
-    q1, q2, v1, v2 = critic(states, [b["action"] for b in batch])
+    q1, q2, v1, v2 = critic(states, [b["action"] for b in mine])
     mse = nn.functional.mse_loss
-    loss = mse(q1, qt1) + mse(q2, qt2) + mse(v1, qbar1) + mse(v2, qbar2)
-    opt.zero_grad()
-    loss.backward()
-    nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
-    opt.step()
-    polyak_(target, critic, tau)
-    return loss.item()
+    loss = (mse(q1, qt1) + mse(q2, qt2) + mse(v1, qbar1) + mse(v2, qbar2)) * share
+    optimizer_step(loss, critic, opt, grad_clip, accelerator)
+    polyak_(target, unwrapped(critic), tau)
+    return process_mean(loss, accelerator)
 
 
 # -- the actor ----------------------------------------------------------------------------------------------
@@ -190,7 +205,8 @@ def utterance_logprobs(model, tokenizer, states: list[list[dict]], actions: list
     shifted positions; tests/test_rl_text.py checks batched == one at a time).
     """
     seqs, lengths = [], []
-    max_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    config = unwrapped(model).config  # ``model`` may be accelerate's DDP wrapper
+    max_pos = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     for s, a in zip(states, actions, strict=True):
         prompt = tokenizer.apply_chat_template(s, add_generation_prompt=True, tokenize=True)
         full = tokenizer.apply_chat_template(s + [{"role": "assistant", "content": a}], tokenize=True)
@@ -214,17 +230,78 @@ def utterance_logprobs(model, tokenizer, states: list[list[dict]], actions: list
 
 
 def actor_step(policy, tokenizer, critic: DoubleCritic, opt: torch.optim.Optimizer, states: list[list[dict]],
-               sample_pi: Callable[[list[list[dict]]], list[str]], grad_clip: float) -> dict[str, float]:
-    actions = sample_pi(states)
+               sample_pi: Callable[[list[list[dict]]], list[str]], grad_clip: float,
+               accelerator: Accelerator | None = None) -> dict[str, float]:
+    """One policy-gradient step on fresh a_π (``states``: the global batch; see ``critic_step``)."""
+    mine, share = own_share(states, accelerator)
+    actions = sample_pi(mine)
     with torch.no_grad():
-        adv = advantage(*critic(states, actions))
-    logp = utterance_logprobs(policy, tokenizer, states, actions)
-    loss = actor_loss(logp, adv)
+        adv = advantage(*critic(mine, actions))
+    logp = utterance_logprobs(policy, tokenizer, mine, actions)
+    loss = actor_loss(logp, adv) * share
+    optimizer_step(loss, policy, opt, grad_clip, accelerator)
+    return {"loss": process_mean(loss, accelerator), "advantage": process_mean(adv.mean() * share, accelerator)}
+
+
+# -- several processes (accelerate) --------------------------------------------------------------------------
+def own_share(batch: list, accelerator: Accelerator | None) -> tuple[list, float]:
+    """This process's contiguous part of a global batch, and the weight m·N/b that turns its mean loss into its
+    part of the global mean: DDP averages the N gradients, so the result is the gradient of the mean over all
+    b items even when b (a buffer smaller than the batch) does not split evenly. One process: (batch, 1.0)."""
+    if accelerator is None:
+        return batch, 1.0
+    with accelerator.split_between_processes(batch) as mine:
+        if not mine:  # a process without items would skip the collective backward and hang the others
+            raise CurioError(f"rl-text: a batch of {len(batch)} cannot be split over {accelerator.num_processes} "
+                             "processes (the replay buffer is smaller than the number of processes)")
+        return mine, len(mine) * accelerator.num_processes / len(batch)
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, grad_clip: float,
+                   accelerator: Accelerator | None) -> None:
+    """Backward (DDP's averaged gradients under accelerate), clip the gradient norm, step."""
     opt.zero_grad()
-    loss.backward()
-    nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    if accelerator is None:
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
-    return {"loss": loss.item(), "advantage": adv.mean().item()}
+
+
+def process_mean(value: torch.Tensor, accelerator: Accelerator | None) -> float:
+    """The mean of a per-process value over the processes (itself in one process)."""
+    return (value if accelerator is None else accelerator.reduce(value.detach(), "mean")).item()
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model under accelerate's DDP wrapper (itself when not wrapped)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)
+
+
+def from_main(value: T, accelerator: Accelerator | None) -> T:
+    """The main process's ``value`` in every process (the others pass anything, e.g. None)."""
+    if accelerator is None:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value])[0]
+
+
+def global_batch(rng: random.Random, buffer: list[dict] | None, size: int,
+                 accelerator: Accelerator | None) -> list[dict]:
+    """A batch the main process samples from its buffer (as one process does), in every process."""
+    return from_main(rng.sample(buffer, min(size, len(buffer))) if buffer is not None else None, accelerator)
+
+
+def process_seed(seed: int, name: str, index: int, accelerator: Accelerator | None) -> int:
+    """One process's seed for round ``index``: the one-process seed for the main process, distinct draws for the
+    others (their samples must not repeat the main process's)."""
+    rank = accelerator.process_index if accelerator is not None else 0
+    return chunk_seed(seed, name if rank == 0 else f"{name}/process-{rank}", index)
 
 
 # -- replay buffer ------------------------------------------------------------------------------------------
@@ -282,23 +359,72 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
 
     ``acting`` wraps the policy into the backend that plays and whose samples are a_π (CHAI: the critic's
     re-ranking); ``extra_outputs`` adds files to the final model directory (CHAI: the critic).
+
+    With ``train_policy.num_processes`` > 1 (or an accelerate config file) the stage runs under ``accelerate
+    launch``: every process plays its share of each round's episodes and computes each critic / actor step on
+    its share of the global batch (DDP averages the gradients), the main process alone holds the replay buffer,
+    samples the batches and writes; see ``train_processes``.
+    """
+    processes, config_file = requested()
+    if processes > 1 or config_file:
+        check_batches(params, processes, actor)
+        return launched_stage(f"stages.rl.{params.rl_text.algorithm}", NAME, params, ctx,
+                              num_processes=processes, config_file=config_file)
+    return train_processes(params, ctx, actor, acting, extra_outputs)
+
+
+def check_batches(params: Params, processes: int, actor: bool) -> None:
+    """Each process takes an equal share of every global batch (as in train-sft / train-dpo): ConfigError else."""
+    sizes = {"rl_text.critic.batch_size": params.rl_text.critic.batch_size}
+    if actor:
+        sizes["rl_text.archer.batch_size"] = params.rl_text.archer.batch_size
+    for key, size in sizes.items():
+        if size % processes:
+            raise ConfigError(f"train_policy.num_processes: {processes} processes cannot split {key}={size}")
+
+
+def train_processes(params: Params, ctx: StageContext, actor: bool,
+                    acting: Callable[[HFBackend, DoubleCritic], ChatBackend] | None = None,
+                    extra_outputs: Callable[[Path, DoubleCritic], None] | None = None) -> StageResult:
+    """The loop, in one process or in each of the processes ``accelerate launch`` started.
+
+    Several processes: the policy, critic and their optimisers are prepared by ``accelerate.Accelerator`` (DDP);
+    the target critic is updated by the same Polyak step in each. The main process decides where to resume,
+    holds the replay buffer and writes everything a process writes alone (replay parts, episodes, round
+    checkpoints, model), so the files on disk are the one-process run's: any number of processes resumes them.
+    The other processes get what they need from it (``from_main``) and gather their episodes to it.
     """
     cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
     out = params.data_path("rl_text")
     init = policy_path(params, "dpo")
-    key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
-    replay = ReplayBuffer(out / "replay", key, {"init": init_hash}, ccfg.buffer_capacity)
-    # Round checkpoints of other params or another init are stale: never resumed.
-    state_dir = keyed_dir(out / "state", run_key(key, init_hash))
+    device = params.policy.device
+    accelerator = None
+    if world_size() > 1:
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        # an encoder's unused parts (e.g. a BERT pooler) get no gradient: DDP must not wait for them
+        accelerator = Accelerator(cpu=not device.startswith("cuda"),
+                                  kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+        check_batches(params, accelerator.num_processes, actor)  # an accelerate config file's process count
+        device = str(accelerator.device)
+    main = accelerator is None or accelerator.is_main_process
+    replay = state_dir = None
+    start = 0
+    if main:
+        key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
+        replay = ReplayBuffer(out / "replay", key, {"init": init_hash}, ccfg.buffer_capacity)
+        # Round checkpoints of other params or another init are stale: never resumed.
+        state_dir = keyed_dir(out / "state", run_key(key, init_hash))
+        done_rounds = sorted(int(p.name.split("-")[1]) for p in state_dir.glob("round-*") if (p / "DONE").exists())
+        start = done_rounds[-1] + 1 if done_rounds else 0
+    start = from_main(start, accelerator)  # the others load the checkpoint the main process resumes from
     games = make_games(params)
     score_by_turns = {g.name: g.score_by_turns for g in games}
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
-    device = params.policy.device
 
-    done_rounds = sorted(int(p.name.split("-")[1]) for p in state_dir.glob("round-*") if (p / "DONE").exists())
-    start = done_rounds[-1] + 1 if done_rounds else 0
-    ckpt = state_dir / f"round-{start - 1:03d}" if done_rounds else None
+    ckpt = out / "state" / f"round-{start - 1:03d}" if start else None
     policy, tokenizer = load_policy(ckpt / "policy" if ckpt else init, device)
     if ckpt:
         critic = DoubleCritic.load(ckpt / "critic", device)
@@ -317,39 +443,58 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
 
     backend = HFBackend(init, batch_size=params.rollout_text.batch_size, model_obj=policy, tokenizer=tokenizer,
                         device=device)
-    player = acting(backend, critic) if acting else backend
+    player = acting(backend, critic) if acting else backend  # plays and samples a_π with the unwrapped models
     sample_pi = sampler(player, sampling)
+    trained_critic, trained_policy = critic, policy  # what the gradient steps run: DDP-wrapped in several processes
+    if accelerator is not None:
+        trained_critic, critic_opt = accelerator.prepare(critic, critic_opt)
+        if actor:
+            trained_policy, actor_opt = accelerator.prepare(policy, actor_opt)
     for r in range(start, cfg.rounds):
         seed = chunk_seed(params.seed, NAME, r)
-        if r not in replay.data.finished():
+        if not from_main(main and r in replay.data.finished(), accelerator):
             picked = random.Random(seed).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+            episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
+            if accelerator is not None:  # each process plays a contiguous part; gathered back in order
+                with accelerator.split_between_processes(episodes) as part:
+                    episodes = part
             with torch.no_grad():
-                rows = play_episodes(player, [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)],
-                                     sampling, seed=seed, max_format_retries=params.rollout_text.max_format_retries,
+                rows = play_episodes(player, episodes, sampling, seed=process_seed(params.seed, NAME, r, accelerator),
+                                     max_format_retries=params.rollout_text.max_format_retries,
                                      policy_name=f"{cfg.algorithm}-round-{r}")
-            atomic_write_json(out / "episodes" / f"round-{r:03d}.json",  # before the part that marks r played
-                              [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
-                               for row in rows])
-            replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
-        torch.manual_seed(chunk_seed(params.seed, NAME + "/train", r))  # same RNG whether rollouts ran or not
+            if accelerator is not None:
+                from accelerate.utils import gather_object
+
+                rows = gather_object(rows)
+            if main:
+                atomic_write_json(out / "episodes" / f"round-{r:03d}.json",  # before the part that marks r played
+                                  [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
+                                   for row in rows])
+                replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
+        # same RNG whether rollouts ran or not
+        torch.manual_seed(process_seed(params.seed, NAME + "/train", r, accelerator))
         rng = random.Random(seed)
-        buffer = replay.contents(r)
+        buffer = replay.contents(r) if main else None
         stats: dict[str, float] = {}
-        if buffer:
-            losses = [critic_step(critic, target, critic_opt, rng.sample(buffer, min(ccfg.batch_size, len(buffer))),
-                                  sample_pi, ccfg.gamma, ccfg.tau, ccfg.grad_clip) for _ in range(ccfg.steps)]
+        if from_main(bool(buffer), accelerator):
+            losses = [critic_step(trained_critic, target, critic_opt,
+                                  global_batch(rng, buffer, ccfg.batch_size, accelerator), sample_pi, ccfg.gamma,
+                                  ccfg.tau, ccfg.grad_clip, accelerator) for _ in range(ccfg.steps)]
             stats["critic_loss"] = sum(losses) / len(losses)
             if actor and r >= acfg.warmup_rounds and acfg.actor_steps:
-                steps = [actor_step(policy, tokenizer, critic, actor_opt,
-                                    [b["state"] for b in rng.sample(buffer, min(acfg.batch_size, len(buffer)))],
-                                    sample_pi, ccfg.grad_clip) for _ in range(acfg.actor_steps)]
+                steps = [actor_step(trained_policy, tokenizer, critic, actor_opt,
+                                    [b["state"] for b in global_batch(rng, buffer, acfg.batch_size, accelerator)],
+                                    sample_pi, ccfg.grad_clip, accelerator) for _ in range(acfg.actor_steps)]
                 stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
                 stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
-        round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
-        ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
-                                 **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
-        save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
+        if main:
+            round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
+            ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
+                                     **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
+            save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
 
+    if not main:
+        return StageResult()
     final = out / "model"
     if final.exists():
         shutil.rmtree(final)
