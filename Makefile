@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, with pip: the CPU wheel (pip's find-links; uv does not read pip's config), so no dependency
 	# pulls the multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0 uv==$(UV_VERSION)
-	# the rest with uv: the same versions pip resolves, installed in a third of the time (parallel downloads):
+	# the rest with uv: the same versions pip resolves, in about half the time (parallel downloads and installs):
 	# what the default pipeline needs; the test tools, Dask / Ray and SmolLM2 come with $(DEV_STAMP)
 	$(UV_INSTALL) -c constraints.txt -e .
 	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
