@@ -31,7 +31,7 @@ from pipeline.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_
 from pipeline.models.launch import use_processes
 from pipeline.registry import STAGES
 from pipeline.runners import use_runner
-from pipeline.tracking import Tracker, git_tags, stage_run
+from pipeline.tracking import StageTracking, Tracker, git_tags
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
 #: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
@@ -211,52 +211,55 @@ def execute(name: str, params: Params) -> StageResult:
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
     ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
-    stage = declaration(name)
-    view: Any = stage.slice(params)
-    picked = {k: v for k, v in view.model_dump(mode="json").items() if k not in SHARED_KEYS}
-    params_hash = params.section_hash(stage.params)
+    # MLflow loads in the tracking process (pipeline.tracking) while this one imports the stage's module
+    with StageTracking(params.tracking.experiment, params.tracking.enabled, params.tracking.artifact_root,
+                       params.tracking.uri) as tracking:
+        stage = declaration(name)
+        view: Any = stage.slice(params)
+        picked = {k: v for k, v in view.model_dump(mode="json").items() if k not in SHARED_KEYS}
+        params_hash = params.section_hash(stage.params)
+        git = git_tags() if params.tracking.enabled else {}
+        start = time.time()
+        with tracking.run(name, picked, tags={"curio.params_hash": params_hash, **git}) as tracker:
+            return _tracked(name, params, stage, view, tracker, start, picked=picked, params_hash=params_hash,
+                            git=git)
+
+
+def _tracked(name: str, params: Params, stage: Stage, view: Any, tracker: Tracker, start: float, *,
+             picked: dict, params_hash: str, git: dict) -> StageResult:
+    """The stage's work inside its MLflow run: inputs, ``run``, the metrics file, cards, lineage and models."""
     recorder = ReadRecorder(params) if os.environ.get(READS_ENV) else None
-    git = git_tags() if params.tracking.enabled else {}
-    start = time.time()
-    with stage_run(
-        name,
-        picked,
-        experiment=params.tracking.experiment,
-        enabled=params.tracking.enabled,
-        tags={"curio.params_hash": params_hash, **git},
-        artifact_root=params.tracking.artifact_root, uri=params.tracking.uri,
-    ) as tracker:
-        deps, outs = data_paths(params, stage)
-        inputs = digests(deps) if tracker.enabled else {}
-        tracker.log_inputs(inputs)
-        # chunked work goes where params.runner says; training uses train_policy's accelerate processes
-        try:
-            with use_runner(params.runner), use_processes(params.train_policy.num_processes,
-                                                          params.train_policy.accelerate_config):
-                result: StageResult = stage_module(name).run(recorder or view, StageContext(tracker=tracker))
-        finally:
-            if recorder is not None:
-                with open(os.environ[READS_ENV], "a") as f:
-                    f.write(json.dumps({"stage": name, "declared": stage.params,
-                                        "reads": sorted(recorder.reads)}) + "\n")
-        result.metrics.setdefault("seconds", round(time.time() - start, 2))
-        out = metrics_path(params, name)
-        atomic_write_json(out, result.metrics)
-        tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)})
-        tracker.log_artifact(out)
-        write_cards(outs, name)  # a README.md explaining the columns next to each dataset written
-        if tracker.enabled:
-            models = [params.data_path(m) for m in stage.models]
-            lineage = {"stage": name, "params_hash": params_hash, "inputs": inputs,
-                       "outputs": digests(outs + [m for m in models if m not in outs]),
-                       "git_commit": git.get("curio.git_commit"), "git_dirty": git.get("curio.git_dirty")}
-            tracker.set_tags({f"curio.output.{Path(p).name}": d[:16] for p, d in lineage["outputs"].items()})
-            tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
-            for model in models:
-                if model.exists():
-                    tracker.log_artifact(model, f"models/{model.name}")
-                    tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
-                                     f"models/{model.name}/MODEL_CARD.md")
+    deps, outs = data_paths(params, stage)
+    inputs = digests(deps) if tracker.enabled else {}
+    tracker.log_inputs(inputs)
+    # chunked work goes where params.runner says; training uses train_policy's accelerate processes
+    try:
+        with use_runner(params.runner), use_processes(params.train_policy.num_processes,
+                                                      params.train_policy.accelerate_config):
+            result: StageResult = stage_module(name).run(recorder or view, StageContext(tracker=tracker))
+    finally:
+        if recorder is not None:
+            with open(os.environ[READS_ENV], "a") as f:
+                f.write(json.dumps({"stage": name, "declared": stage.params,
+                                    "reads": sorted(recorder.reads)}) + "\n")
+    result.metrics.setdefault("seconds", round(time.time() - start, 2))
+    out = metrics_path(params, name)
+    atomic_write_json(out, result.metrics)
+    tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)})
+    tracker.log_artifact(out)
+    write_cards(outs, name)  # a README.md explaining the columns next to each dataset written
+    if tracker.enabled:
+        models = [params.data_path(m) for m in stage.models]
+        lineage = {"stage": name, "params_hash": params_hash, "inputs": inputs,
+                   "outputs": digests(outs + [m for m in models if m not in outs]),
+                   "git_commit": git.get("curio.git_commit"), "git_dirty": git.get("curio.git_dirty")}
+        tracker.set_tags({f"curio.output.{Path(p).name}": d[:16] for p, d in lineage["outputs"].items()})
+        tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
+        for model in models:
+            if model.exists():
+                tracker.log_artifact(model, f"models/{model.name}")
+                tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
+                                 f"models/{model.name}/MODEL_CARD.md")
     return result
 
 

@@ -8,15 +8,26 @@ The experiment is tagged as a model-training experiment (``mlflow.experimentKind
 view, not the GenAI one. Each stage run carries its lineage (``record_lineage``).
 A pipeline run (``curio pipeline`` / the Prefect ``pipeline`` flow) exports ``CURIO_PARENT_RUN_ID`` so the
 stage runs started by ``dvc repro`` or by the flow nest under it.
+
+A stage's MLflow calls run in a child process (``python -m pipeline.tracking``) started before the stage imports
+its own libraries: importing MLflow and opening its store (~4 s) then happens on the other core, while the stage
+loads torch and its model, instead of before them. The stage process sends each call down a pipe (fire and
+forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
+stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,40 +91,26 @@ def flatten_params(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-class Tracker:
-    """What a stage sees: log metrics/artifacts; a no-op when tracking is disabled."""
+class Calls:
+    """The MLflow calls behind a :class:`Tracker`, made where MLflow is imported (the tracking process)."""
 
-    def __init__(self, mlflow: Any = None) -> None:
-        self._mlflow = mlflow
-
-    @property
-    def enabled(self) -> bool:
-        return self._mlflow is not None
+    def __init__(self, mlflow: Any) -> None:
+        self.mlflow = mlflow
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self._mlflow is None:
-            return
-        clean = {k.replace("/", "_"): float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-        if clean:
-            self._mlflow.log_metrics(clean, step=step)
+        self.mlflow.log_metrics(metrics, step=step)
 
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if self._mlflow is None:
-            return
-        path = Path(path)
-        if path.is_dir():
-            self._mlflow.log_artifacts(str(path), artifact_path=artifact_path or path.name)
-        elif path.exists():
-            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+        if Path(path).is_dir():
+            self.mlflow.log_artifacts(path, artifact_path=artifact_path or Path(path).name)
+        else:
+            self.mlflow.log_artifact(path, artifact_path=artifact_path)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        if self._mlflow is not None:
-            self._mlflow.set_tags(tags)
+        self.mlflow.set_tags(tags)
 
-    def log_inputs(self, digests: dict[str, str], context: str = "input") -> None:
+    def log_inputs(self, digests: dict[str, str], context: str) -> None:
         """Datasets (or models) a stage read, as MLflow dataset inputs: name = path, digest = content hash."""
-        if self._mlflow is None or not digests:
-            return
         from mlflow.data.dataset_source_registry import resolve_dataset_source
         from mlflow.data.meta_dataset import MetaDataset
 
@@ -121,11 +118,148 @@ class Tracker:
             with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
                 warnings.simplefilter("ignore", UserWarning)
                 source = resolve_dataset_source(str(Path(path).resolve()))
-            self._mlflow.log_input(MetaDataset(source, name=path, digest=digest[:32]), context=context)
+            self.mlflow.log_input(MetaDataset(source, name=path, digest=digest[:32]), context=context)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        if self._mlflow is not None:
-            self._mlflow.log_text(text, artifact_file)
+        self.mlflow.log_text(text, artifact_file)
+
+
+class Tracker:
+    """What a stage sees: log metrics/artifacts; a no-op when tracking is disabled. ``send(name, args)`` makes
+    the :class:`Calls` call ``name`` (in the tracking process, or in this one)."""
+
+    def __init__(self, send: Callable[[str, list], None] | None = None) -> None:
+        self._send = send
+
+    @property
+    def enabled(self) -> bool:
+        return self._send is not None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self._send is None:
+            return
+        clean = {k.replace("/", "_"): float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        if clean:
+            self._send("log_metrics", [clean, step])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if self._send is not None and path.exists():
+            self._send("log_artifact", [os.path.abspath(path), artifact_path])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self._send is not None:
+            self._send("set_tags", [tags])
+
+    def log_inputs(self, digests: dict[str, str], context: str = "input") -> None:
+        """Datasets (or models) a stage read, as MLflow dataset inputs: name = path, digest = content hash."""
+        if self._send is not None and digests:
+            self._send("log_inputs", [digests, context])
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self._send is not None:
+            self._send("log_text", [text, artifact_file])
+
+
+class TrackingError(RuntimeError):
+    """The tracking process failed (its error is on stderr above)."""
+
+
+class StageTracking:
+    """The tracking process of one stage run: started now (MLflow loads in it while the stage imports its own
+    libraries); :meth:`run` opens the MLflow run; leaving the ``with`` block waits for it to finish."""
+
+    def __init__(self, experiment: str = "curio", enabled: bool = True, artifact_root: str = "mlartifacts",
+                 uri: str | None = None) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.started = False
+        self._lock = threading.Lock()  # one message per line, whichever thread logs
+        if enabled:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking"], stdin=subprocess.PIPE,
+                                         text=True, encoding="utf-8")
+            self._write({"op": "setup", "experiment": experiment, "artifact_root": artifact_root, "uri": uri})
+
+    def __enter__(self) -> StageTracking:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if not self.started:  # no run was opened (the stage failed first): the process just exits
+            self.close(None, check=kind is None)
+
+    def _write(self, message: dict) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        line = json.dumps(message) + "\n"
+        with self._lock, contextlib.suppress(BrokenPipeError, OSError):  # it failed: close() reports it
+            self.proc.stdin.write(line)
+            self.proc.stdin.flush()
+
+    def close(self, status: str | None, check: bool = True) -> None:
+        """End the run with ``status`` (None: no run) and wait for the process; raise if it failed."""
+        if self.proc is None:
+            return
+        if status is not None:
+            self._write({"op": "end", "status": status})
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            proc.stdin.close()  # type: ignore[union-attr]
+        if proc.wait() != 0 and check:
+            raise TrackingError(f"MLflow tracking failed (exit {proc.returncode}; its error is above)")
+
+    @contextlib.contextmanager
+    def run(self, stage: str, params: dict, tags: dict | None = None) -> Iterator[Tracker]:
+        """The stage's MLflow run, nested under ``$CURIO_PARENT_RUN_ID`` when set."""
+        if self.proc is None:
+            yield Tracker(None)
+            return
+        if self.proc.poll() is not None:  # MLflow could not start (a bad store or URI): fail before the work
+            self.close(None)
+        parent = os.environ.get(PARENT_ENV)
+        all_tags = {"curio.stage": stage, "mlflow.source.name": sys.argv[0], **(tags or {})}
+        self._write({"op": "start", "run_name": stage, "parent": parent, "tags": all_tags,
+                     "params": flatten_params(params)})
+        self.started = True
+        try:
+            yield Tracker(lambda name, args: self._write({"op": "call", "name": name, "args": args}))
+        except KeyboardInterrupt:
+            self.close("KILLED", check=False)
+            raise
+        except BaseException:
+            self.close("FAILED", check=False)
+            raise
+        self.close("FINISHED")
+
+
+def _serve(lines: Iterator[str]) -> int:
+    """The tracking process: the set-up, then one run's calls, one JSON message per line (:class:`StageTracking`).
+    End of input before ``end`` (the stage process died) ends the run ``KILLED``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the stage, which ends the run
+    mlflow: Any = None
+    calls: Calls | None = None
+    try:
+        for line in lines:
+            msg = json.loads(line)
+            if msg["op"] == "setup":
+                mlflow = _setup(msg["experiment"], msg["artifact_root"], msg["uri"])
+            elif msg["op"] == "start":
+                parent = msg["parent"]
+                mlflow.start_run(run_name=msg["run_name"], parent_run_id=parent, nested=bool(parent),
+                                 tags=msg["tags"])
+                mlflow.log_params(msg["params"])
+                calls = Calls(mlflow)
+            elif msg["op"] == "call":
+                getattr(calls, msg["name"])(*msg["args"])
+            elif msg["op"] == "end":
+                mlflow.end_run(status=msg["status"])
+                return 0
+        if calls is not None:
+            mlflow.end_run(status="KILLED")
+        return 0
+    except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
+        logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
+        if calls is not None:
+            with contextlib.suppress(Exception):
+                mlflow.end_run(status="FAILED")
+        return 1
 
 
 @contextlib.contextmanager
@@ -133,16 +267,10 @@ def stage_run(
     stage: str, params: dict, experiment: str = "curio", enabled: bool = True, tags: dict | None = None,
     artifact_root: str = "mlartifacts", uri: str | None = None,
 ) -> Iterator[Tracker]:
-    """An MLflow run for one stage, nested under ``$CURIO_PARENT_RUN_ID`` when set."""
-    if not enabled:
-        yield Tracker(None)
-        return
-    mlflow = _setup(experiment, artifact_root, uri)
-    parent = os.environ.get(PARENT_ENV)
-    all_tags = {"curio.stage": stage, **(tags or {})}
-    with mlflow.start_run(run_name=stage, parent_run_id=parent, nested=bool(parent), tags=all_tags):
-        mlflow.log_params(flatten_params(params))
-        yield Tracker(mlflow)
+    """An MLflow run for one stage, nested under ``$CURIO_PARENT_RUN_ID`` when set (:class:`StageTracking`)."""
+    with StageTracking(experiment, enabled, artifact_root, uri) as tracking, \
+            tracking.run(stage, params, tags) as tracker:
+        yield tracker
 
 
 @contextlib.contextmanager
@@ -167,8 +295,6 @@ def pipeline_run(name: str, experiment: str = "curio", enabled: bool = True,
 
 def git_tags() -> dict[str, str]:
     """The checkout's commit (MLflow's own source tag and Curio's) and whether uncommitted changes exist."""
-    import subprocess
-
     def git(*args: str) -> str:
         res = subprocess.run(["git", *args], capture_output=True, text=True)
         return res.stdout.strip() if res.returncode == 0 else ""
@@ -178,3 +304,7 @@ def git_tags() -> dict[str, str]:
         return {}
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {"mlflow.source.git.commit": commit, "curio.git_commit": commit, "curio.git_dirty": str(dirty).lower()}
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.stdin))

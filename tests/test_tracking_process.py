@@ -1,0 +1,116 @@
+"""A stage's MLflow calls run in its tracking process (python -m pipeline.tracking): the stage process never
+imports MLflow, the calls arrive in order, and the run ends FINISHED, FAILED or KILLED as the stage did."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracking import TrackingError, stage_run
+
+
+def _client(store: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(f"sqlite:///{store}")
+
+
+def _runs(store: Path, experiment: str) -> list:
+    client = _client(store)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+LOGGING = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from pipeline.tracking import stage_run
+
+    model = Path("model"); model.mkdir(); (model / "weights.bin").write_bytes(b"w")
+    with stage_run("probe", {"a": {"b": 1}, "api_key": "SECRET"}, experiment="probe",
+                   tags={"curio.params_hash": "h"}) as tracker:
+        assert tracker.enabled
+        tracker.log_metrics({"loss/train": 1.5, "note": "not a number"}, step=0)
+        tracker.log_metrics({"loss/train": 2.5}, step=1)
+        tracker.log_text("hello", "notes/hi.txt")
+        tracker.log_artifact(model, "models/model")
+        tracker.log_artifact("absent.json")  # nothing to log
+        tracker.set_tags({"k": "v"})
+        tracker.log_inputs({"data/foo": "ab" * 32})
+    print("mlflow imported:", "mlflow" in sys.modules)
+""")
+
+
+def test_calls_reach_the_run_in_order_and_the_stage_process_never_imports_mlflow(tmp_path):
+    store = tmp_path / "mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    res = subprocess.run([sys.executable, "-c", LOGGING], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "mlflow imported: False" in res.stdout  # the work process stays free of MLflow's imports
+
+    (run,) = _runs(store, "probe")
+    assert run.info.status == "FINISHED" and run.info.run_name == "probe"
+    assert run.data.params == {"a.b": "1"}  # flattened, the secret left out
+    assert run.data.tags["k"] == "v" and run.data.tags["curio.stage"] == "probe"
+    assert run.data.tags["curio.params_hash"] == "h" and run.data.tags["mlflow.source.name"] == "-c"
+    history = _client(store).get_metric_history(run.info.run_id, "loss_train")
+    assert [(m.step, m.value) for m in history] == [(0, 1.5), (1, 2.5)]
+    assert "note" not in run.data.metrics
+    arts = {a.path for a in _client(store).list_artifacts(run.info.run_id, "models/model")}
+    assert arts == {"models/model/weights.bin"}
+    assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the store, in the checkout that ran it
+    text = _client(store).download_artifacts(run.info.run_id, "notes/hi.txt", str(tmp_path / "dl"))
+    assert Path(text).read_text() == "hello"
+    assert [(i.dataset.name, i.dataset.digest) for i in run.inputs.dataset_inputs] == [("data/foo", "ab" * 16)]
+
+
+def test_a_stage_that_raises_ends_its_run_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="boom"), stage_run("probe", {}, experiment="failing") as tracker:
+        tracker.log_metrics({"x": 1.0})
+        raise ValueError("boom")
+    (run,) = _runs(tmp_path / "mlflow.db", "failing")
+    assert run.info.status == "FAILED" and run.data.metrics == {"x": 1.0}
+
+
+def test_a_killed_stage_process_leaves_its_run_killed_not_running(tmp_path):
+    store = tmp_path / "mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    script = ("import time\nfrom pipeline.tracking import stage_run\n"
+              "with stage_run('probe', {}, experiment='killed') as t:\n"
+              "    t.log_metrics({'x': 1.0})\n    print('working', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "working"
+
+    def statuses() -> list[str]:  # read with sqlite3: an MlflowClient would race the store's creation
+        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(store)) as db:
+            return [row[0] for row in db.execute("SELECT status FROM runs")]
+        return []
+
+    deadline = time.time() + 120
+    while time.time() < deadline and statuses() != ["RUNNING"]:
+        time.sleep(0.5)  # the tracking process has opened the run
+    proc.kill()  # SIGKILL: the stage process gets no chance to end its run
+    proc.wait()
+    while time.time() < deadline and statuses() == ["RUNNING"]:
+        time.sleep(0.5)
+    (run,) = _runs(store, "killed")
+    assert run.info.status == "KILLED" and run.data.metrics == {"x": 1.0}
+
+
+def test_a_tracking_store_that_cannot_open_fails_the_stage(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(TrackingError, match="MLflow tracking failed"), \
+            stage_run("probe", {}, uri=f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}") as tracker:
+        tracker.log_metrics({"x": 1.0})
