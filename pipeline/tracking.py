@@ -165,19 +165,30 @@ class TrackingError(RuntimeError):
     """The tracking process failed (its error is on stderr above)."""
 
 
+#: ``CURIO_TRACKING_PROCESS=0``: make a stage's MLflow calls in the stage process itself, as one call after
+#: another (what ``bench/bench_tracking.py`` compares with the tracking process).
+PROCESS_ENV = "CURIO_TRACKING_PROCESS"
+
+
 class StageTracking:
     """The tracking process of one stage run: started now (MLflow loads in it while the stage imports its own
-    libraries); :meth:`run` opens the MLflow run; leaving the ``with`` block waits for it to finish."""
+    libraries); :meth:`run` opens the MLflow run; leaving the ``with`` block waits for it to finish. With
+    ``$CURIO_TRACKING_PROCESS=0`` the same messages are handled in this process, synchronously."""
 
     def __init__(self, experiment: str = "curio", enabled: bool = True, artifact_root: str = "mlartifacts",
                  uri: str | None = None) -> None:
         self.proc: subprocess.Popen | None = None
+        self.inline: _Handler | None = None
         self.started = False
         self._lock = threading.Lock()  # one message per line, whichever thread logs
-        if enabled:
+        if not enabled:
+            return
+        if os.environ.get(PROCESS_ENV, "1") == "0":
+            self.inline = _Handler()
+        else:
             self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking"], stdin=subprocess.PIPE,
                                          text=True, encoding="utf-8")
-            self._write({"op": "setup", "experiment": experiment, "artifact_root": artifact_root, "uri": uri})
+        self._write({"op": "setup", "experiment": experiment, "artifact_root": artifact_root, "uri": uri})
 
     def __enter__(self) -> StageTracking:
         return self
@@ -187,6 +198,10 @@ class StageTracking:
             self.close(None, check=kind is None)
 
     def _write(self, message: dict) -> None:
+        if self.inline is not None:
+            with self._lock:
+                self.inline(message)
+            return
         assert self.proc is not None and self.proc.stdin is not None
         line = json.dumps(message) + "\n"
         with self._lock, contextlib.suppress(BrokenPipeError, OSError):  # it failed: close() reports it
@@ -195,6 +210,15 @@ class StageTracking:
 
     def close(self, status: str | None, check: bool = True) -> None:
         """End the run with ``status`` (None: no run) and wait for the process; raise if it failed."""
+        if self.inline is not None:
+            handler, self.inline = self.inline, None
+            try:
+                if status is not None:
+                    handler({"op": "end", "status": status})
+            except Exception:
+                if check:
+                    raise
+            return
         if self.proc is None:
             return
         if status is not None:
@@ -208,11 +232,11 @@ class StageTracking:
     @contextlib.contextmanager
     def run(self, stage: str, params: dict, tags: dict | None = None) -> Iterator[Tracker]:
         """The stage's MLflow run, nested under ``$CURIO_PARENT_RUN_ID`` when set."""
-        if self.proc is None:
+        if self.proc is None and self.inline is None:
             yield Tracker(None)
             return
-        if self.proc.poll() is not None:  # MLflow could not start (a bad store or URI): fail before the work
-            self.close(None)
+        if self.proc is not None and self.proc.poll() is not None:
+            self.close(None)  # MLflow could not start (a bad store or URI): fail before the work
         parent = os.environ.get(PARENT_ENV)
         all_tags = {"curio.stage": stage, "mlflow.source.name": sys.argv[0], **(tags or {})}
         self._write({"op": "start", "run_name": stage, "parent": parent, "tags": all_tags,
@@ -229,36 +253,50 @@ class StageTracking:
         self.close("FINISHED")
 
 
+class _Handler:
+    """Carries out a stage run's messages (the set-up, the run's start, its calls, its end) with MLflow."""
+
+    def __init__(self) -> None:
+        self.mlflow: Any = None
+        self.calls: Calls | None = None
+
+    def __call__(self, msg: dict) -> bool:
+        """Handle one message; True once the run has ended."""
+        if msg["op"] == "setup":
+            self.mlflow = _setup(msg["experiment"], msg["artifact_root"], msg["uri"])
+        elif msg["op"] == "start":
+            parent = msg["parent"]
+            self.mlflow.start_run(run_name=msg["run_name"], parent_run_id=parent, nested=bool(parent),
+                                  tags=msg["tags"])
+            self.mlflow.log_params(msg["params"])
+            self.calls = Calls(self.mlflow)
+        elif msg["op"] == "call":
+            getattr(self.calls, msg["name"])(*msg["args"])
+        elif msg["op"] == "end":
+            self.mlflow.end_run(status=msg["status"])
+            return True
+        return False
+
+    def abort(self, status: str) -> None:
+        if self.calls is not None:
+            self.mlflow.end_run(status=status)
+
+
 def _serve(lines: Iterator[str]) -> int:
     """The tracking process: the set-up, then one run's calls, one JSON message per line (:class:`StageTracking`).
     End of input before ``end`` (the stage process died) ends the run ``KILLED``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the stage, which ends the run
-    mlflow: Any = None
-    calls: Calls | None = None
+    handler = _Handler()
     try:
         for line in lines:
-            msg = json.loads(line)
-            if msg["op"] == "setup":
-                mlflow = _setup(msg["experiment"], msg["artifact_root"], msg["uri"])
-            elif msg["op"] == "start":
-                parent = msg["parent"]
-                mlflow.start_run(run_name=msg["run_name"], parent_run_id=parent, nested=bool(parent),
-                                 tags=msg["tags"])
-                mlflow.log_params(msg["params"])
-                calls = Calls(mlflow)
-            elif msg["op"] == "call":
-                getattr(calls, msg["name"])(*msg["args"])
-            elif msg["op"] == "end":
-                mlflow.end_run(status=msg["status"])
+            if handler(json.loads(line)):
                 return 0
-        if calls is not None:
-            mlflow.end_run(status="KILLED")
+        handler.abort("KILLED")
         return 0
     except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
         logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
-        if calls is not None:
-            with contextlib.suppress(Exception):
-                mlflow.end_run(status="FAILED")
+        with contextlib.suppress(Exception):
+            handler.abort("FAILED")
         return 1
 
 

@@ -49,13 +49,16 @@ LOGGING = textwrap.dedent("""
 """)
 
 
-def test_calls_reach_the_run_in_order_and_the_stage_process_never_imports_mlflow(tmp_path):
+@pytest.mark.parametrize("process", ["1", "0"])
+def test_calls_reach_the_run_in_order_and_the_stage_process_never_imports_mlflow(tmp_path, process):
+    """The same run whether the calls go to the tracking process (the default) or are made in the stage process
+    ($CURIO_TRACKING_PROCESS=0); only the latter imports MLflow."""
     store = tmp_path / "mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}", "CURIO_TRACKING_PROCESS": process}
     res = subprocess.run([sys.executable, "-c", LOGGING], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "mlflow imported: False" in res.stdout  # the work process stays free of MLflow's imports
+    assert f"mlflow imported: {process == '0'}" in res.stdout  # the default keeps MLflow out of the stage process
 
     (run,) = _runs(store, "probe")
     assert run.info.status == "FINISHED" and run.info.run_name == "probe"
@@ -73,7 +76,9 @@ def test_calls_reach_the_run_in_order_and_the_stage_process_never_imports_mlflow
     assert [(i.dataset.name, i.dataset.digest) for i in run.inputs.dataset_inputs] == [("data/foo", "ab" * 16)]
 
 
-def test_a_stage_that_raises_ends_its_run_failed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("process", ["1", "0"])
+def test_a_stage_that_raises_ends_its_run_failed(tmp_path, monkeypatch, process):
+    monkeypatch.setenv("CURIO_TRACKING_PROCESS", process)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="boom"), stage_run("probe", {}, experiment="failing") as tracker:
