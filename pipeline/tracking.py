@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CurioError
+
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
 # The tag MLflow 3's UI reads to pick an experiment's view; this value is its "model training" kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -161,8 +163,8 @@ class Tracker:
             self._send("log_text", [text, artifact_file])
 
 
-class TrackingError(RuntimeError):
-    """The tracking process failed (its error is on stderr above)."""
+class TrackingError(CurioError):
+    """The tracking process failed (its error is on stderr above): a store or server MLflow cannot use."""
 
 
 #: ``CURIO_TRACKING_PROCESS=0``: make a stage's MLflow calls in the stage process itself, as one call after
@@ -227,7 +229,8 @@ class StageTracking:
         with contextlib.suppress(BrokenPipeError, OSError):
             proc.stdin.close()  # type: ignore[union-attr]
         if proc.wait() != 0 and check:
-            raise TrackingError(f"MLflow tracking failed (exit {proc.returncode}; its error is above)")
+            raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
+                                "MLFLOW_TRACKING_URI and that the store or server is reachable")
 
     @contextlib.contextmanager
     def run(self, stage: str, params: dict, tags: dict | None = None) -> Iterator[Tracker]:
