@@ -13,8 +13,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # before prefect reads its settings
 # The ephemeral API (no PREFECT_API_URL) gets 20 s to start by default; on a loaded 2-core machine it needs more.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -24,40 +22,11 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.config import Params, load_params  # noqa: E402
+from pipeline.dag import dag_order  # noqa: E402
 from pipeline.errors import CurioError  # noqa: E402
 from pipeline.runners import started  # noqa: E402
 from pipeline.stage import STAGES, execute  # noqa: E402
 from pipeline.tracking import pipeline_run  # noqa: E402
-
-
-def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
-    """Stage names of dvc.yaml in dependency order (an out of one stage that is a dep of another = an edge)."""
-    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
-    outs = {}
-    for name, spec in stages.items():
-        for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []):
-            outs[next(iter(o)) if isinstance(o, dict) else o] = name
-
-    def parents(name: str) -> set[str]:
-        deps = stages[name].get("deps", [])
-        found = set()
-        for d in deps:
-            for out, owner in outs.items():
-                # a dep inside an out (data/x/model in data/x), or a directory holding outs (metrics/stages)
-                if owner != name and (d == out or d.startswith(out.rstrip("/") + "/")
-                                      or out.startswith(d.rstrip("/") + "/")):
-                    found.add(owner)
-        return found
-
-    order: list[str] = []
-    pending = list(stages)
-    while pending:
-        ready = [n for n in pending if parents(n) <= set(order)]
-        if not ready:
-            raise ValueError("dvc.yaml has a dependency cycle")
-        order.extend(ready)
-        pending = [n for n in pending if n not in ready]
-    return order
 
 
 def _dvc(*args: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from pipeline.config import ConfigError, Params, _set_dotted
 from pipeline.stage import execute
 
@@ -52,20 +50,9 @@ def logo_params(params: Params, group: str, pool: list[str] | None = None, data_
 
 def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """``target`` and every stage it depends on (an out of one stage that is a dep of another), in DAG order."""
-    from pipeline.flows import dag_order
+    from pipeline.dag import ancestors, dag_order, stage_parents
 
-    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
-    owner = {}
-    for name, spec in stages.items():
-        for o in spec.get("outs", []):
-            owner[next(iter(o)) if isinstance(o, dict) else o] = name
-    needed, frontier = {target}, [target]
-    while frontier:
-        for dep in stages[frontier.pop()].get("deps", []):
-            for out, name in owner.items():
-                if (dep == out or dep.startswith(out.rstrip("/") + "/")) and name not in needed:
-                    needed.add(name)
-                    frontier.append(name)
+    needed = ancestors(stage_parents(dvc_yaml), target) | {target}
     return [n for n in dag_order(dvc_yaml) if n in needed]
 
 

@@ -1,12 +1,143 @@
-"""`make run`: `dvc repro` with every stage's MLflow run nested under one pipeline run."""
+"""`make run`: `dvc repro` with every stage's MLflow run nested under one pipeline run.
+
+    python -m pipeline.run_dvc              # the DAG, its independent branches side by side
+    python -m pipeline.run_dvc --serial     # plain `dvc repro`, one stage at a time
+    python -m pipeline.run_dvc ARGS...      # `dvc repro ARGS...` (targets, -f, ...)
+
+`dvc repro` runs one stage at a time. The text track and the NetHack track share no stage, and one stage
+rarely keeps both cores of a 2-core machine busy, so by default the branches run side by side: `dvc repro`
+runs the longest branch while this process runs each other branch's stages (their dvc.yaml `cmd`, in
+dependency order, only those `dvc status` flags and their descendants, as `dvc repro` would), then records
+them with `dvc commit` and lets `dvc repro` run what joins the branches (the report). `dvc.lock` ends as a
+plain `dvc repro` leaves it, and a second run does nothing. A stage's results do not depend on what runs
+beside it: its own thread counts and seeds are the same.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
 
 from pipeline.config import ConfigError, load_params
+from pipeline.dag import branches, stage_parents
 from pipeline.tracking import pipeline_run
+
+_LINE_END = re.compile(rb"[\r\n]")
+# Stages beside dvc repro's run at a lower priority: they take the cores its stage leaves idle, so the longest
+# branch (the run's critical path) is slowed as little as possible.
+SIDE_NICE = 10
+
+
+def _dvc_status() -> dict | None:
+    """Stages ``dvc status`` flags (changed or never run), or None when it cannot tell."""
+    res = subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    try:
+        return json.loads(res.stdout or "{}")
+    except json.JSONDecodeError:
+        return None
+
+
+class Branch(threading.Thread):
+    """Runs one branch's stages in dependency order, each as its dvc.yaml command, output prefixed by the stage."""
+
+    def __init__(self, stages: list[str], flagged: set[str], cmds: dict[str, str], parents: dict[str, set[str]]):
+        super().__init__(daemon=True)
+        self.stages, self.flagged, self.cmds, self.parents = stages, flagged, cmds, parents
+        self.finished: list[str] = []
+        self.failed: tuple[str, int] | None = None
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+
+    def run(self) -> None:
+        for name in self.stages:
+            if self.stopping:
+                return
+            if name not in self.flagged and not (self.parents[name] & set(self.finished)):
+                print(f"Stage '{name}' didn't change, skipping (beside dvc repro)", flush=True)
+                continue
+            print(f"Running stage '{name}' (beside dvc repro):\n> {self.cmds[name]}", flush=True)
+            t0 = time.perf_counter()
+            # tqdm redraws a bar with \r: beside dvc's own output, each redraw becomes a prefixed line, so fewer
+            env = {**os.environ, "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "10")}
+            self.proc = subprocess.Popen(self.cmds[name], shell=True, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
+            with contextlib.suppress(OSError):  # the processes it starts inherit the priority
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + SIDE_NICE)
+            assert self.proc.stdout is not None
+            buf = b""
+            for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+                *lines, buf = _LINE_END.split(buf + chunk)
+                for line in lines:
+                    if line.strip():
+                        sys.stdout.write(f"[{name}] {line.decode(errors='replace')}\n")
+                sys.stdout.flush()
+            if buf.strip():
+                print(f"[{name}] {buf.decode(errors='replace')}", flush=True)
+            rc = self.proc.wait()
+            if rc != 0:
+                self.failed = (name, rc)
+                print(f"ERROR: stage '{name}' failed (exit {rc}; beside dvc repro)", flush=True)
+                return
+            self.finished.append(name)
+            print(f"Stage '{name}' finished in {time.perf_counter() - t0:.1f} s (beside dvc repro)", flush=True)
+
+    def stop(self) -> None:
+        """Stop after the running stage's process is interrupted (its finished parts stay: it resumes)."""
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+
+def side_by_side() -> int:
+    """The DAG with its branches side by side; the exit code of the first failure, else 0."""
+    parallel, _ = branches()
+    flagged = _dvc_status() if len(parallel) > 1 else None
+    if flagged is None:  # one branch, or DVC cannot tell what changed: it reports why itself
+        return subprocess.call(["dvc", "repro"])
+    cmds = {name: spec["cmd"] for name, spec in yaml.safe_load(Path("dvc.yaml").read_text())["stages"].items()}
+    parents = stage_parents()
+    main, *side = parallel
+    threads = [Branch(b, set(flagged), cmds, parents) for b in side]
+    for t in threads:
+        t.start()
+    sinks = [n for n in main if not any(n in parents[m] for m in main)]
+    rc = 1
+    try:
+        t0 = time.perf_counter()
+        rc = subprocess.call(["dvc", "repro", *sinks])
+        if rc == 0 and any(t.is_alive() for t in threads):
+            print(f"dvc repro {' '.join(sinks)}: done in {time.perf_counter() - t0:.1f} s; waiting for the "
+                  "branches beside it", flush=True)
+    finally:
+        if rc != 0:
+            for t in threads:
+                t.stop()
+        for t in threads:
+            t.join()
+        finished = [n for t in threads for n in t.finished]
+        if finished:  # recorded even when the run stops, so the next one skips them
+            res = subprocess.run(["dvc", "commit", "--force", *finished], capture_output=True, text=True)
+            if res.returncode != 0:
+                print(f"ERROR: dvc commit {' '.join(finished)}: {res.stderr.strip()}", file=sys.stderr)
+                rc = rc or res.returncode
+    failed = [t.failed for t in threads if t.failed]
+    if rc != 0:
+        return rc
+    if failed:
+        return failed[0][1]
+    return subprocess.call(["dvc", "repro"])  # what joins the branches (and nothing else: the rest is current)
 
 
 def main(argv: list[str]) -> int:
@@ -17,7 +148,11 @@ def main(argv: list[str]) -> int:
         return 2
     with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
-        return subprocess.call(["dvc", "repro", *argv])
+        if argv == ["--serial"]:
+            return subprocess.call(["dvc", "repro"])
+        if argv:
+            return subprocess.call(["dvc", "repro", *argv])
+        return side_by_side()
 
 
 if __name__ == "__main__":

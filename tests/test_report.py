@@ -101,7 +101,7 @@ def test_dataset_cards_explain_every_column(tmp_path):
 
 def test_report_runs_after_every_stage_in_the_prefect_pipeline():
     """The report depends on the metrics/stages directory every stage writes into: last in dag order."""
-    from pipeline.flows import dag_order
+    from pipeline.dag import dag_order
     from pipeline.stage import STAGES
 
     order = dag_order(REPO / "dvc.yaml")
