@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")  # dvc repro's own (the stages of its branch, in order)
-SIDE_DONE = re.compile(r"^Stage '([^']+)' finished in ([0-9.]+) s \(beside dvc repro\)")  # pipeline.run_dvc's
+SIDE_DONE = re.compile(r"Stage '([^']+)' finished in ([0-9.]+) s \(beside dvc repro\)")  # pipeline.run_dvc's
 MAIN_DONE = re.compile(r"^dvc repro .*: done in")
 WAIT = "(waiting for branches beside, dvc commit)"
 
@@ -43,7 +43,8 @@ def timed_dag(cwd: Path, env: dict[str, str], log) -> tuple[dict[str, float], fl
     assert proc.stdout is not None
     for line in proc.stdout:
         log.write(line)
-        m, side, done = STAGE_LINE.match(line), SIDE_DONE.match(line), MAIN_DONE.match(line)
+        # a line printed beside dvc repro's may follow a progress bar's last redraw on the same line
+        m, side, done = STAGE_LINE.match(line), SIDE_DONE.search(line), MAIN_DONE.match(line)
         if side:
             stages[f"{side.group(1)} (beside)"] = float(side.group(2))
         elif m or done:
