@@ -95,3 +95,45 @@ def test_training_in_place_drops_the_kept_caches(lm):
     assert [g.meta["cached_tokens"] for g in after] == [0, 0]
     full = HFBackend("m", model_obj=copy, tokenizer=tok, batch_size=3, kv_cache_bytes=0)
     assert_same(after, full.generate(convs, GREEDY))
+
+
+def test_roomy_cache_holds_what_a_dynamic_cache_holds_and_writes_in_place():
+    from transformers import DynamicCache
+
+    from pipeline.llm.hf import RoomyCache
+
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(3, 2, n, 4, generator=g) for n in (5, 1, 1, 1, 4, 1)]  # prefill, decodes, then past the room
+    roomy, dynamic = RoomyCache(n_layers=1, room=3), DynamicCache()
+    pointers = []
+    for k in steps:
+        a, b = roomy.update(k, -k, 0), dynamic.update(k, -k, 0)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert roomy.get_seq_length() == dynamic.get_seq_length()
+        pointers.append(roomy.layers[0].keys.data_ptr())
+    assert len(set(pointers[:4])) == 1  # prefill + 3 decode steps fit the room: written in place, never copied
+    assert pointers[4] != pointers[3]  # 4 more did not: the buffer grew
+    for op, arg in (("batch_select_indices", torch.tensor([2, 0])), ("crop", 7)):
+        getattr(roomy, op)(arg)
+        getattr(dynamic, op)(arg)
+        assert torch.equal(roomy.layers[0].keys, dynamic.layers[0].keys)
+        k = torch.randn(2, 2, 1, 4, generator=g)
+        assert torch.equal(roomy.update(k, k, 0)[0], dynamic.update(k, k, 0)[0])
+
+
+def test_batches_with_and_without_the_roomy_cache_sample_the_same_tokens(lm, monkeypatch):
+    import pipeline.llm.hf as hf
+
+    sampled = Sampling(temperature=1.0, max_tokens=8, logprobs=True, seed=3)
+    runs = []
+    for min_rows in (2, 10**6):  # a RoomyCache for the batch of 5, or transformers' DynamicCache
+        monkeypatch.setattr(hf, "ROOMY_MIN_ROWS", min_rows)
+        kv, _ = backends(lm, batch_size=5)
+        convs, gens = opening(5), []
+        for turn in range(4):
+            out = kv.generate(convs, sampled)
+            gens.append([(g.text, g.token_logprobs) for g in out])
+            convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no " * turn}]
+                     for c, g in zip(convs, out, strict=True)]
+        runs.append(gens)
+    assert runs[0] == runs[1]  # bitwise: the same keys / values reach attention
