@@ -58,7 +58,7 @@ browser:
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null; }
 
-run: $(STAMP) plots-offline  ## the default DAG: dvc repro, its two tracks side by side (nested under one MLflow pipeline run), then the report
+run: $(STAMP) plots-offline  ## the default DAG: dvc repro (nested under one MLflow pipeline run), then the report
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.run_dvc
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"

@@ -1,6 +1,6 @@
 """The default DAG as a new user runs it: a fresh clone, the venv build, `make run`; per-stage seconds.
 
-    python bench/fresh_clone_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12] [--serial]
+    python bench/fresh_clone_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12] [--side-by-side]
 
 Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
 Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone), runs the default DAG
@@ -29,7 +29,7 @@ MAIN_DONE = re.compile(r"^dvc repro .*: done in")
 WAIT = "(waiting for branches beside, dvc commit)"
 
 
-def timed_dag(cwd: Path, env: dict[str, str], log, serial: bool = False) -> tuple[dict[str, float], float, int]:
+def timed_dag(cwd: Path, env: dict[str, str], log, side_by_side: bool = False) -> tuple[dict[str, float], float, int]:
     """Run the DAG, streaming its output to ``log``; per-stage seconds, the total, and the exit code.
 
     A stage ``dvc repro`` runs counts from its "Running stage" line to the next one (or to the end of that
@@ -38,7 +38,7 @@ def timed_dag(cwd: Path, env: dict[str, str], log, serial: bool = False) -> tupl
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
     current, started = None, t0
-    cmd = [str(cwd / ".venv/bin/python"), "-m", "pipeline.run_dvc", *(["--serial"] if serial else [])]
+    cmd = [str(cwd / ".venv/bin/python"), "-m", "pipeline.run_dvc", *(["--side-by-side"] if side_by_side else [])]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
@@ -67,7 +67,8 @@ def main() -> int:
     ap.add_argument("--venv", help="reuse this venv instead of building one (the venv build is then not timed)")
     ap.add_argument("--keep", help="clone into this directory and keep it (default: a temp dir, removed)")
     ap.add_argument("--budget-min", type=float, default=12.0)
-    ap.add_argument("--serial", action="store_true", help="one stage at a time (plain dvc repro), not side by side")
+    ap.add_argument("--side-by-side", action="store_true", help="the DAG's branches at the same time "
+                    "(python -m pipeline.run_dvc --side-by-side), not make run's one stage at a time")
     args = ap.parse_args()
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="curio-bench-run-"))
@@ -92,12 +93,12 @@ def main() -> int:
             build = time.perf_counter() - t0
         env["PATH"] = f"{work / '.venv/bin'}:{env['PATH']}"
         with open(root / "dag.log", "w", buffering=1) as log:
-            stages, dag, rc = timed_dag(work, env, log, args.serial)
+            stages, dag, rc = timed_dag(work, env, log, args.side_by_side)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    mode = "serial" if args.serial else "side by side"
+    mode = "side by side" if args.side_by_side else "one stage at a time"
     print(f"commit {commit}  {mode}  ATEN_CPU_CAPABILITY={env.get('ATEN_CPU_CAPABILITY', '(default)')}  "
           f"cores {os.cpu_count()}  exit {rc}")
     for name, sec in sorted(stages.items(), key=lambda kv: -kv[1]):

@@ -1,16 +1,15 @@
 """`make run`: `dvc repro` with every stage's MLflow run nested under one pipeline run.
 
-    python -m pipeline.run_dvc              # the DAG, its independent branches side by side
-    python -m pipeline.run_dvc --serial     # plain `dvc repro`, one stage at a time
-    python -m pipeline.run_dvc ARGS...      # `dvc repro ARGS...` (targets, -f, ...)
+    python -m pipeline.run_dvc                  # `dvc repro`, one stage at a time (what `make run` runs)
+    python -m pipeline.run_dvc ARGS...          # `dvc repro ARGS...` (targets, -f, ...)
+    python -m pipeline.run_dvc --side-by-side   # the DAG's independent branches at the same time
 
-`dvc repro` runs one stage at a time. The text track and the NetHack track share no stage, and one stage
-rarely keeps both cores of a 2-core machine busy, so by default the branches run side by side: `dvc repro`
-runs the longest branch while this process runs each other branch's stages (their dvc.yaml `cmd`, in
-dependency order, only those `dvc status` flags and their descendants, as `dvc repro` would), then records
-them with `dvc commit` and lets `dvc repro` run what joins the branches (the report). `dvc.lock` ends as a
-plain `dvc repro` leaves it, and a second run does nothing. A stage's results do not depend on what runs
-beside it: its own thread counts and seeds are the same.
+`--side-by-side`: the text track and the NetHack track share no stage, so while `dvc repro` runs the longest
+branch, this process runs each other branch's stages (their dvc.yaml `cmd`, in dependency order, only those
+`dvc status` flags and their descendants, as `dvc repro` would) on the CPU time it leaves idle, then records them
+with `dvc commit` and lets `dvc repro` run what joins the branches (the report). `dvc.lock` ends as a plain
+`dvc repro` leaves it, and a stage's results do not depend on what runs beside it (its own thread counts and
+seeds). It is for machines with cores a stage leaves idle: on a 2-core machine it was not faster (README).
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ from pipeline.tracking import pipeline_run
 _LINE_END = re.compile(rb"[\r\n]")
 # Stages beside dvc repro's get only the CPU time its stage leaves idle (Linux's SCHED_IDLE; elsewhere nice 19), so
 # the longest branch, the run's critical path, is slowed as little as possible: at nice 10 they took enough of the
-# cores to stretch dvc repro's branch by 130 s, more than the run gained.
+# cores to stretch dvc repro's branch by 130 s, more than the run gained. (On a 2-core VM even SCHED_IDLE neighbours
+# slowed it: caches and memory are shared whatever the scheduler says.)
 SIDE_NICE = 19
 
 
@@ -157,11 +157,9 @@ def main(argv: list[str]) -> int:
         return 2
     with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
-        if argv == ["--serial"]:
-            return subprocess.call(["dvc", "repro"])
-        if argv:
-            return subprocess.call(["dvc", "repro", *argv])
-        return side_by_side()
+        if argv == ["--side-by-side"]:
+            return side_by_side()
+        return subprocess.call(["dvc", "repro", *argv])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`make run`'s runner: independent branches of the DAG side by side, dvc.lock as `dvc repro` leaves it."""
+"""`make run`'s runner (pipeline.run_dvc): plain `dvc repro`, or with --side-by-side the DAG's independent branches
+at the same time, dvc.lock as `dvc repro` leaves it."""
 
 from __future__ import annotations
 
@@ -138,8 +139,8 @@ def test_a_failed_side_stage_fails_the_run_and_keeps_what_finished(tmp_path, cap
     assert "e" not in _runs(project)
 
 
-@pytest.mark.parametrize("argv", [["--serial"], ["c"]])
-def test_arguments_run_plain_dvc_repro(tmp_path, argv, monkeypatch):
+@pytest.mark.parametrize("argv", [[], ["c"]])
+def test_make_run_is_plain_dvc_repro_without_side_by_side(tmp_path, argv):
     project = _project(tmp_path, {"stages": {k: v for k, v in DVC_YAML["stages"].items() if k in "cd"}})
     (project / "out/a").write_text("a")  # c waits for it; nothing runs beside
     (project / "params.yaml").write_text(textwrap.dedent("""\
@@ -150,4 +151,4 @@ def test_arguments_run_plain_dvc_repro(tmp_path, argv, monkeypatch):
                          text=True, env={**_env(), "PYTHONPATH": str(REPO)})
     assert res.returncode == 0, res.stderr
     assert "beside dvc repro" not in res.stdout
-    assert _runs(project) == ({"c": 1, "d": 1} if argv == ["--serial"] else {"c": 1})
+    assert _runs(project) == ({"c": 1, "d": 1} if not argv else {"c": 1})
