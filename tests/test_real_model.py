@@ -98,3 +98,25 @@ def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
     [won] = play_episodes(Untagged(), [(free, dog, 0)], Sampling(), seed=0)
     assert invalid["invalid"] and invalid["turns"] == 0 and invalid["format_retries"] == 2
     assert won["success"] and won["turns"] == 1 and won["final_action"] == "Is it a dog?"
+
+
+def test_real_model_batches_sample_the_same_with_the_roomy_cache(smollm2_dir, monkeypatch):
+    """SmolLM2 (Llama layers, grouped-query attention) through HFBackend's RoomyCache and through transformers'
+    DynamicCache: the same tokens and log-probs over two turns of a batch of three."""
+    import pipeline.llm.hf as hf
+
+    sampling = Sampling(temperature=1.0, max_tokens=6, logprobs=True, seed=5)
+    runs = []
+    for min_rows in (2, 10**6):
+        monkeypatch.setattr(hf, "ROOMY_MIN_ROWS", min_rows)
+        backend = hf.HFBackend(str(smollm2_dir), batch_size=3)
+        assert backend.roomy
+        convs = [[{"role": "user", "content": f"Name a {w}."}] for w in ("fruit", "city in France", "colour")]
+        out = []
+        for _ in range(2):
+            gens = backend.generate(convs, sampling)
+            out.append([(g.text, g.token_logprobs) for g in gens])
+            convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "Another?"}]
+                     for c, g in zip(convs, gens, strict=True)]
+        runs.append(out)
+    assert runs[0] == runs[1]
