@@ -79,7 +79,7 @@ class Branch(threading.Thread):
                 continue
             print(f"Running stage '{name}' (beside dvc repro):\n> {self.cmds[name]}", flush=True)
             t0 = time.perf_counter()
-            # tqdm redraws a bar with \r: beside dvc's own output, each redraw becomes a prefixed line, so fewer
+            # tqdm redraws a bar with \r; beside dvc repro's output each redraw becomes a prefixed line: draw fewer
             env = {**os.environ, "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "10")}
             self.proc = subprocess.Popen(self.cmds[name], shell=True, env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT)
