@@ -34,7 +34,10 @@ def stage_parents(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, set[str]]:
 
 def dag_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """Stage names of dvc.yaml in dependency order (an out of one stage that is a dep of another = an edge)."""
-    parents = stage_parents(dvc_yaml)
+    return _order(stage_parents(dvc_yaml))
+
+
+def _order(parents: dict[str, set[str]]) -> list[str]:
     order: list[str] = []
     pending = list(parents)
     while pending:
@@ -65,7 +68,7 @@ def branches(dvc_yaml: str | Path = "dvc.yaml") -> tuple[list[list[str]], list[s
     so each can run while another does. Each list is in dependency order; branches longest first.
     """
     parents = stage_parents(dvc_yaml)
-    order = dag_order(dvc_yaml)
+    order = _order(parents)
     tail: list[str] = []
     for name in reversed(order):
         rest = set(order) - set(tail) - {name}
