@@ -1,11 +1,13 @@
 """Batched vs one-episode-at-a-time rollout throughput with the same policy, measured side by side.
 
-    python bench/bench_rollout.py [--episodes 64] [--policy data/bootstrap/model] [--no-kv-cache] [--threads 1]
+    python bench/bench_rollout.py [--episodes 64] [--rounds 8] [--policy data/bootstrap/model] [--no-kv-cache]
+                                  [--threads 1]
     python bench/bench_rollout.py --compare-cache 3
 
-Needs a built policy (run `curio stage bootstrap` first); prints episodes/s of each mode and their ratio, by wall
+Needs a built policy (run `curio stage bootstrap` first); prints turns/s of each mode and their ratio, by wall
 time and by CPU time (the one to read on a shared machine; ``--threads 1``, the default, keeps torch's idle
-threads from counting). ``--no-kv-cache`` re-encodes every conversation each turn (the hf backend's behaviour
+threads from counting). After an untimed warm-up of each, the modes alternate in ``--rounds`` short windows, each
+starting from an empty KV store: a machine whose speed drifts then slows both alike. ``--no-kv-cache`` re-encodes every conversation each turn (the hf backend's behaviour
 before it kept KV caches). ``--compare-cache ROUNDS`` instead plays the batch with the hf backend's ``RoomyCache``
 and with transformers' ``DynamicCache`` (its cache before), alternating, and checks the rows are identical.
 """
@@ -13,12 +15,13 @@ and with transformers' ``DynamicCache`` (its cache before), alternating, and che
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 
 from pipeline.config import load_params
-from pipeline.llm import sampling_from_config
+from pipeline.llm import hf, sampling_from_config
 from pipeline.play import play_episodes
 from pipeline.policies import load_policy_backend, make_games
 
@@ -29,6 +32,8 @@ def main() -> None:
     ap.add_argument("--policy", default="base")
     ap.add_argument("--no-kv-cache", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="alternate the modes in this many windows (each sequential window plays 1/rounds)")
     ap.add_argument("--compare-cache", type=int, default=0, metavar="ROUNDS",
                     help="batched play with RoomyCache vs DynamicCache, alternating ROUNDS times")
     args = ap.parse_args()
@@ -46,28 +51,49 @@ def main() -> None:
     if args.compare_cache:
         compare_cache(policy, jobs, sampling, args.compare_cache)
         return
-    t0, c0 = time.perf_counter(), time.process_time()
-    batched = play_episodes(policy, jobs, sampling, seed=0)
-    t_batched, c_batched = time.perf_counter() - t0, time.process_time() - c0
-    t0, c0 = time.perf_counter(), time.process_time()
-    sequential = [row for job in jobs for row in play_episodes(policy, [job], sampling, seed=0)]
-    t_seq, c_seq = time.perf_counter() - t0, time.process_time() - c0
-    turns_b = sum(r["turns"] for r in batched)
-    turns_s = sum(r["turns"] for r in sequential)
-    print(f"episodes: {args.episodes}  turns batched/sequential: {turns_b}/{turns_s}  torch threads: "
-          f"{torch.get_num_threads()}")
-    print(f"batched    : {turns_b / t_batched:8.1f} turns/s wall  {turns_b / c_batched:8.1f} turns/CPU s")
-    print(f"sequential : {turns_s / t_seq:8.1f} turns/s wall  {turns_s / c_seq:8.1f} turns/CPU s")
-    print(f"ratio batched/sequential (turns/s): {(turns_b / t_batched) / (turns_s / t_seq):.2f}x wall, "
-          f"{(turns_b / c_batched) / (turns_s / c_seq):.2f}x CPU")
+    kv_bytes = policy.kv.max_bytes if policy.kv is not None else 0
+
+    def play(batch: list) -> tuple[list[dict], float, float]:
+        """Play ``batch`` (all at once, or one episode at a time) from an empty KV store, as a rollout starts."""
+        if policy.kv is not None:
+            policy.kv = hf.ConversationKV(kv_bytes)
+        t0, c0 = time.perf_counter(), time.process_time()
+        if len(batch) == len(jobs):
+            rows = play_episodes(policy, batch, sampling, seed=0)
+        else:
+            rows = [row for job in batch for row in play_episodes(policy, [job], sampling, seed=0)]
+        return rows, time.perf_counter() - t0, time.process_time() - c0
+
+    play(jobs), play(jobs[:1])  # warm-up, untimed
+    # The two modes alternate in short windows (a batched play of every episode, then 1/rounds of the episodes
+    # one at a time), so a machine whose speed drifts slows both alike; each mode's figure pools its windows.
+    totals = {"batched": [0, 0.0, 0.0], "sequential": [0, 0.0, 0.0]}
+    per_round = []
+    chunk = -(-len(jobs) // args.rounds)
+    for r in range(args.rounds):
+        speeds = {}
+        for mode, batch in (("batched", jobs), ("sequential", jobs[r * chunk : (r + 1) * chunk])):
+            if not batch:
+                continue
+            rows, wall, cpu = play(batch)
+            turns = sum(row["turns"] for row in rows)
+            for i, x in enumerate((turns, wall, cpu)):
+                totals[mode][i] += x
+            speeds[mode] = turns / cpu
+        if len(speeds) == 2:
+            per_round.append(speeds["batched"] / speeds["sequential"])
+    (turns_b, t_b, c_b), (turns_s, t_s, c_s) = totals["batched"], totals["sequential"]
+    print(f"episodes: {args.episodes}  rounds: {args.rounds}  turns batched/sequential: {turns_b}/{turns_s}  "
+          f"torch threads: {torch.get_num_threads()}")
+    print(f"batched    : {turns_b / t_b:8.1f} turns/s wall  {turns_b / c_b:8.1f} turns/CPU s")
+    print(f"sequential : {turns_s / t_s:8.1f} turns/s wall  {turns_s / c_s:8.1f} turns/CPU s")
+    print(f"ratio batched/sequential (turns/s): {(turns_b / t_b) / (turns_s / t_s):.2f}x wall, "
+          f"{(turns_b / c_b) / (turns_s / c_s):.2f}x CPU  (per round, CPU: median {statistics.median(per_round):.2f}x, "
+          f"{min(per_round):.2f}-{max(per_round):.2f}x)")
 
 
 def compare_cache(policy, jobs, sampling, rounds: int) -> None:
     """Batched play with a RoomyCache and with a DynamicCache for every batch, alternating; fresh caches each."""
-    import statistics
-
-    from pipeline.llm import hf
-
     speed: dict[str, list[float]] = {"RoomyCache": [], "DynamicCache": []}
     rows: dict[str, list[dict]] = {}
     for _ in range(rounds):

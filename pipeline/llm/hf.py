@@ -12,11 +12,12 @@ import torch
 
 # Imported here, not lazily inside functions: transformers' lazy module is not safe when two threads
 # (e.g. the eval-sweep's parallel Prefect tasks) resolve the same name at once.
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer
 
 from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.llm.sampler import GumbelSampler, sampling_warpers
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
 from pipeline.models.masks import install as install_masks
@@ -291,7 +292,13 @@ class HFBackend(ChatBackend):
         ids = torch.tensor(rows, device=self.device)
         mask = torch.tensor(masks, device=self.device)
         kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
-        if sampling.temperature > 0:
+        warpers = sampling_warpers(self.lm.generation_config, sampling) if sampling.temperature > 0 else None
+        sampler = None
+        if warpers is not None:  # sampled, drawing noise for the tokens the warpers keep only (pipeline.llm.sampler)
+            sampler = GumbelSampler(logprobs=sampling.logprobs)
+            kwargs.update(do_sample=False, logits_processor=LogitsProcessorList([*warpers, sampler]),
+                          temperature=None, top_k=None, top_p=None, min_p=None)
+        elif sampling.temperature > 0:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
             if sampling.min_p > 0:
                 kwargs["min_p"] = sampling.min_p
@@ -307,13 +314,14 @@ class HFBackend(ChatBackend):
                                                    room)
         gen = self.lm.generate(
             input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
-            output_scores=sampling.logprobs, **kwargs,
+            output_scores=sampling.logprobs and sampler is None, **kwargs,
         )
         width = past_w + new_w
         new = gen.sequences[:, width:]
         logps = None
         if sampling.logprobs:
-            logps = self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True)
+            logps = (sampler.logprobs if sampler is not None
+                     else self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True))
         out = []
         for row, b in enumerate(batch):
             toks = new[row].tolist()
