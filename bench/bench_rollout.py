@@ -2,19 +2,24 @@
 
     python bench/bench_rollout.py [--episodes 64] [--rounds 8] [--policy data/bootstrap/model] [--no-kv-cache]
                                   [--threads 1]
-    python bench/bench_rollout.py --compare-cache 3
+    python bench/bench_rollout.py --compare cache|sampler|kept [--rounds 3]
 
 Needs a built policy (run `curio stage bootstrap` first); prints turns/s of each mode and their ratio, by wall
 time and by CPU time (the one to read on a shared machine; ``--threads 1``, the default, keeps torch's idle
 threads from counting). After an untimed warm-up of each, the modes alternate in ``--rounds`` short windows, each
-starting from an empty KV store: a machine whose speed drifts then slows both alike. ``--no-kv-cache`` re-encodes every conversation each turn (the hf backend's behaviour
-before it kept KV caches). ``--compare-cache ROUNDS`` instead plays the batch with the hf backend's ``RoomyCache``
-and with transformers' ``DynamicCache`` (its cache before), alternating, and checks the rows are identical.
+starting from an empty KV store: a machine whose speed drifts then slows both alike. ``--no-kv-cache`` re-encodes
+every conversation each turn (the hf backend's behaviour before it kept KV caches).
+
+``--compare cache|sampler|kept`` instead plays the batch with the hf backend as it is and with one speed-up
+undone, alternating ``--rounds`` times: cache = its ``RoomyCache`` vs transformers' ``DynamicCache``; sampler =
+its ``GumbelSampler`` vs transformers' ``torch.multinomial`` (the same distribution, other draws); kept = kept
+keys / values left in the batch's cache until the next call vs copied out at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -34,8 +39,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     ap.add_argument("--rounds", type=int, default=8,
                     help="alternate the modes in this many windows (each sequential window plays 1/rounds)")
-    ap.add_argument("--compare-cache", type=int, default=0, metavar="ROUNDS",
-                    help="batched play with RoomyCache vs DynamicCache, alternating ROUNDS times")
+    ap.add_argument("--compare", choices=sorted(COMPARE),
+                    help="batched play with one speed-up of the hf backend and without, alternating --rounds times")
+    ap.add_argument("--compare-cache", type=int, default=0, metavar="ROUNDS", help="= --compare cache --rounds N")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -49,7 +55,9 @@ def main() -> None:
     sampling = sampling_from_config(params.rollout_text, temperature=1.0)  # the rollout sampling, at T=1
 
     if args.compare_cache:
-        compare_cache(policy, jobs, sampling, args.compare_cache)
+        args.compare, args.rounds = "cache", args.compare_cache
+    if args.compare:
+        compare(policy, jobs, sampling, args.compare, args.rounds)
         return
     kv_bytes = policy.kv.max_bytes if policy.kv is not None else 0
 
@@ -92,22 +100,50 @@ def main() -> None:
           f"{min(per_round):.2f}-{max(per_round):.2f}x)")
 
 
-def compare_cache(policy, jobs, sampling, rounds: int) -> None:
-    """Batched play with a RoomyCache and with a DynamicCache for every batch, alternating; fresh caches each."""
-    speed: dict[str, list[float]] = {"RoomyCache": [], "DynamicCache": []}
+@contextlib.contextmanager
+def variant(name: str):
+    """The hf backend as it is, or with one of its speed-ups swapped for what it replaced."""
+    saved = hf.ROOMY_MIN_ROWS, hf.sampler_for, hf.ConversationKV.store
+    try:
+        if name == "DynamicCache":  # transformers' cache for every batch: each decode step concatenates
+            hf.ROOMY_MIN_ROWS = 10**9
+        elif name == "multinomial":  # transformers' sampler: torch.multinomial over the whole vocabulary
+            hf.sampler_for = lambda config, sampling: None
+        elif name == "copied-out":  # each row's keys / values copied out of the batch cache as it is stored
+
+            def store(self, conversation, reply, entry, replaces=None):
+                entry.materialize()
+                saved[2](self, conversation, reply, entry, replaces)
+
+            hf.ConversationKV.store = store
+        yield
+    finally:
+        hf.ROOMY_MIN_ROWS, hf.sampler_for, hf.ConversationKV.store = saved
+
+
+COMPARE = {"cache": ("RoomyCache", "DynamicCache"), "sampler": ("GumbelSampler", "multinomial"),
+           "kept": ("in-batch", "copied-out")}
+
+
+def compare(policy, jobs, sampling, what: str, rounds: int) -> None:
+    """Batched play with the current hf backend and with one speed-up undone, alternating; fresh KV stores."""
+    names = COMPARE[what]
+    speed: dict[str, list[float]] = {name: [] for name in names}
     rows: dict[str, list[dict]] = {}
     for _ in range(rounds):
-        for name, min_rows in (("RoomyCache", 2), ("DynamicCache", 10**9)):
-            hf.ROOMY_MIN_ROWS = min_rows
-            if policy.kv is not None:
-                policy.kv = hf.ConversationKV(policy.kv.max_bytes)
-            c0 = time.process_time()
-            rows[name] = play_episodes(policy, jobs, sampling, seed=0)
-            speed[name].append(sum(r["turns"] for r in rows[name]) / (time.process_time() - c0))
+        for name in names:
+            with variant(name):
+                if policy.kv is not None:
+                    policy.kv = hf.ConversationKV(policy.kv.max_bytes)
+                c0 = time.process_time()
+                rows[name] = play_episodes(policy, jobs, sampling, seed=0)
+                speed[name].append(sum(r["turns"] for r in rows[name]) / (time.process_time() - c0))
     for name, xs in speed.items():
         print(f"{name:<13}: median {statistics.median(xs):7.1f} turns/CPU s  ({', '.join(f'{x:.1f}' for x in xs)})")
-    ratio = statistics.median(speed["RoomyCache"]) / statistics.median(speed["DynamicCache"])
-    print(f"ratio RoomyCache/DynamicCache: {ratio:.2f}x   rows identical: {rows['RoomyCache'] == rows['DynamicCache']}")
+    ratio = statistics.median(speed[names[0]]) / statistics.median(speed[names[1]])
+    same = rows[names[0]] == rows[names[1]]
+    print(f"ratio {names[0]}/{names[1]}: {ratio:.2f}x   rows identical: {same}"
+          + ("  (expected: the same distribution, other random draws)" if what == "sampler" else ""))
 
 
 if __name__ == "__main__":

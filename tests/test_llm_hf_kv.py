@@ -137,3 +137,30 @@ def test_batches_with_and_without_the_roomy_cache_sample_the_same_tokens(lm, mon
                      for c, g in zip(convs, out, strict=True)]
         runs.append(gens)
     assert runs[0] == runs[1]  # bitwise: the same keys / values reach attention
+
+
+def test_kept_caches_stay_in_the_batch_cache_until_a_call_does_not_reuse_them(lm):
+    kv, full = backends(lm)
+    convs = opening(3)
+    first = kv.generate(convs, GREEDY)
+    full.generate(convs, GREEDY)
+    store = kv.kv
+    entries = [store._keys[k] for k in list(store._keys)]
+    assert entries and all(e.kv is None and e.source is not None for e in entries)  # not copied out yet
+    nxt = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no"}]
+           for c, g in zip(convs, first, strict=True)]
+    held = {i: [t.clone() for t in store.lookup(c, kv.encode([c], 8)[0])[1].pieces(0, 0, 10**6)]
+            for i, c in enumerate(nxt)}
+    # Only conversation 0 plays on: 1 and 2's entries are copied out of the first call's batch cache, the same
+    # numbers, and the first call's cache is referenced by no entry any more.
+    a0 = kv.generate(nxt[:1], GREEDY)
+    assert_same(a0, full.generate(nxt[:1], GREEDY))
+    for i in (1, 2):
+        n, e = store.lookup(nxt[i], kv.encode([nxt[i]], 8)[0])
+        assert n > 0 and e.source is None and e.kv is not None
+        assert torch.equal(e.kv[0][0], torch.cat(held[i], dim=1))
+    assert len(store._in_batch) == 1  # conversation 0's new entry, held in the second call's cache
+    # ... and a later turn reuses them as it would have reused them in place
+    later = kv.generate(nxt[1:], GREEDY)
+    assert all(g.meta["cached_tokens"] > 0 for g in later)
+    assert_same(later, full.generate(nxt[1:], GREEDY))

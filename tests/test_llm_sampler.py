@@ -8,7 +8,7 @@ from transformers import GenerationConfig, MinPLogitsWarper, TemperatureLogitsWa
 
 from pipeline.llm.base import Sampling
 from pipeline.llm.hf import HFBackend
-from pipeline.llm.sampler import GumbelSampler, sampling_warpers
+from pipeline.llm.sampler import GumbelSampler, sampler_for, sampling_warpers
 from pipeline.models import tiny
 
 
@@ -27,6 +27,26 @@ def test_gumbel_sampler_draws_the_softmax_of_the_finite_scores():
     assert torch.allclose(sampler.logprobs[:, 0], torch.log(torch.tensor(probs))[tokens].float(), atol=1e-6)
 
 
+def frequencies(sampler, row, rows=40_000):
+    torch.manual_seed(0)
+    tokens = sampler(None, torch.tensor([row] * rows)).argmax(-1)
+    return (torch.bincount(tokens, minlength=len(row)).double() / rows).tolist()
+
+
+def test_top_k_inside_the_sampler_draws_the_renormalized_top_k():
+    probs = [0.4, 0.3, 0.2, 0.06, 0.04]
+    freq = frequencies(GumbelSampler(top_k=3), [math.log(p) for p in probs])
+    assert freq[3] == freq[4] == 0
+    for f, p in zip(freq, [0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9], strict=False):  # s.e. <= 0.0025
+        assert abs(f - p) < 0.01, freq
+    # Ties at the k-th score are all kept, as TopKLogitsWarper keeps them: scores 2, 1, 1, 0 with k = 2 draw from
+    # e^2, e, e (normalized: 0.576, 0.212, 0.212), not from two of them.
+    freq = frequencies(GumbelSampler(top_k=2), [2.0, 1.0, 1.0, 0.0])
+    e = math.e
+    for f, p in zip(freq, [e / (e + 2), 1 / (e + 2), 1 / (e + 2), 0.0], strict=True):
+        assert abs(f - p) < 0.01, freq
+
+
 def test_sampling_warpers_are_generates_own_in_its_order():
     warpers = sampling_warpers(GenerationConfig(top_k=7), Sampling(temperature=0.7, top_p=0.9, min_p=0.05))
     assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
@@ -38,6 +58,13 @@ def test_sampling_warpers_are_generates_own_in_its_order():
     assert sampling_warpers(GenerationConfig(top_k=0), Sampling(temperature=1.0)) == []
     # what only transformers' sampler does is left to it
     assert sampling_warpers(GenerationConfig(typical_p=0.5), Sampling(temperature=1.0)) is None
+    assert sampler_for(GenerationConfig(typical_p=0.5), Sampling(temperature=1.0)) is None
+    # temperature and top-k alone are done inside the sampler; anything after top-k stays a warper before it
+    [fused] = sampler_for(GenerationConfig(top_k=7), Sampling(temperature=0.7))
+    assert (fused.top_k, fused.temperature) == (7, 0.7)
+    *warpers, last = sampler_for(GenerationConfig(top_k=7), Sampling(temperature=0.7, top_p=0.9))
+    assert [type(w) for w in warpers] == [TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper]
+    assert (last.top_k, last.temperature) == (0, 1.0)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from pipeline.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
-from pipeline.llm.sampler import GumbelSampler, sampling_warpers
+from pipeline.llm.sampler import sampler_for
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
 from pipeline.models.masks import install as install_masks
@@ -60,10 +60,53 @@ def _conversation_key(conversation: Conversation) -> tuple:
 
 @dataclass
 class _Entry:
+    """A conversation's kept keys / values: copied out (``kv``), or still in the cache of the batch that computed
+    them (``source``: that cache's per-layer (keys, values), the row, and the (start, stop) position spans holding
+    the row's tokens in order). A batch's next turn copies them from there straight into its own cache, so the
+    common case copies each kept position once per turn instead of twice."""
+
     tokens: list[int]  # the token ids whose keys / values are held
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (heads, len(tokens), head_dim) keys and values
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (heads, len(tokens), head_dim) keys and values
     nbytes: int
     keys: list[tuple] = field(default_factory=list)
+    source: tuple[list[tuple[torch.Tensor, torch.Tensor]], int, list[tuple[int, int]]] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.kv if self.kv is not None else self.source[0])
+
+    def spans(self, n: int) -> list[tuple[int, int]]:
+        """(start, length) of the positions holding the first ``n`` tokens, in order, in ``kv`` or ``source``."""
+        if self.kv is not None:
+            return [(0, n)]
+        out = []
+        for start, stop in self.source[2]:
+            take = min(stop - start, n)
+            if take <= 0:
+                break
+            out.append((start, take))
+            n -= take
+        return out
+
+    def held(self, layer: int, part: int) -> torch.Tensor:
+        """The keys (``part`` 0) or values (1) of ``layer`` holding the entry's tokens: (heads, positions, dim)."""
+        if self.kv is not None:
+            return self.kv[layer][part]
+        layers, row, _ = self.source
+        return layers[layer][part][row]
+
+    def pieces(self, layer: int, part: int, n: int) -> list[torch.Tensor]:
+        """Views of the keys (``part`` 0) or values (1) of the first ``n`` tokens in ``layer``, in order."""
+        held = self.held(layer, part)
+        return [held[:, start : start + m] for start, m in self.spans(n)]
+
+    def materialize(self) -> None:
+        """Copy the keys / values out of the batch's cache (which then no longer has to be kept)."""
+        if self.kv is None:
+            n = len(self.tokens)
+            self.kv = [tuple(torch.cat(self.pieces(layer, part, n), dim=1) for part in (0, 1))
+                       for layer in range(len(self.source[0]))]
+            self.source = None
 
 
 class ConversationKV:
@@ -74,13 +117,16 @@ class ConversationKV:
     own conversation minus the last message, and so does a re-sampled turn (a format retry). Reuse stops at the
     first token where the kept tokens and the new prompt's tokens differ (a re-tokenized reply, a truncated
     context), so what is reused is always exactly what a full re-encode would compute, up to floating point.
-    Least recently used conversations are dropped beyond ``max_bytes``.
+    Least recently used conversations are dropped beyond ``max_bytes``, which counts each entry's own positions:
+    a turn's entries stay in that batch's cache until the next call, which reads the ones it reuses from there and
+    copies the others out (``settle``), so the last call's batch caches stay referenced in between.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self._keys: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._in_batch: dict[int, _Entry] = {}  # entries still held in a batch's cache (``_Entry.source``)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -102,16 +148,17 @@ class ConversationKV:
             n += 1
         return n, entry
 
-    def store(self, conversation: Conversation, reply: str, tokens: list[int],
-              kv: list[tuple[torch.Tensor, torch.Tensor]], replaces: _Entry | None = None) -> None:
-        """Keep ``kv`` (of ``tokens``: the prompt of ``conversation`` + the generated ``reply``) in place of the
-        entry the turn started from, under the keys the conversation's next turn and a re-sampled turn look up."""
+    def store(self, conversation: Conversation, reply: str, entry: _Entry, replaces: _Entry | None = None) -> None:
+        """Keep ``entry`` (keys / values of its ``tokens``: the prompt of ``conversation`` + the generated
+        ``reply``) in place of the entry the turn started from, under the keys the conversation's next turn and a
+        re-sampled turn look up."""
         if replaces is not None:
             for key in list(replaces.keys):
                 self._drop(key)
-        entry = _Entry(tokens, kv, sum(k.nbytes + v.nbytes for k, v in kv))
         if entry.nbytes > self.max_bytes:
             return
+        if entry.source is not None:
+            self._in_batch[id(entry)] = entry
         self.nbytes += entry.nbytes
         keys = [_conversation_key([*conversation, {"role": "assistant", "content": reply}])]
         if len(conversation) > 2:  # past the opening messages, which other conversations may share
@@ -129,6 +176,18 @@ class ConversationKV:
             entry.keys.remove(key)
             if not entry.keys:
                 self.nbytes -= entry.nbytes
+                self._in_batch.pop(id(entry), None)
+
+    def settle(self, conversations: list[Conversation]) -> None:
+        """Before a call generating for ``conversations``: copy out the entries still held in a batch's cache that
+        none of them looks up, so no batch cache stays referenced past the call after the one that made it."""
+        if not self._in_batch:
+            return
+        wanted = {id(self._keys.get(_conversation_key(c[:-1]))) for c in conversations if len(c) >= 2}
+        for key, entry in list(self._in_batch.items()):
+            if key not in wanted:
+                entry.materialize()
+                del self._in_batch[key]
 
 
 # batches of at least this many rows get a RoomyCache; one conversation keeps transformers' DynamicCache (at one
@@ -237,6 +296,7 @@ class HFBackend(ChatBackend):
         self.prompt_tokens = 0  # prompt tokens run through the model
         self.cached_tokens = 0  # prompt tokens whose keys / values were reused instead
         self.generated_tokens = 0
+        self.n_layers = text_config.num_hidden_layers
         self.max_positions = (getattr(self.lm.config, "n_positions", None)
                               or getattr(self.lm.config, "max_position_embeddings", 0))
 
@@ -261,6 +321,8 @@ class HFBackend(ChatBackend):
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         out: list[Generation | None] = [None] * len(encoded)
         max_pos = self.max_positions
+        if self.kv is not None:
+            self.kv.settle(conversations)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             max_new = sampling.max_tokens
@@ -292,11 +354,11 @@ class HFBackend(ChatBackend):
         ids = torch.tensor(rows, device=self.device)
         mask = torch.tensor(masks, device=self.device)
         kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
-        warpers = sampling_warpers(self.lm.generation_config, sampling) if sampling.temperature > 0 else None
+        processors = sampler_for(self.lm.generation_config, sampling) if sampling.temperature > 0 else None
         sampler = None
-        if warpers is not None:  # sampled, drawing noise for the tokens the warpers keep only (pipeline.llm.sampler)
-            sampler = GumbelSampler(logprobs=sampling.logprobs)
-            kwargs.update(do_sample=False, logits_processor=LogitsProcessorList([*warpers, sampler]),
+        if processors is not None:  # sampled, drawing noise for the tokens top-k / top-p keep only (llm.sampler)
+            sampler = processors[-1]
+            kwargs.update(do_sample=False, logits_processor=LogitsProcessorList(processors),
                           temperature=None, top_k=None, top_p=None, min_p=None)
         elif sampling.temperature > 0:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
@@ -310,8 +372,7 @@ class HFBackend(ChatBackend):
         if past_w:
             kwargs["past_key_values"] = self._past(hits, past_w, room)
         elif room:
-            kwargs["past_key_values"] = RoomyCache(self.lm.config.get_text_config(decoder=True).num_hidden_layers,
-                                                   room)
+            kwargs["past_key_values"] = RoomyCache(self.n_layers, room)
         gen = self.lm.generate(
             input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
             output_scores=sampling.logprobs and sampler is None, **kwargs,
@@ -344,17 +405,27 @@ class HFBackend(ChatBackend):
     def _past(self, hits: list[tuple[int, _Entry | None]], width: int, room: int) -> DynamicCache:
         """The reused keys / values of a batch, each row's right-aligned in ``width`` positions, in buffers with
         ``room`` positions to spare."""
-        ref_entry = next(e for _, e in hits if e is not None)
+        ref_entry = next(e for n, e in hits if n)
+        # each row's copies, the same in every layer: (row, entry, [(to, from, length), ...])
+        plans = []
+        for row, (n, e) in enumerate(hits):
+            if n:
+                at, copies = width - n, []
+                for start, m in e.spans(n):
+                    copies.append((at, start, m))
+                    at += m
+                plans.append((row, e, copies))
         layers = []
-        for layer in range(len(ref_entry.kv)):
+        for layer in range(ref_entry.n_layers):
             kv = []
             for part in (0, 1):
-                ref = ref_entry.kv[layer][part]
+                ref = ref_entry.held(layer, part)
                 t = ref.new_empty((len(hits), ref.shape[0], width + room, ref.shape[2]))
                 t[:, :, :width].zero_()
-                for row, (n, e) in enumerate(hits):
-                    if n:
-                        t[row, :, width - n : width] = e.kv[layer][part][:, :n]
+                for row, e, copies in plans:
+                    held = e.held(layer, part)
+                    for to, start, m in copies:
+                        t[row, :, to : to + m] = held[:, start : start + m]
                 kv.append(t)
             layers.append((kv[0], kv[1], width))
         if not room:
@@ -363,17 +434,22 @@ class HFBackend(ChatBackend):
 
     def _keep(self, conversations: list[Conversation], batch: list[list[int]], hits, mask: torch.Tensor,
               new: torch.Tensor, gens: list[Generation], cache) -> None:
-        """Keep each row's keys / values of prompt + generated tokens for the conversation's next turn."""
+        """Keep each row's keys / values of prompt + generated tokens for the conversation's next turn, where they
+        are: in the batch's cache (an ``_Entry`` with a ``source``; ``ConversationKV.settle`` copies out what the
+        next call does not reuse)."""
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         held = layers[0][0].shape[2]
         width = mask.shape[1]
         past_w = max(n for n, _ in hits)
+        per_token = sum(k.shape[1] * k.shape[3] * k.element_size() + v.shape[1] * v.shape[3] * v.element_size()
+                        for k, v in layers)
+        new_ids = new.tolist()
         for row, (c, b) in enumerate(zip(conversations, batch, strict=True)):
             k = min(gens[row].tokens_out, held - width)  # the last generated token was never fed back
             n = hits[row][0]
             # The row's real tokens: its reused prefix (right-aligned in the past block), then its new prompt
             # tokens and the generated ones (right-aligned in the rest), as _generate_batch laid them out.
-            positions = [*range(past_w - n, past_w), *range(width - (len(b) - n), width + k)]
-            keep = torch.tensor(positions, device=mask.device)
-            kv = [(key[row].index_select(1, keep), value[row].index_select(1, keep)) for key, value in layers]
-            self.kv.store(c, gens[row].text, b + new[row, :k].tolist(), kv, replaces=hits[row][1])
+            spans = [(a, z) for a, z in ((past_w - n, past_w), (width - (len(b) - n), width + k)) if z > a]
+            tokens = b + new_ids[row][:k]
+            entry = _Entry(tokens, None, per_token * len(tokens), source=(layers, row, spans))
+            self.kv.store(c, gens[row].text, entry, replaces=hits[row][1])
