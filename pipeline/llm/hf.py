@@ -105,7 +105,7 @@ class _Entry:
         if self.kv is None:
             n = len(self.tokens)
             self.kv = [tuple(torch.cat(self.pieces(layer, part, n), dim=1) for part in (0, 1))
-                       for layer in range(len(self.source[0]))]
+                       for layer in range(self.n_layers)]
             self.source = None
 
 
