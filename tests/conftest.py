@@ -116,6 +116,16 @@ NETHACK_TINY = [
 ]
 
 
+# NetHack's first message of a game: its welcome, or, on the nights it has one, the notice that follows it (NetHack
+# reads the machine's clock: full moon +1 luck, new moon, Friday the 13th -1 luck)
+NETHACK_OPENINGS = ("Hello Agent", "You are lucky!  Full moon tonight.", "Be careful!  New moon tonight.",
+                    "Watch out!  Bad things can happen on Friday the 13th.")
+
+
+def nethack_opening(message: str) -> bool:
+    return any(opening in message for opening in NETHACK_OPENINGS)
+
+
 def nethack_params(root: Path, *overrides: str):
     from pipeline.config import load_params
 

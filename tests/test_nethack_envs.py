@@ -5,6 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import nethack_opening
 from nle import nethack
 
 from pipeline.nethack.env import (
@@ -35,7 +36,7 @@ def test_tasks_step_and_report_messages(task):
     env = make_env(task, max_episode_steps=50)
     seed_env(env, 7)
     obs, _ = env.reset()
-    assert "Hello Agent" in decode_message(obs["message"])
+    assert nethack_opening(decode_message(obs["message"]))
     done, steps = False, 0
     while not done:
         obs, reward, terminated, truncated, info = env.step(steps % env.action_space.n)
