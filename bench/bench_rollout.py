@@ -59,20 +59,7 @@ def main() -> None:
     if args.compare:
         compare(policy, jobs, sampling, args.compare, args.rounds)
         return
-    kv_bytes = policy.kv.max_bytes if policy.kv is not None else 0
-
-    def play(batch: list) -> tuple[list[dict], float, float]:
-        """Play ``batch`` (all at once, or one episode at a time) from an empty KV store, as a rollout starts."""
-        if policy.kv is not None:
-            policy.kv = hf.ConversationKV(kv_bytes)
-        t0, c0 = time.perf_counter(), time.process_time()
-        if len(batch) == len(jobs):
-            rows = play_episodes(policy, batch, sampling, seed=0)
-        else:
-            rows = [row for job in batch for row in play_episodes(policy, [job], sampling, seed=0)]
-        return rows, time.perf_counter() - t0, time.process_time() - c0
-
-    play(jobs), play(jobs[:1])  # warm-up, untimed
+    timed_play(policy, jobs, sampling), timed_play(policy, jobs[:1], sampling, one_at_a_time=True)  # warm-up
     # The two modes alternate in short windows (a batched play of every episode, then 1/rounds of the episodes
     # one at a time), so a machine whose speed drifts slows both alike; each mode's figure pools its windows.
     totals = {"batched": [0, 0.0, 0.0], "sequential": [0, 0.0, 0.0]}
@@ -83,7 +70,7 @@ def main() -> None:
         for mode, batch in (("batched", jobs), ("sequential", jobs[r * chunk : (r + 1) * chunk])):
             if not batch:
                 continue
-            rows, wall, cpu = play(batch)
+            rows, wall, cpu = timed_play(policy, batch, sampling, one_at_a_time=mode == "sequential")
             turns = sum(row["turns"] for row in rows)
             for i, x in enumerate((turns, wall, cpu)):
                 totals[mode][i] += x
@@ -98,6 +85,19 @@ def main() -> None:
     print(f"ratio batched/sequential (turns/s): {(turns_b / t_b) / (turns_s / t_s):.2f}x wall, "
           f"{(turns_b / c_b) / (turns_s / c_s):.2f}x CPU  (per round, CPU: median {statistics.median(per_round):.2f}x, "
           f"{min(per_round):.2f}-{max(per_round):.2f}x)")
+
+
+def timed_play(policy, batch: list, sampling, one_at_a_time: bool = False) -> tuple[list[dict], float, float]:
+    """Play ``batch`` (together, or one episode at a time) from an empty KV store, as a rollout starts: the rows,
+    wall seconds and CPU seconds."""
+    if policy.kv is not None:
+        policy.kv = hf.ConversationKV(policy.kv.max_bytes)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if one_at_a_time:
+        rows = [row for job in batch for row in play_episodes(policy, [job], sampling, seed=0)]
+    else:
+        rows = play_episodes(policy, batch, sampling, seed=0)
+    return rows, time.perf_counter() - t0, time.process_time() - c0
 
 
 @contextlib.contextmanager
@@ -133,11 +133,8 @@ def compare(policy, jobs, sampling, what: str, rounds: int) -> None:
     for _ in range(rounds):
         for name in names:
             with variant(name):
-                if policy.kv is not None:
-                    policy.kv = hf.ConversationKV(policy.kv.max_bytes)
-                c0 = time.process_time()
-                rows[name] = play_episodes(policy, jobs, sampling, seed=0)
-                speed[name].append(sum(r["turns"] for r in rows[name]) / (time.process_time() - c0))
+                rows[name], _, cpu = timed_play(policy, jobs, sampling)
+            speed[name].append(sum(r["turns"] for r in rows[name]) / cpu)
     for name, xs in speed.items():
         print(f"{name:<13}: median {statistics.median(xs):7.1f} turns/CPU s  ({', '.join(f'{x:.1f}' for x in xs)})")
     ratio = statistics.median(speed[names[0]]) / statistics.median(speed[names[1]])
