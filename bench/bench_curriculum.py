@@ -25,10 +25,10 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from pipeline.artifacts import read_rows
-from pipeline.config import load_params
-from pipeline.curriculum import learning_potential
-from pipeline.stage import execute
+from pipeline.core.artifacts import read_rows
+from pipeline.core.config import load_params
+from pipeline.core.stage import execute
+from pipeline.text.curriculum import learning_potential
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import Params, RLNetHackVariant, load_params
+from pipeline.core.config import Params, RLNetHackVariant, load_params
 from pipeline.nethack.sf import SUMMARY, TABLE
 from stages.rl.appo import sf_args
 
@@ -34,7 +34,7 @@ def stand_in_reward_model(directory: Path) -> None:
     """An untrained reward model with real normalisation stats and a table of real NetHack messages."""
     import torch
 
-    from pipeline.artifacts import atomic_write_json
+    from pipeline.core.artifacts import atomic_write_json
     from pipeline.nethack.play import EnvSpec, StepRecorder, play_random
     from pipeline.nethack.reward import MessageRewardNet, RewardStats, save_reward_model
 

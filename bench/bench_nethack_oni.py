@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.config import LLMConfig, Params, RLNetHackVariant, load_params
+from pipeline.core.config import LLMConfig, Params, RLNetHackVariant, load_params
 from pipeline.nethack import oni
 from pipeline.nethack.sf import SUMMARY
 from stages.rl.appo import sf_args

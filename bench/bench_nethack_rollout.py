@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from pipeline.artifacts import ChunkedDataset, chunk_seed
+from pipeline.core.artifacts import ChunkedDataset, chunk_seed
 from pipeline.nethack.env import seed_env
 from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_random
 

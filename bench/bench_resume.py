@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.artifacts import read_manifest, read_rows
+from pipeline.core.artifacts import read_manifest, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -25,10 +25,10 @@ import time
 
 import torch
 
-from pipeline.config import load_params
+from pipeline.core.config import load_params
 from pipeline.llm import hf, sampling_from_config
-from pipeline.play import play_episodes
-from pipeline.policies import load_policy_backend, make_games
+from pipeline.text.play import play_episodes
+from pipeline.text.policies import load_policy_backend, make_games
 
 
 def main() -> None:

@@ -59,9 +59,9 @@ def main() -> None:
     import torch
     import yaml
 
-    from pipeline.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, load_params, parse_override
+    from pipeline.core.stage import execute
     from pipeline.flows import eval_sweep_flow
-    from pipeline.stage import execute
 
     torch.set_num_threads(1)
     overrides = ["tracking.enabled=false", f"data_dir={WORK / 'data'}", f"games.max_eval_tasks={args.eval_tasks}",

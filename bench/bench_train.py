@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import load_params
+from pipeline.core.config import load_params
 from pipeline.envs.base import make_game
 from pipeline.models import tiny, training
 from stages.bootstrap import scripted_episode

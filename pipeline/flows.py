@@ -1,6 +1,6 @@
 """Prefect flows: one per stage, ``pipeline`` (the whole DAG, in dvc.yaml order) and ``eval-sweep``.
 
-The ``pipeline`` flow runs exactly the code ``dvc repro`` runs (``pipeline.stage.execute``), skips stages
+The ``pipeline`` flow runs exactly the code ``dvc repro`` runs (``pipeline.core.stage.execute``), skips stages
 DVC already considers up to date, and records each finished stage with ``dvc commit`` so ``dvc.lock`` stays
 consistent: a ``dvc repro`` afterwards does nothing.
 """
@@ -20,13 +20,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from pipeline.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
-from pipeline.config import Params, load_params  # noqa: E402
-from pipeline.dag import dag_order  # noqa: E402
-from pipeline.errors import CurioError  # noqa: E402
-from pipeline.runners import started  # noqa: E402
-from pipeline.stage import STAGES, execute  # noqa: E402
-from pipeline.tracking import pipeline_run  # noqa: E402
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
+from pipeline.core.config import Params, load_params  # noqa: E402
+from pipeline.core.dag import dag_order  # noqa: E402
+from pipeline.core.errors import CurioError  # noqa: E402
+from pipeline.core.runners import started  # noqa: E402
+from pipeline.core.stage import STAGES, execute  # noqa: E402
+from pipeline.core.tracking import pipeline_run  # noqa: E402
 
 
 def _dvc(*args: str) -> subprocess.CompletedProcess:
@@ -141,7 +141,7 @@ def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: 
                    torch_threads: int | None = None) -> list[dict]:
     """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all.
     ``torch_threads``: set in a Dask / Ray worker process (one core each)."""
-    from pipeline.play import summarize
+    from pipeline.text.play import summarize
     from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
 
     if torch_threads is not None:
@@ -247,7 +247,7 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     × group × seed, results.md the mean ± std over seeds per group, success.png / mean_turns.png the same as
     bars with error bars."""
     import stages.evaluate  # noqa: F401 - import the model stack once, in this thread, before fanning out
-    from pipeline.policies import eval_groups
+    from pipeline.text.policies import eval_groups
 
     params = _params(params_file, overrides)
     cfg = params.eval_sweep

@@ -2,7 +2,7 @@
 
 The layout every stage follows (a new stage fits by doing the same):
 
-- ``metrics/stages/NAME.json``: every number the stage reports (written by ``pipeline.stage.execute``),
+- ``metrics/stages/NAME.json``: every number the stage reports (written by ``pipeline.core.stage.execute``),
   git-tracked (``cache: false`` in dvc.yaml), so ``dvc exp show`` / ``dvc exp diff`` of any commit or
   experiment can read it;
 - ``metrics/plots/…``: the stage's plot data, git-tracked too, drawn by the top-level ``plots:`` of dvc.yaml
@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.artifacts import atomic_write_bytes, atomic_write_json
-from pipeline.stage import Out, Stage
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
+from pipeline.core.stage import Out, Stage
 
 STAGE = Stage(
     "report",

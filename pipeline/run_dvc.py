@@ -27,9 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import ConfigError, load_params
-from pipeline.dag import branches, stage_parents
-from pipeline.tracking import pipeline_run
+from pipeline.core.config import ConfigError, load_params
+from pipeline.core.dag import branches, stage_parents
+from pipeline.core.tracking import pipeline_run
 
 _LINE_END = re.compile(rb"[\r\n]")
 # Stages beside dvc repro's get only the CPU time its stage leaves idle (Linux's SCHED_IDLE; elsewhere nice 19), so

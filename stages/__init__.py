@@ -1,1 +1,1 @@
-"""One module per stage kind: inputs, algorithm, outputs. See pipeline/stage.py for the contract."""
+"""One module per stage kind: inputs, algorithm, outputs. See pipeline/core/stage.py for the contract."""

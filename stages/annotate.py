@@ -15,20 +15,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
-from pipeline.config import Params
-from pipeline.judge import JudgeItem, make_judge
-from pipeline.runners import ChunkJob, loaded
-from pipeline.stage import Out, Stage, StageContext, StageResult
+from pipeline.core.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.runners import ChunkJob, loaded
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.text.judge import JudgeItem, make_judge
 
 NAME = "annotate-text"
 STAGE = Stage(
     NAME,
     params=["annotate_text"],
-    code=["pipeline/judge.py", "pipeline/prompts/judge.yaml"],
+    code=["pipeline/text/judge.py", "pipeline/text/prompts/judge.yaml"],
     data=["data/rollout_text"],
     outs=[Out("data/annotate_text", persist=True)],
-    notes={"pipeline/judge.py": "the judge's code and prompt: editing either re-judges"},
+    notes={"pipeline/text/judge.py": "the judge's code and prompt: editing either re-judges"},
 )
 ROWS_PER_CHUNK = 1024
 

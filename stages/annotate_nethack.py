@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.artifacts import (
+from pipeline.core.artifacts import (
     ChunkedDataset,
     chunk_seed,
     dataset_hash,
@@ -35,10 +35,10 @@ from pipeline.artifacts import (
     replace_rows,
     run_chunked,
 )
-from pipeline.config import AnnotateNetHackConfig, Params
+from pipeline.core.config import AnnotateNetHackConfig, Params
+from pipeline.core.runners import ChunkJob, loaded
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.nethack.captions import window_captions
-from pipeline.runners import ChunkJob, loaded
-from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "annotate-nethack"
 STAGE = Stage(

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from pipeline.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
-from pipeline.config import Params
+from pipeline.core.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.runners import ChunkJob
+from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
-from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
-from pipeline.runners import ChunkJob
-from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
 
 NAME = "evaluate-text"
 STAGE = Stage(
@@ -28,7 +28,8 @@ STAGE = Stage(
         "seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
         "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text",
     ],
-    code=["pipeline/play.py", "pipeline/policies.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/envs"],
+    code=["pipeline/text/play.py", "pipeline/text/policies.py", "stages/rl/archer.py", "stages/rl/chai.py",
+          "pipeline/envs"],
     data=["data/bootstrap", "data/train_policy/sft", "data/train_policy/dpo", "data/rl_text"],
     outs=[Out("data/evaluate_text", persist=True)],
     plots=[

@@ -19,11 +19,11 @@ from functools import partial
 
 import numpy as np
 
-from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
-from pipeline.config import ConfigError, Params
+from pipeline.core.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.core.config import ConfigError, Params
+from pipeline.core.runners import ChunkJob
+from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
-from pipeline.runners import ChunkJob
-from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "evaluate-nethack"
 STAGE = Stage(

@@ -5,7 +5,7 @@ Chosen: a success within ``turn_threshold`` turns of the task's best success; re
 more than ``turn_threshold`` turns worse than the best. Judge-invalid "successes" count as successes, as
 failures, or are dropped (``judge_label_strategy``); format-invalid episodes are dropped.
 
-``strategy: multiturn`` pairs single turns (CollabLLM-style multi-turn-aware reward, ``pipeline.multiturn_pairs``):
+``strategy: multiturn`` pairs single turns (CollabLLM-style multi-turn-aware reward, ``pipeline.text.multiturn_pairs``):
 per task, ``states_per_task`` conversation prefixes of the rollouts, ``num_candidates`` next turns each from the
 base policy, ``num_samples`` continuations per candidate played on for ``window_size`` agent turns and scored by
 ``pairs_text.judge``; chosen = the best candidate, rejected = the worst. Computed in chunks of ``tasks_per_chunk``
@@ -23,12 +23,12 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows, run_chunked
-from pipeline.config import ConfigError, Params
+from pipeline.core.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows, run_chunked
+from pipeline.core.config import ConfigError, Params
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
-from pipeline.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
-from pipeline.play import PROMPT_MESSAGES
-from pipeline.stage import Out, Stage, StageContext, StageResult
+from pipeline.text.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
+from pipeline.text.play import PROMPT_MESSAGES
 
 NAME = "pairs-text"
 STAGE = Stage(
@@ -39,8 +39,8 @@ STAGE = Stage(
         "rollout_text.environment",
     ],
     code=[
-        "pipeline/play.py", "pipeline/multiturn_reward.py", "pipeline/multiturn_pairs.py",
-        "pipeline/prompts/multiturn_judge.yaml",
+        "pipeline/text/play.py", "pipeline/text/multiturn_reward.py", "pipeline/text/multiturn_pairs.py",
+        "pipeline/text/prompts/multiturn_judge.yaml",
     ],
     data=["data/annotate_text", "data/bootstrap"],
     outs=[Out("data/pairs_text")],
@@ -104,8 +104,8 @@ def build(rows: list[dict], threshold: int, strategy: str, pairs_per_task: int,
 def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[str, str], h: str,
                     stats: dict[str, int]) -> dict[str, float | int]:
     """Write the per-turn pairs of every task to ``out`` (chunked, resumable); returns the LLM judge's ledger."""
-    from pipeline.play import task_from_row
-    from pipeline.policies import load_policy_backend, make_games, policy_path
+    from pipeline.text.play import task_from_row
+    from pipeline.text.policies import load_policy_backend, make_games, policy_path
 
     cfg = params.pairs_text
     by_task: dict[tuple[str, str], list[dict]] = defaultdict(list)

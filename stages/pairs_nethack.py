@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.artifacts import dataset_hash, read_table, run_chunked
-from pipeline.config import Params
-from pipeline.stage import Out, Stage, StageContext, StageResult
+from pipeline.core.artifacts import dataset_hash, read_table, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 
 NAME = "pairs-nethack"
 STAGE = Stage(

@@ -13,13 +13,13 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-from pipeline.artifacts import dataset_hash, dir_hash, read_rows, run_chunked
-from pipeline.config import Params
+from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.runners import ChunkJob
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
-from pipeline.policies import policy_path
-from pipeline.runners import ChunkJob
-from pipeline.stage import Out, Stage, StageContext, StageResult
+from pipeline.text.policies import policy_path
 
 NAME = "reflogprobs"
 STAGE = Stage(

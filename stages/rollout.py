@@ -1,11 +1,11 @@
 """rollout-text: the policy plays N train tasks × k trajectories, generation batched across episodes.
 
-Output: ``data/rollout_text`` — chunked Parquet, one row per episode (pipeline.play.EPISODE_SCHEMA). A chunk
+Output: ``data/rollout_text`` — chunked Parquet, one row per episode (pipeline.text.play.EPISODE_SCHEMA). A chunk
 is ``tasks_per_chunk`` tasks × k samples with its own seed, so a killed run resumes at the first missing
 chunk and produces exactly the rows an uninterrupted run would.
 
 With ``rollout_text.curriculum.enabled`` the chunks are curriculum rounds instead (PAPRIKA): each round the
-UCB curriculum (pipeline/curriculum.py) picks ``tasks_per_round`` train tasks, they are played k times, and
+UCB curriculum (pipeline/text/curriculum.py) picks ``tasks_per_round`` train tasks, they are played k times, and
 each task's learning potential (coefficient of variation of its k scores: turns, failures counted as the turn
 limit) updates its difficulty arm. The curriculum state before round i is rebuilt by replaying the picks and
 updates of the finished rounds 0..i-1 from their rows on disk (picks use per-round seeds), so a resumed run
@@ -21,24 +21,24 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-from pipeline.artifacts import chunk_seed, dir_hash, read_part, read_rows, run_chunked
-from pipeline.config import Params
-from pipeline.curriculum import UCBCurriculum
+from pipeline.core.artifacts import chunk_seed, dir_hash, read_part, read_rows, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.runners import ChunkJob
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.envs.base import Game, Task
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_accounting, environment_metrics
-from pipeline.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.policies import game_tasks, load_policy_backend, make_games, policy_path
-from pipeline.runners import ChunkJob
-from pipeline.stage import Out, Stage, StageContext, StageResult
+from pipeline.text.curriculum import UCBCurriculum
+from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_path
 
 NAME = "rollout-text"
 # Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"],
-    code=["pipeline/play.py", "pipeline/envs"],
+    code=["pipeline/text/play.py", "pipeline/envs"],
     data=["data/bootstrap"],
     outs=[Out("data/rollout_text", persist=True)],
 )

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import chunk_seed, file_sha256, read_table, run_chunked
-from pipeline.config import Params
+from pipeline.core.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.core.config import Params
+from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
-from pipeline.stage import Out, Stage, StageContext, StageResult
 
 NAME = "rollout-nethack"
 STAGE = Stage(

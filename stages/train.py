@@ -1,4 +1,4 @@
-"""What train-sft and train-dpo share: finishing a phase and its metrics (checkpoints: ``pipeline.checkpoints``).
+"""What train-sft and train-dpo share: finishing a phase and its metrics (checkpoints: ``pipeline.core.checkpoints``).
 
 The policy is trained in two stages so the reference of DPO can be the policy DPO starts from (PAPRIKA):
 train-sft (SFT on the best trajectories) → reflogprobs (scores the pairs with ``train_policy.dpo.init``, the SFT
@@ -12,8 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_json
-from pipeline.checkpoints import mark_finished
+from pipeline.core.artifacts import atomic_write_json
+from pipeline.core.checkpoints import mark_finished
 from pipeline.models import tiny
 
 HISTORY = "loss_history.json"  # a finished phase's loss curve, kept beside its model

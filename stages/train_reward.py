@@ -22,9 +22,10 @@ import json
 import numpy as np
 import torch
 
-from pipeline.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_table
-from pipeline.checkpoints import finished, mark_finished, run_key
-from pipeline.config import Params
+from pipeline.core.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_table
+from pipeline.core.checkpoints import finished, mark_finished, run_key
+from pipeline.core.config import Params
+from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.reward import (
     STATS,
     MessageRewardNet,
@@ -35,7 +36,6 @@ from pipeline.nethack.reward import (
     soft_bt_loss,
 )
 from pipeline.nethack.sf import TABLE
-from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 
 NAME = "train-reward"
 STAGE = Stage(

@@ -6,13 +6,13 @@ and the merged (plain) model is saved. Resumes from ``data/train_policy/sft/chec
 
 from __future__ import annotations
 
-from pipeline.artifacts import dataset_hash, dir_hash, read_rows
-from pipeline.checkpoints import finished, keyed_dir, run_key
-from pipeline.config import Params
+from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
+from pipeline.core.checkpoints import finished, keyed_dir, run_key
+from pipeline.core.config import Params
+from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
-from pipeline.policies import policy_path
-from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.text.policies import policy_path
 from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-sft"

@@ -44,7 +44,7 @@ def make_project(tmp: Path, overrides: list[str]) -> Path:
     """A copy of the repo's project files with params.yaml overridden, in which stages can run."""
     import yaml
 
-    from pipeline.config import _set_dotted, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
 
     proj = tmp / "proj"
     proj.mkdir()
@@ -68,8 +68,8 @@ def judge_sources() -> list[str]:
     import inspect
     from unittest import mock
 
-    from pipeline import judge
     from pipeline.llm.prompts import load_prompt
+    from pipeline.text import judge
 
     load_prompt.cache_clear()  # a prompt parsed earlier in the session would not be read again
     read: list[Path] = []
@@ -87,14 +87,14 @@ def judge_sources() -> list[str]:
 
 TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
                "rl-text", "evaluate-text"]
-READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.stage)
+READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.core.stage)
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
     """A small project with every text stage run once, via `curio stage` (each run records the params keys it
     reads into READS_LOG: tests/test_stage_declarations.py)."""
-    from pipeline.stage import READS_ENV
+    from pipeline.core.stage import READS_ENV
 
     proj = make_project(tmp_path_factory.mktemp("trained"), SMALL)
     for name in TEXT_STAGES:
@@ -127,7 +127,7 @@ def nethack_opening(message: str) -> bool:
 
 
 def nethack_params(root: Path, *overrides: str):
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text("{}\n")
@@ -138,7 +138,7 @@ def nethack_params(root: Path, *overrides: str):
 def chain(tmp_path_factory):
     """rollout → annotate (embedding default) → pairs → train-reward, once per session (each run records the
     params keys it reads into READS_LOG beside the data)."""
-    from pipeline.stage import READS_ENV, execute
+    from pipeline.core.stage import READS_ENV, execute
 
     root = tmp_path_factory.mktemp("nethack")
     params = nethack_params(root)
@@ -163,7 +163,7 @@ def smollm2_dir() -> Path:
 def nethack_track(chain, tmp_path_factory):
     """The rest of the NetHack track on `chain`'s reward model: rl-nethack and evaluate-nethack, in a data
     directory of their own (recording the params keys they read into READS_LOG beside it)."""
-    from pipeline.stage import READS_ENV, execute
+    from pipeline.core.stage import READS_ENV, execute
 
     root = tmp_path_factory.mktemp("nethack_rl")
     (root / "data").mkdir()

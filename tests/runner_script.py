@@ -58,11 +58,11 @@ def main(params_file: str, out: Path) -> None:
     import cloudpickle
     from distributed import Client, LocalCluster
 
-    from pipeline.artifacts import read_rows, run_chunked
-    from pipeline.config import RunnerConfig, load_params
+    from pipeline.core.artifacts import read_rows, run_chunked
+    from pipeline.core.config import RunnerConfig, load_params
+    from pipeline.core.runners import ChunkJob, use_runner
+    from pipeline.core.stage import execute
     from pipeline.flows import eval_sweep_flow
-    from pipeline.runners import ChunkJob, use_runner
-    from pipeline.stage import execute
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this file
     summary: dict = {"seconds": {}}
@@ -77,8 +77,8 @@ def main(params_file: str, out: Path) -> None:
         lap("dask cluster")
         execute("rollout-text", params)
         # each worker that played chunks holds the one policy it loaded, for its next chunks
-        summary["cached_per_worker"] = list(client.run(lambda: len(__import__("pipeline.runners").runners._LOADED))
-                                            .values())
+        loaded = client.run(lambda: len(__import__("pipeline.core.runners").core.runners._LOADED))
+        summary["cached_per_worker"] = list(loaded.values())
         for stage in ("annotate-text", "evaluate-text"):
             execute(stage, params)
         lap("dask stages")

@@ -15,13 +15,13 @@ import pytest
 import torch
 from conftest import SMALL, curio, make_project
 
-from pipeline.artifacts import read_manifest, read_rows
-from pipeline.config import ConfigError, load_params
+from pipeline.core.artifacts import read_manifest, read_rows
+from pipeline.core.config import ConfigError, load_params
+from pipeline.core.stage import StageContext, declaration, stage_module
+from pipeline.core.tracking import Tracker
 from pipeline.models import tiny
 from pipeline.models.launch import use_processes
 from pipeline.models.training import dpo_train, sft_train, tokenize_pair
-from pipeline.stage import StageContext, declaration, stage_module
-from pipeline.tracking import Tracker
 
 ANIMALS = ["cat", "dog", "owl", "fox", "bee", "cow", "eel", "yak", "ant", "bat"]
 

@@ -21,7 +21,7 @@ import yaml
 from conftest import REPO, curio, make_project
 from conftest import run_in_project as _run
 
-from pipeline.artifacts import dataset_hash
+from pipeline.core.artifacts import dataset_hash
 
 SCRIPTED = ["tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.4",
             "games.max_train_tasks=4", "games.max_eval_tasks=2", "rollout_text.trajectories_per_task=1",

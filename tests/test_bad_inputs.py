@@ -24,7 +24,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline import cli
-from pipeline.artifacts import (
+from pipeline.core.artifacts import (
     MANIFEST,
     MODEL_MANIFEST,
     ChunkedDataset,
@@ -33,8 +33,8 @@ from pipeline.artifacts import (
     save_model_dir,
     verify_model,
 )
-from pipeline.config import ConfigError, LLMConfig, load_params
-from pipeline.errors import InputError
+from pipeline.core.config import ConfigError, LLMConfig, load_params
+from pipeline.core.errors import InputError
 from pipeline.llm import make_backend
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache
@@ -590,7 +590,7 @@ def test_flaky_server_annotate_nethack_ends_with_unknown_only_for_persistent_gar
 
 def test_a_producer_reading_its_own_parts_mid_run_sees_the_new_ones(tmp_path):
     """rollout-text's curriculum reads the rounds it already wrote while the old output is still in place."""
-    from pipeline.artifacts import read_part
+    from pipeline.core.artifacts import read_part
 
     out = tmp_path / "ds"
     run_chunked(out, num_chunks=2, make_chunk=lambda i: [{"x": i}], params_hash="old")

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from pipeline.curriculum import UCBCurriculum, learning_potential, turns_with_failures
 from pipeline.envs.base import make_game
+from pipeline.text.curriculum import UCBCurriculum, learning_potential, turns_with_failures
 
 TASKS = {"e1": "easy", "e2": "easy", "m1": "medium", "m2": "medium", "h1": "hard", "h2": "hard"}
 

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from conftest import REPO, curio
 
-from pipeline.artifacts import read_rows
-from pipeline.config import ConfigError, _set_dotted, load_params, parse_override
-from pipeline.logo import logo_params, logo_report, run_logo, stages_for
-from pipeline.play import summarize
-from pipeline.policies import eval_groups
-from pipeline.stage import execute, stage_module
+from pipeline.core.artifacts import read_rows
+from pipeline.core.config import ConfigError, _set_dotted, load_params, parse_override
+from pipeline.core.stage import execute, stage_module
+from pipeline.text.logo import logo_params, logo_report, run_logo, stages_for
+from pipeline.text.play import summarize
+from pipeline.text.policies import eval_groups
 
 GROUPS = ["wordle", "cellular_automata", "mastermind"]
 SCRIPTED = [
@@ -111,7 +111,7 @@ def test_bootstrap_pretrains_on_training_then_evaluation_only_groups(tmp_path):
 
 
 def test_run_logo_walks_the_text_dag_with_the_logo_params(tmp_path, monkeypatch):
-    import pipeline.logo as logo_mod
+    import pipeline.text.logo as logo_mod
 
     seen = []
     monkeypatch.setattr(logo_mod, "execute", lambda name, p: seen.append((name, p.games.groups, p.data_dir)))

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from pipeline.envs.base import Task, make_game
-from pipeline.multiturn_reward import exact_information_gain
+from pipeline.text.multiturn_reward import exact_information_gain
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from pipeline.envs.base import make_game
-from pipeline.judge import parse_verdict
 from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.text.judge import parse_verdict
 
 
 class ScriptedBackend(ChatBackend):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 #: What pipeline/llm may import from the project: itself, params, errors, artifacts and the chat-model helpers.
-LLM_MAY_IMPORT = ("pipeline.llm", "pipeline.config", "pipeline.errors", "pipeline.artifacts",
+LLM_MAY_IMPORT = ("pipeline.llm", "pipeline.core.config", "pipeline.core.errors", "pipeline.core.artifacts",
                   "pipeline.models.chat", "pipeline.models.gguf", "pipeline.models.masks")
 
 

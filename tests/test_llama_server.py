@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from llama_server import LlamaServer, UsageProxy
 
-from pipeline.artifacts import read_rows, read_table
-from pipeline.config import load_params
-from pipeline.stage import execute
+from pipeline.core.artifacts import read_rows, read_table
+from pipeline.core.config import load_params
+from pipeline.core.stage import execute
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from pipeline.config import LLMConfig, Params
+from pipeline.core.config import LLMConfig, Params
 from pipeline.llm import CachedBackend, EmbeddingBackend, make_backend, make_environment, sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import check_role, llm_roles

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeServer, host_reply
 
-from pipeline.config import load_params
+from pipeline.core.config import load_params
 from pipeline.envs.base import make_game
 from pipeline.envs.llm_host import environment_messages
 from pipeline.envs.twenty_questions import oracle_reply
 from pipeline.llm import CachedBackend, Ledger
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.environment import environment_accounting, environment_metrics
-from pipeline.policies import make_games
+from pipeline.text.policies import make_games
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,8 +148,8 @@ def server():
 
 def _rollout(params, monkeypatch):
     import stages.rollout
-    from pipeline.artifacts import read_rows
-    from pipeline.stage import execute
+    from pipeline.core.artifacts import read_rows
+    from pipeline.core.stage import execute
 
     monkeypatch.setattr(stages.rollout, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
     result = execute("rollout-text", params)
@@ -228,7 +228,7 @@ def test_rollout_with_an_openai_environment_end_to_end(server, tmp_path, monkeyp
 
 def test_evaluate_text_reports_one_environment_ledger_over_all_policies(server, tmp_path, monkeypatch):
     import stages.evaluate
-    from pipeline.stage import execute
+    from pipeline.core.stage import execute
 
     monkeypatch.setenv("CURIO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(stages.evaluate, "load_policy_backend", lambda *a, **k: ScriptedPolicy())

@@ -9,13 +9,13 @@ import time
 import pytest
 from fake_openai_server import CURIO_RULES, FakeServer
 
-from pipeline.config import LLMConfig, Params, load_params
+from pipeline.core.config import LLMConfig, Params, load_params
+from pipeline.core.tracking import flatten_params
 from pipeline.llm import CachedBackend, make_backend, sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import CheckFailed, check_role
 from pipeline.llm.openai_backend import OpenAIBackend
 from pipeline.nethack.annotation import annotate_preferences, label_messages
-from pipeline.tracking import flatten_params
 
 KEY_ENV = "CURIO_TEST_LLM_KEY"
 SENTINEL = "sk-curio-SENTINEL-7f3a9c"
@@ -279,7 +279,7 @@ def test_check_role_over_http(server, key, tmp_path):
 @pytest.mark.slow
 def test_api_key_absent_from_a_real_mlflow_run(server, key, cache_dir, tmp_path, monkeypatch):
     """A stage run logging an openai judge's params and ledger: the key is nowhere in the MLflow store."""
-    from pipeline.tracking import stage_run
+    from pipeline.core.tracking import stage_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)

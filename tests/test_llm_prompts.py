@@ -3,7 +3,6 @@
 import pytest
 
 from pipeline.envs.llm_host import environment_messages, parse_environment_reply
-from pipeline.judge import judge_messages, parse_verdict
 from pipeline.nethack.annotation import (
     RETRY_PROMPT,
     message_label_messages,
@@ -13,6 +12,7 @@ from pipeline.nethack.annotation import (
     preference_messages,
     preference_templates,
 )
+from pipeline.text.judge import judge_messages, parse_verdict
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import time
 import pytest
 from fake_openai_server import FakeServer
 
-from pipeline.config import LLMConfig
+from pipeline.core.config import LLMConfig
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
 from pipeline.llm.openai_backend import OpenAIBackend

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from pipeline.config import LLMConfig
+from pipeline.core.config import LLMConfig
 from pipeline.envs.base import Game, StepResult, Task, register
 from pipeline.envs.llm_host import (
     EnvironmentQuery,
@@ -12,10 +12,10 @@ from pipeline.envs.llm_host import (
     answer_yes_no_batch,
     environment_default_reply,
 )
-from pipeline.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
 from pipeline.llm import CachedBackend, Ledger
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.nethack.annotation import RETRY_PROMPT, annotate_preferences, label_messages
+from pipeline.text.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
 
 
 class ScriptedBackend(ChatBackend):

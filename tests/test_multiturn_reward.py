@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from pipeline.multiturn_reward import (
+from pipeline.text.multiturn_reward import (
     RewardWeights,
     entropy,
     information_gain,

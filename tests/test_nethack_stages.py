@@ -12,10 +12,10 @@ from conftest import NETHACK_TINY as TINY
 from conftest import nethack_opening
 from conftest import nethack_params as make_params
 
-from pipeline.artifacts import read_manifest, read_table
-from pipeline.config import Params, load_params
+from pipeline.core.artifacts import read_manifest, read_table
+from pipeline.core.config import Params, load_params
+from pipeline.core.stage import StageContext, execute
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.stage import StageContext, execute
 
 
 class FakeJudge(ChatBackend):
@@ -272,7 +272,7 @@ def test_rl_stage_killed_mid_training_stops_its_trainer_and_resumes(chain, tmp_p
     overrides = [*TINY, "rl_nethack.train_for_env_steps=500000", "rl_nethack.extra_args=['--save_every_sec=2']"]
     import yaml
 
-    from pipeline.config import _set_dotted, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
 
     raw: dict = {}
     for o in overrides:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, LLMConfig, load_params
+from pipeline.core.config import ConfigError, LLMConfig, load_params
 from pipeline.envs.base import make_game
 from pipeline.envs.twenty_questions import knowledge_base
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.multiturn_pairs import (
+from pipeline.text.multiturn_pairs import (
     UNPARSEABLE_REWARD,
     Candidate,
     ContinuationJudge,
@@ -22,8 +22,8 @@ from pipeline.multiturn_pairs import (
     split_quality,
     task_states,
 )
-from pipeline.multiturn_reward import RewardWeights
-from pipeline.play import history_of, resume_episodes
+from pipeline.text.multiturn_reward import RewardWeights
+from pipeline.text.play import history_of, resume_episodes
 from stages.pairs import build, effective_success, split_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ class FakeJudge(ChatBackend):
 
 
 def test_llm_judge_scores_the_same_dimensions_and_unreadable_answers_are_dropped():
-    from pipeline.multiturn_pairs import parse_multiturn_scores
+    from pipeline.text.multiturn_pairs import parse_multiturn_scores
 
     assert parse_multiturn_scores("<interactivity>0.8</interactivity> <information_gain>.5</information_gain> "
                                   "<accuracy> Very close </accuracy>") == {
@@ -336,9 +336,9 @@ def format_model(tmp_path_factory) -> Path:
 def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
     from conftest import SMALL
 
-    from pipeline.artifacts import read_manifest, read_rows
+    from pipeline.core.artifacts import read_manifest, read_rows
+    from pipeline.core.stage import execute
     from pipeline.models.training import dpo_train
-    from pipeline.stage import execute
 
     data = tmp_path / "data"
     shutil.copytree(format_model, data / "bootstrap" / "model")
@@ -390,8 +390,8 @@ def test_multiturn_stage_end_to_end_on_a_tiny_model(format_model, tmp_path):
 
 
 def test_exact_scores_read_the_city_knowledge_base_too():
-    from pipeline.multiturn_pairs import knowledge_base_candidates
-    from pipeline.multiturn_reward import exact_information_gain
+    from pipeline.text.multiturn_pairs import knowledge_base_candidates
+    from pipeline.text.multiturn_reward import exact_information_gain
 
     game = make_game("guess_my_city")
     task = game.tasks("train")[0]

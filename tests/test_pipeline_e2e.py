@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import NETHACK_TINY, SMALL, curio, judge_sources, make_project
 
-from pipeline.artifacts import read_manifest, read_rows
-from pipeline.registry import STAGES
+from pipeline.core.artifacts import read_manifest, read_rows
+from pipeline.core.registry import STAGES
 
 
 def start(args, cwd):
@@ -95,11 +95,11 @@ def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypat
     import math
 
     import stages.train_dpo as train_dpo
-    from pipeline.config import ConfigError, load_params
+    from pipeline.core.config import ConfigError, load_params
+    from pipeline.core.stage import execute
     from pipeline.llm.hf import load_policy
     from pipeline.models import training
     from pipeline.models.training import sequence_logps
-    from pipeline.stage import execute
 
     pairs = read_rows(trained / "data" / "reflogprobs")
     sft, _ = load_policy(trained / "data" / "train_policy" / "sft")
@@ -180,7 +180,7 @@ def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(
         return set(status)
 
     def set_param(key: str, value) -> None:
-        from pipeline.config import _set_dotted
+        from pipeline.core.config import _set_dotted
 
         raw = yaml.safe_load((proj / "params.yaml").read_text())
         _set_dotted(raw, key, value)

@@ -2,7 +2,7 @@
 
 from pipeline.envs.base import extract_answer, make_game
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.play import play_episodes, summarize
+from pipeline.text.play import play_episodes, summarize
 
 
 class Scripted(ChatBackend):

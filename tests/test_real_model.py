@@ -5,7 +5,7 @@ import random
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.config import load_params, preset_overrides
+from pipeline.core.config import load_params, preset_overrides
 from pipeline.envs.base import FORMAT_RULE
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
@@ -53,7 +53,7 @@ def test_every_llm_role_can_name_the_real_model(smollm2_dir):
 
 def test_format_prompt_teaches_the_answer_format_only_when_asked():
     from pipeline.envs.base import extract_answer
-    from pipeline.policies import game_tasks, make_games
+    from pipeline.text.policies import game_tasks, make_games
 
     default = load_params("params.yaml")
     [game] = make_games(default)
@@ -81,8 +81,8 @@ def test_format_prompt_teaches_the_answer_format_only_when_asked():
 
 def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
     from pipeline.llm.base import ChatBackend, Generation
-    from pipeline.play import play_episodes
-    from pipeline.policies import game_tasks, make_games
+    from pipeline.text.play import play_episodes
+    from pipeline.text.policies import game_tasks, make_games
 
     class Untagged(ChatBackend):  # a chat model that names a secret without the tags, then chats on
         def generate(self, conversations, sampling):

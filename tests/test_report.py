@@ -83,9 +83,9 @@ def test_dvc_yaml_plots_point_at_files_stages_write():
 
 def test_dataset_cards_explain_every_column(tmp_path):
     """A README.md next to each dataset a stage writes; every column of the text episodes is documented."""
-    from pipeline.artifacts import run_chunked
-    from pipeline.cards import COLUMNS, write_cards
-    from pipeline.play import EPISODE_SCHEMA
+    from pipeline.core.artifacts import run_chunked
+    from pipeline.core.cards import COLUMNS, write_cards
+    from pipeline.text.play import EPISODE_SCHEMA
 
     out = tmp_path / "rollout_text"
     row = {f.name: None for f in EPISODE_SCHEMA}
@@ -101,8 +101,8 @@ def test_dataset_cards_explain_every_column(tmp_path):
 
 def test_report_runs_after_every_stage_in_the_prefect_pipeline():
     """The report depends on the metrics/stages directory every stage writes into: last in dag order."""
-    from pipeline.dag import dag_order
-    from pipeline.stage import STAGES
+    from pipeline.core.dag import dag_order
+    from pipeline.core.stage import STAGES
 
     order = dag_order(REPO / "dvc.yaml")
     assert order[-1] == "report" and set(order[:-1]) == set(STAGES)

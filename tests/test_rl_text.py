@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import Params
+from pipeline.core.config import Params
 from pipeline.llm.base import ChatBackend, Generation
-from pipeline.policies import game_tasks, make_games
+from pipeline.text.policies import game_tasks, make_games
 from stages.rl.archer import (
     DoubleCritic,
     actor_loss,
@@ -201,8 +201,8 @@ def test_val_split_is_carved_from_train_deterministically_and_default_is_unchang
 
 def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(tmp_path, monkeypatch):
     import stages.rl.archer
-    from pipeline.config import load_params
-    from pipeline.stage import StageContext, StageResult, stage_module
+    from pipeline.core.config import load_params
+    from pipeline.core.stage import StageContext, StageResult, stage_module
 
     params = load_params("params.yaml", [f"data_dir={tmp_path}", "rl_text.algorithm=archer"])
     out = params.data_path("rl_text")

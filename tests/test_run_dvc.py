@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline import run_dvc
-from pipeline.dag import ancestors, branches, dag_order, stage_parents
+from pipeline.core.dag import ancestors, branches, dag_order, stage_parents
 
 REPO = Path(__file__).resolve().parents[1]
 

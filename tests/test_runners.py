@@ -15,9 +15,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pipeline.artifacts import read_rows
-from pipeline.config import _set_dotted, load_params, parse_override
-from pipeline.stage import execute
+from pipeline.core.artifacts import read_rows
+from pipeline.core.config import _set_dotted, load_params, parse_override
+from pipeline.core.stage import execute
 
 SCRIPTED = [
     "tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.4",

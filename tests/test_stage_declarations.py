@@ -12,10 +12,10 @@ import yaml
 from conftest import READS_LOG, REPO, judge_sources
 from pydantic import BaseModel
 
-from pipeline.config import Params, UndeclaredParamError, load_params
+from pipeline.core.config import Params, UndeclaredParamError, load_params
+from pipeline.core.registry import STAGES
+from pipeline.core.stage import Stage, declaration, declared_stages, execute
 from pipeline.generate import generate, render_dvc_yaml
-from pipeline.registry import STAGES
-from pipeline.stage import Stage, declaration, declared_stages, execute
 
 
 def covered(key: str, declared: list[str]) -> bool:
@@ -24,14 +24,14 @@ def covered(key: str, declared: list[str]) -> bool:
 
 
 def test_generated_files_are_current():
-    """dvc.yaml, pipeline/registry.py and params.yaml are what `curio generate` writes from the declarations."""
+    """dvc.yaml, pipeline/core/registry.py and params.yaml are what `curio generate` writes from the declarations."""
     stale = generate(REPO, check=True)
     assert not stale, f"out of date: {', '.join(map(str, stale))}; run `curio generate`"
 
 
 def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
-    (tmp_path / "pipeline").mkdir()
-    for name in ("dvc.yaml", "params.yaml", "pipeline/registry.py"):
+    (tmp_path / "pipeline" / "core").mkdir(parents=True)
+    for name in ("dvc.yaml", "params.yaml", "pipeline/core/registry.py"):
         (tmp_path / name).write_text((REPO / name).read_text())
     stale = (REPO / "dvc.yaml").read_text().replace("      - stages/annotate.py\n", "", 1)  # a dep removed by hand
     (tmp_path / "dvc.yaml").write_text(stale)
@@ -45,8 +45,8 @@ def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(
     """params.yaml's shape and help come from the schema; its values are the user's baseline until --defaults."""
     from pipeline.generate import kept_values
 
-    (tmp_path / "pipeline").mkdir()
-    for name in ("dvc.yaml", "pipeline/registry.py"):
+    (tmp_path / "pipeline" / "core").mkdir(parents=True)
+    for name in ("dvc.yaml", "pipeline/core/registry.py"):
         (tmp_path / name).write_text((REPO / name).read_text())
     (tmp_path / "params.yaml").write_text("seed: 3\nrollout_text:\n  top_p: 0.9\n")  # hand-written, partial
     assert generate(tmp_path) == [tmp_path / "params.yaml"]
@@ -158,7 +158,7 @@ def test_annotate_text_depends_on_the_judge_code_and_prompt():
 
 # -- reads ⊆ declared, on every stage of both tracks ----------------------------------------------------------------
 def test_every_stage_reads_what_it_declares_and_nothing_else(trained, chain, nethack_track):
-    """Each stage ran on a tiny budget with the whole params wrapped in a recorder (pipeline.stage.READS_ENV):
+    """Each stage ran on a tiny budget with the whole params wrapped in a recorder (pipeline.core.stage.READS_ENV):
     the text track in `trained`, the NetHack track in `chain` and `nethack_track`. Every key read is declared
     (a key DVC does not watch would not rerun the stage), and every declared key is read."""
     logs = [trained / READS_LOG, *(Path(p.data_dir).parent / READS_LOG for p in (chain, nethack_track))]

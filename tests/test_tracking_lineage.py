@@ -15,8 +15,8 @@ import pytest
 from conftest import make_project
 from test_nethack_stages import TINY
 
-from pipeline.artifacts import dataset_hash
-from pipeline.stage import digest
+from pipeline.core.artifacts import dataset_hash
+from pipeline.core.stage import digest
 
 STAGES = ("rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward")
 

@@ -1,4 +1,4 @@
-"""A stage's MLflow calls run in its tracking process (python -m pipeline.tracking): the stage process never
+"""A stage's MLflow calls run in its tracking process (python -m pipeline.core.tracking): the stage process never
 imports MLflow, the calls arrive in order, and the run ends FINISHED, FAILED or KILLED as the stage did."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tracking import TrackingError, stage_run
+from pipeline.core.tracking import TrackingError, stage_run
 
 
 def _client(store: Path):
@@ -32,7 +32,7 @@ def _runs(store: Path, experiment: str) -> list:
 LOGGING = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from pipeline.tracking import stage_run
+    from pipeline.core.tracking import stage_run
 
     model = Path("model"); model.mkdir(); (model / "weights.bin").write_bytes(b"w")
     with stage_run("probe", {"a": {"b": 1}, "api_key": "SECRET"}, experiment="probe",
@@ -91,7 +91,7 @@ def test_a_stage_that_raises_ends_its_run_failed(tmp_path, monkeypatch, process)
 def test_a_killed_stage_process_leaves_its_run_killed_not_running(tmp_path):
     store = tmp_path / "mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
-    script = ("import time\nfrom pipeline.tracking import stage_run\n"
+    script = ("import time\nfrom pipeline.core.tracking import stage_run\n"
               "with stage_run('probe', {}, experiment='killed') as t:\n"
               "    t.log_metrics({'x': 1.0})\n    print('working', flush=True)\n    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)

@@ -85,14 +85,14 @@ def test_accepted_loss_types_are_the_installed_trl_dpo_losses():
 
     from trl import DPOConfig
 
-    from pipeline.config import DPO_LOSS_TYPES
+    from pipeline.core.config import DPO_LOSS_TYPES
 
     documented = re.findall(r"`'(\w+)'`", DPOConfig.__dataclass_fields__["loss_type"].metadata["help"])
     assert set(DPO_LOSS_TYPES) == set(documented) - {"sft"}  # sft is RPO's term: rpo_alpha
 
 
 def test_unusable_loss_types_are_one_line_config_errors(tiny_lm, tmp_path):
-    from pipeline.config import ConfigError, load_params
+    from pipeline.core.config import ConfigError, load_params
 
     with pytest.raises(ConfigError, match=r"train_policy\.dpo\.loss_type: unknown loss_type 'dpo'; valid: sigmoid, "):
         load_params("params.yaml", ["train_policy.dpo.loss_type=dpo"])
@@ -158,7 +158,7 @@ def fresh_copy(tiny_lm):
 
 
 def lora(**kw):
-    from pipeline.config import LoraConfigSection
+    from pipeline.core.config import LoraConfigSection
 
     return LoraConfigSection(enabled=True, r=4, alpha=8, **kw)
 
@@ -216,7 +216,7 @@ def test_lora_dpo_returns_the_merged_model_and_raises_the_margin(tiny_lm, tmp_pa
 
 
 def test_lora_config_maps_onto_peft():
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
     from pipeline.models.training import peft_config
 
     p = load_params("params.yaml", ["train_policy.lora.enabled=true", "train_policy.lora.r=16",
@@ -232,7 +232,7 @@ def test_default_lora_adapts_attention_only():
     """On by default, with peft's GPT-2 default: adapters on the attention projection, nothing else trains."""
     from peft import get_peft_model
 
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
     from pipeline.models.training import peft_config
 
     model = tiny.build_model(tiny.train_tokenizer(["a b"], 70), n_layer=2, n_embd=16, n_head=2, n_positions=64)

@@ -65,7 +65,7 @@ class Game(ABC):
     #: True when the score is turns used (lower is better); bandits score by reward instead.
     score_by_turns: ClassVar[bool] = True
     #: more teaching of the answer format, appended to the system prompt (``policy.format_prompt``, set by
-    #: ``pipeline.policies.make_games``); empty = the game's own prompt
+    #: ``pipeline.text.policies.make_games``); empty = the game's own prompt
     format_note: str = ""
     #: ``policy.free_answers``: a reply without the tags is read as a move (its first line) instead of unparseable
     free_answers: bool = False

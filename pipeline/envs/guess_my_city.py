@@ -9,7 +9,7 @@ answer" / "Goal reached", so the oracle never names the city or its country. Nam
 wins.
 
 ``candidates(history)`` gives the cities still consistent with a conversation: what the exact information
-gain of a question is computed from (see ``pipeline.multiturn_reward``).
+gain of a question is computed from (see ``pipeline.text.multiturn_reward``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Yes/no guessing games whose host is either the game's program or an LLM (twenty questions, guess my city).
 
 With ``game.environment`` None the game's own program oracle answers (``play``). With a chat backend there
-(``rollout_text.environment`` in params: ``pipeline.policies.make_games``), the host is PAPRIKA's LLM
+(``rollout_text.environment`` in params: ``pipeline.text.policies.make_games``), the host is PAPRIKA's LLM
 environment: each turn, the questions of every live episode go out in one batch through
 :func:`answer_yes_no_batch` (the ``prompts/environment.yaml`` prompt with the secret, its category and the
 (question, reply) history; strict Yes / No / Goal reached validation; re-asks with a correction through

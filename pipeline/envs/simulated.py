@@ -6,7 +6,7 @@ It signals success by saying "Goal reached". A reply that is empty, failed, or b
 ``reply_is_valid`` check is asked for again with a short correction (a new prompt, so a response cache does
 not hand back the same text; the loop is :func:`pipeline.llm.environment.valid_replies`, shared with the
 yes/no hosts); after ``max_env_retries`` the fixed ``fallback`` reply is used. The judge's answer to
-:meth:`SimulatedGame.judge_conversation` is read by :func:`pipeline.judge.parse_verdict`.
+:meth:`SimulatedGame.judge_conversation` is read by :func:`pipeline.text.judge.parse_verdict`.
 """
 
 from __future__ import annotations

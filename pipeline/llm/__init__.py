@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import ConfigError, LLMConfig, RolloutTextConfig
+from pipeline.core.config import ConfigError, LLMConfig, RolloutTextConfig
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
 from pipeline.llm.embedding import EmbeddingBackend

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.errors import ServerUnavailable
+from pipeline.core.errors import ServerUnavailable
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.ledger import Ledger
 

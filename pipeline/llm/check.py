@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.config import LLMConfig, Params, llm_roles
+from pipeline.core.config import LLMConfig, Params, llm_roles
 
 # Short names for the roles the stages use (README: policy, environment, judge, annotator); any dotted params key
 # naming an LLMConfig works too.
@@ -26,7 +26,7 @@ class CheckFailed(RuntimeError):
     """The request failed; the message is the full report."""
 
 
-#: Where the named policy lives (``pipeline.policies.policy_path``: the LLM layer knows no stages or games).
+#: Where the named policy lives (``pipeline.text.policies.policy_path``: the LLM layer knows no stages or games).
 PolicyPath = Callable[[Params, str], str]
 
 

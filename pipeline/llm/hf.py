@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer
 
-from pipeline.artifacts import verify_model
+from pipeline.core.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.sampler import sampler_for
 from pipeline.models.chat import encode_prompt, stop_token_ids

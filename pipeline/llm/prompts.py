@@ -1,7 +1,7 @@
 """Prompts as data: YAML templates loaded by the module that owns them, and filled with ``render``.
 
 Each concept keeps its prompts beside its code, with the builders that fill them and the strict parsers of the
-answers (``pipeline/envs/prompts/``: the yes/no games' LLM host; ``pipeline/prompts/``: the text track's
+answers (``pipeline/envs/prompts/``: the yes/no games' LLM host; ``pipeline/text/prompts/``: the text track's
 judges; ``pipeline/nethack/prompts/``: Motif and ONI annotation); this module only loads and renders.
 """
 

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import CurioError
-from pipeline.tracking import Tracker
+from pipeline.core.errors import CurioError
+from pipeline.core.tracking import Tracker
 
 _TRAINERS = ("sft_train", "dpo_train")
 _PROCESSES: contextvars.ContextVar[tuple[int, str | None]] = contextvars.ContextVar("curio_train_processes",
@@ -146,7 +146,7 @@ def launched_stage(module: str, stage: str, params, ctx, *, num_processes: int, 
     The processes read and write ``data_dir`` as the stage does (a filesystem they share); the params travel as
     the stage's declared slice.
     """
-    from pipeline.stage import StageResult, declaration
+    from pipeline.core.stage import StageResult, declaration
 
     job = params.data_path(f".{stage}.launch")
     shutil.rmtree(job, ignore_errors=True)
@@ -168,7 +168,7 @@ def _run_stage(job: Path) -> None:
     """One launched process of a stage: its ``run``; the main process writes the result and logged metrics."""
     from accelerate import PartialState
 
-    from pipeline.stage import StageContext, declaration
+    from pipeline.core.stage import StageContext, declaration
 
     spec = json.loads((job / "stage.json").read_text())
     params = declaration(spec["stage"]).params_model.model_validate(spec["params"])

@@ -151,7 +151,7 @@ def param_count(model) -> int:
 def save(model, tokenizer, path: Path) -> None:
     """save_pretrained beside ``path``, with a manifest of file hashes, then swapped in (the old model is
     replaced only once the new one is complete; ``verify_model`` checks it at load)."""
-    from pipeline.artifacts import save_model_dir
+    from pipeline.core.artifacts import save_model_dir
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)

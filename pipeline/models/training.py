@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from pipeline.config import ConfigError, LoraConfigSection, check_dpo_loss_type
+from pipeline.core.config import ConfigError, LoraConfigSection, check_dpo_loss_type
+from pipeline.core.tracking import Tracker
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.models.launch import launched, requested, world_size
 from pipeline.models.masks import install as install_masks
-from pipeline.tracking import Tracker
 
 install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
 
@@ -289,7 +289,7 @@ def dpo_train(
 ):
     """DPO (+ RPO's α·NLL on chosen) from pairs carrying prompt/chosen/rejected ids, masks and ref log-probs.
 
-    ``loss_type`` is any TRL DPOTrainer loss of ``pipeline.config.DPO_LOSS_TYPES`` (ConfigError otherwise): every
+    ``loss_type`` is any TRL DPOTrainer loss of ``pipeline.core.config.DPO_LOSS_TYPES`` (ConfigError otherwise): every
     one reads the stored reference log-probs, and the length-normalised ones (sigmoid_norm, ipo) divide both the
     policy's and the reference's sums by the same assistant-only token count. With ``lora`` enabled only LoRA
     adapters train; they are merged into the returned model unless ``merge`` is False.

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import atomic_write_json
+from pipeline.core.artifacts import atomic_write_json
 
 ONLINE_REWARDS = ("retrieval", "classification", "ranking", "cosine")
 REWARD_TYPES = ("motif", *ONLINE_REWARDS, "none")
@@ -315,7 +315,7 @@ class OnlineAnnotator:
     @property
     def backend(self) -> Any:
         if self._backend is None:
-            from pipeline.config import LLMConfig
+            from pipeline.core.config import LLMConfig
             from pipeline.llm import make_backend
 
             self._backend = make_backend(LLMConfig(**self.cfg["annotator"]), role="oni_annotator")
@@ -379,7 +379,7 @@ class OnlineAnnotator:
     def _label(self, batch: list[str]) -> None:
         """Label one batch and append it to labels.jsonl. A request that failed (server down, timeout) is not an
         attempt: the message stays pending as it was; an unparseable answer is, up to ``max_attempts``."""
-        from pipeline.config import LLMConfig
+        from pipeline.core.config import LLMConfig
         from pipeline.llm import sampling_from_config
         from pipeline.nethack.annotation import label_messages
 

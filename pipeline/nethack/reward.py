@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pipeline.artifacts import atomic_write_json, verify_model, write_model_manifest
+from pipeline.core.artifacts import atomic_write_json, verify_model, write_model_manifest
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

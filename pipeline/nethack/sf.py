@@ -360,7 +360,7 @@ def _summary_observer(path: Path, resumed_from: int):
 
     from sample_factory.algo.runners.runner import AlgoObserver
 
-    from pipeline.artifacts import atomic_write_json
+    from pipeline.core.artifacts import atomic_write_json
 
     curve_path = path.with_name(CURVE)
 

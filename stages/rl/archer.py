@@ -39,18 +39,18 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from pipeline.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
-from pipeline.checkpoints import keyed_dir, run_key
-from pipeline.config import ConfigError, Params
-from pipeline.errors import CurioError
+from pipeline.core.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.core.checkpoints import keyed_dir, run_key
+from pipeline.core.config import ConfigError, Params
+from pipeline.core.errors import CurioError
+from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend, Sampling
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.launch import launched_stage, requested, world_size
-from pipeline.play import play_episodes, summarize
-from pipeline.policies import game_tasks, make_games, policy_path
-from pipeline.stage import StageContext, StageResult
+from pipeline.text.play import play_episodes, summarize
+from pipeline.text.policies import game_tasks, make_games, policy_path
 from stages.rl.text import NAME, STAGE
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import Params
+from pipeline.core.config import Params
+from pipeline.core.stage import StageContext, StageResult
 from pipeline.envs.base import extract_answer
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
-from pipeline.stage import StageContext, StageResult
 from stages.rl.archer import DoubleCritic, train_loop
 
 CRITIC_DIR = "critic"

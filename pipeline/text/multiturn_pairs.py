@@ -2,13 +2,13 @@
 
 Per task, a seeded sample of conversation prefixes of the rollouts (each ending where the agent is to move);
 per prefix, several next turns sampled from the base policy; per candidate, a few continuations played on for a
-window of agent turns (``pipeline.play.resume_episodes``), each scored
+window of agent turns (``pipeline.text.play.resume_episodes``), each scored
 R = w_llm·mean(interactivity, information gain) + w_task·accuracy − min(w_cost·tokens, 1) and averaged.
 Chosen = the best candidate, rejected = the worst; ties (within a margin) give no pair. The scores come from a
 judge: rules ``exact`` computes them from the game's knowledge base (twenty questions, guess my city: accuracy =
 the continuation found the secret; interactivity = mean binary entropy of each question's yes/no answer over the
 secrets still possible; information gain = the share of the entropy removed by the continuation); any chat
-backend answers the ``multiturn_judge`` prompt (``pipeline/prompts/multiturn_judge.yaml``). A candidate
+backend answers the ``multiturn_judge`` prompt (``pipeline/text/prompts/multiturn_judge.yaml``). A candidate
 without a parseable ``<Answer>`` never reaches the environment: it gets R's floor, −1, below every playable turn.
 The ``pairs-text`` stage (``strategy: multiturn``) runs :func:`multiturn_chunk` per chunk of tasks.
 """
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.config import LLMConfig, PairsTextConfig
+from pipeline.core.config import LLMConfig, PairsTextConfig
 from pipeline.envs.base import Game, Task
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import load_prompt, render
-from pipeline.multiturn_reward import (
+from pipeline.text.multiturn_reward import (
     ACCURACY_SCORES,
     ConsistentCandidates,
     History,
@@ -43,7 +43,7 @@ from pipeline.multiturn_reward import (
     multiturn_aware_reward,
     prefer_turn,
 )
-from pipeline.play import PROMPT_MESSAGES
+from pipeline.text.play import PROMPT_MESSAGES
 
 _prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
 
@@ -207,7 +207,7 @@ class ContinuationJudge:
 
     @staticmethod
     def _exact(game: Game, task: Task, prefix: list[dict], row: dict) -> Scores:
-        from pipeline.play import history_of
+        from pipeline.text.play import history_of
 
         moves = history_of(row["conversation"])
         n = row["start_turns"]
@@ -264,7 +264,7 @@ def multiturn_chunk(
     """Per-turn pairs of some tasks, each given as (game, task, its annotated rollout rows)."""
     import torch
 
-    from pipeline.play import resume_episodes
+    from pipeline.text.play import resume_episodes
 
     stats = stats if stats is not None else defaultdict(int)
     rng = random.Random(seed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pipeline.config import RULES_MODELS, LLMConfig
+from pipeline.core.config import RULES_MODELS, LLMConfig
 from pipeline.envs.base import Game, Task, make_game
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask

@@ -3,8 +3,8 @@
 
 The declaration is the one place that says what a stage reads (``params``: dotted keys of params.yaml), what it
 depends on (``code``, ``data``) and what it writes (``outs``, ``plots``, trained ``models``). ``run`` receives
-only that params slice (plus :data:`pipeline.config.SHARED_KEYS`), so reading an undeclared key fails loudly;
-``curio generate`` writes dvc.yaml and the registry (:mod:`pipeline.registry`) from the declarations.
+only that params slice (plus :data:`pipeline.core.config.SHARED_KEYS`), so reading an undeclared key fails loudly;
+``curio generate`` writes dvc.yaml and the registry (:mod:`pipeline.core.registry`) from the declarations.
 ``execute`` adds what every stage shares: the MLflow run with lineage, the metrics file
 ``metrics/stages/NAME.json`` (git-tracked) and timing.
 """
@@ -25,13 +25,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
-from pipeline.cards import write_cards
-from pipeline.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.core.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
+from pipeline.core.cards import write_cards
+from pipeline.core.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.core.registry import STAGES
+from pipeline.core.runners import use_runner
+from pipeline.core.tracking import StageTracking, Tracker, git_tags
 from pipeline.models.launch import use_processes
-from pipeline.registry import STAGES
-from pipeline.runners import use_runner
-from pipeline.tracking import StageTracking, Tracker, git_tags
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
 #: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
@@ -90,7 +90,7 @@ class Stage:
 
     @cached_property
     def params_model(self) -> type[ParamsSlice]:
-        """The typed params slice ``run`` receives (:func:`pipeline.config.slice_model`)."""
+        """The typed params slice ``run`` receives (:func:`pipeline.core.config.slice_model`)."""
         return slice_model(self.name, self.params)
 
     def slice(self, params: Params) -> ParamsSlice:
@@ -211,7 +211,7 @@ def execute(name: str, params: Params) -> StageResult:
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
     ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
-    # MLflow loads in the tracking process (pipeline.tracking) while this one imports the stage's module
+    # MLflow loads in the tracking process (pipeline.core.tracking) while this one imports the stage's module
     with StageTracking(params.tracking.experiment, params.tracking.enabled, params.tracking.artifact_root,
                        params.tracking.uri) as tracking:
         stage = declaration(name)

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Literal
 
-from pipeline.config import LLMConfig, Params
+from pipeline.core.config import LLMConfig, Params
 from pipeline.envs.base import Game, Split, Task, format_note, make_game
 from pipeline.llm.base import ChatBackend
 from pipeline.models.gguf import resolve_model
@@ -34,7 +34,7 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
     ``groups``: the task groups it will play (default the training groups; the scripted policy needs them)."""
     path = policy_path(params, name_or_path)
     if params.policy.backend == "scripted":
-        from pipeline.scripted import ScriptedPolicy, parse_noise
+        from pipeline.text.scripted import ScriptedPolicy, parse_noise
 
         return ScriptedPolicy(make_games(params, groups), parse_noise(params.policy.model))
     if params.policy.backend == "hf":

@@ -9,7 +9,7 @@ view, not the GenAI one. Each stage run carries its lineage (``record_lineage``)
 A pipeline run (``curio pipeline`` / the Prefect ``pipeline`` flow) exports ``CURIO_PARENT_RUN_ID`` so the
 stage runs started by ``dvc repro`` or by the flow nest under it.
 
-A stage's MLflow calls run in a child process (``python -m pipeline.tracking``) started before the stage imports
+A stage's MLflow calls run in a child process (``python -m pipeline.core.tracking``) started before the stage imports
 its own libraries: importing MLflow and opening its store (~4 s) then happens on the other core, while the stage
 loads torch and its model, instead of before them. The stage process sends each call down a pipe (fire and
 forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import CurioError
+from pipeline.core.errors import CurioError
 
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
 # The tag MLflow 3's UI reads to pick an experiment's view; this value is its "model training" kind.
@@ -188,7 +188,7 @@ class StageTracking:
         if os.environ.get(PROCESS_ENV, "1") == "0":
             self.inline = _Handler()
         else:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.tracking"], stdin=subprocess.PIPE,
                                          text=True, encoding="utf-8")
         self._write({"op": "setup", "experiment": experiment, "artifact_root": artifact_root, "uri": uri})
 

@@ -6,7 +6,7 @@ transfer to held-out task groups).
 Rollouts and training read only ``games.groups``, evaluate-text only the evaluation groups, so the run learns
 from the pool and is measured on G alone; bootstrap pre-trains the built-in model on both (its world knowledge,
 as a real LLM's pre-training covers G too). ``run_logo`` runs evaluate-text and every stage it depends on in
-``dvc.yaml``, in DAG order, with ``pipeline.stage.execute`` (the code ``dvc repro`` runs), into that data dir;
+``dvc.yaml``, in DAG order, with ``pipeline.core.stage.execute`` (the code ``dvc repro`` runs), into that data dir;
 each stage resumes from what is already there. ``logo_report`` prints held-out success before (base) and
 after training (sft / dpo / rl) and writes it to ``<data_dir>/logo.md``.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import ConfigError, Params, _set_dotted
-from pipeline.stage import execute
+from pipeline.core.config import ConfigError, Params, _set_dotted
+from pipeline.core.stage import execute
 
 TARGET = "evaluate-text"
 
@@ -50,7 +50,7 @@ def logo_params(params: Params, group: str, pool: list[str] | None = None, data_
 
 def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """``target`` and every stage it depends on (an out of one stage that is a dep of another), in DAG order."""
-    from pipeline.dag import ancestors, dag_order, stage_parents
+    from pipeline.core.dag import ancestors, dag_order, stage_parents
 
     needed = ancestors(stage_parents(dvc_yaml), target) | {target}
     return [n for n in dag_order(dvc_yaml) if n in needed]
@@ -86,7 +86,7 @@ def logo_rows(params: Params, group: str) -> list[dict]:
 
 def logo_report(params: Params, group: str) -> str:
     """Markdown table: held-out success before (base) vs after (sft / dpo / rl); also written to logo.md."""
-    from pipeline.artifacts import atomic_write_bytes
+    from pipeline.core.artifacts import atomic_write_bytes
 
     rows = logo_rows(params, group)
     base = next((r["success_rate"] for r in rows if r["policy"] == "base"), None)

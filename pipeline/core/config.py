@@ -16,8 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from pipeline.artifacts import stable_hash
-from pipeline.errors import CurioError
+from pipeline.core.artifacts import stable_hash
+from pipeline.core.errors import CurioError
 
 
 class ConfigError(ValueError, CurioError):
@@ -110,7 +110,7 @@ class PolicyConfig(Section):
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:
         if self.backend == "scripted":
-            from pipeline.scripted import parse_noise
+            from pipeline.text.scripted import parse_noise
 
             parse_noise(self.model)  # ValueError -> "params: policy: ..." (one line)
         return self
@@ -168,7 +168,7 @@ class GamesConfig(Section):
 
 
 class CurriculumConfig(Section):
-    """PAPRIKA's UCB curriculum over difficulty arms (pipeline/curriculum.py) for rollout-text."""
+    """PAPRIKA's UCB curriculum over difficulty arms (pipeline/text/curriculum.py) for rollout-text."""
 
     enabled: bool = Field(False, description="play rounds of curriculum-picked tasks instead of every train "
                           "task once (each round is one Parquet part)")
@@ -730,7 +730,8 @@ def slice_model(stage: str, keys: list[str] | tuple[str, ...]) -> type[ParamsSli
             key = f"{path}.{name}" if path else name
             info = cls.model_fields.get(name)
             if info is None:
-                raise KeyError(f"stage {stage}: params key {key!r} is not in the params schema (pipeline/config.py)")
+                raise KeyError(f"stage {stage}: params key {key!r} is not in the params schema "
+                               "(pipeline/core/config.py)")
             if key in SHARED_KEYS:
                 raise KeyError(f"stage {stage}: {key!r} is given to every stage; do not declare it")
             if sub is None:

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 if TYPE_CHECKING:
-    from pipeline.runners import ChunkJob
+    from pipeline.core.runners import ChunkJob
 
 SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
@@ -106,7 +106,7 @@ def schema_text(schema: pa.Schema) -> str:
 
 def producing_stage(path: str | Path) -> str | None:
     """The dvc.yaml stage whose output holds ``path`` (``data/annotate_text`` → ``annotate-text``)."""
-    from pipeline.stage import STAGES
+    from pipeline.core.stage import STAGES
 
     for part in reversed(Path(path).parts):
         name = part.lstrip(".").removesuffix(".next").replace("_", "-")
@@ -454,12 +454,12 @@ def run_chunked(
     """Compute the missing chunks of a dataset (resuming), then mark it complete.
 
     ``make_chunk(index)`` must be deterministic given the index (derive its seed with :func:`chunk_seed`). A
-    :class:`~pipeline.runners.ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
+    :class:`~pipeline.core.runners.ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
     process writes each part as it comes back); a plain callable runs here, chunk after chunk.
     """
     from tqdm.auto import tqdm
 
-    from pipeline.runners import ChunkJob, active_runner, loaded, map_chunks, release
+    from pipeline.core.runners import ChunkJob, active_runner, loaded, map_chunks, release
 
     ds = ChunkedDataset(path, params_hash=params_hash, upstream=upstream)
     todo = [i for i in range(num_chunks) if i not in ds.finished()]

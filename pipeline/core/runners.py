@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
-    from pipeline.config import RunnerConfig
+    from pipeline.core.config import RunnerConfig
 
 # As in pipeline/flows.py, before prefect reads its settings: no analytics, and the ephemeral API gets more than
 # its default 20 s to start on a loaded machine.
@@ -35,7 +35,7 @@ _ACTIVE: contextvars.ContextVar[RunnerConfig | None] = contextvars.ContextVar("c
 
 @contextlib.contextmanager
 def use_runner(cfg: RunnerConfig) -> Iterator[None]:
-    """Run the chunked work started inside the block on ``cfg``'s runner (set by ``pipeline.stage.execute``)."""
+    """Run the chunked work started inside the block on ``cfg``'s runner (set by ``pipeline.core.stage.execute``)."""
     token = _ACTIVE.set(cfg)
     try:
         yield

@@ -1,6 +1,6 @@
 """Dataset cards: a ``README.md`` next to every chunked dataset a stage writes, explaining its columns.
 
-``pipeline.stage.execute`` writes one for each complete dataset under the stage's outs (and one level below,
+``pipeline.core.stage.execute`` writes one for each complete dataset under the stage's outs (and one level below,
 e.g. ``pairs_text/preferences``) after the stage finishes: the schema read from the Parquet parts, what each
 column means (``COLUMNS``), row count, params hash and upstream hashes from the manifest. A stage adding a
 column documents it here; an undocumented column is listed as such.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.artifacts import atomic_write_bytes, read_manifest
+from pipeline.core.artifacts import atomic_write_bytes, read_manifest
 
 COLUMNS: dict[str, str] = {
-    # text-track episodes (pipeline/play.py)
+    # text-track episodes (pipeline/text/play.py)
     "group": "task group (game) the episode was played in, e.g. twenty_questions",
     "task_id": "id of the task within its group",
     "secret": "the task's hidden state (e.g. the 20Q object) as plain-text JSON; the policy never sees it, "
@@ -82,7 +82,7 @@ def card(path: Path, stage: str) -> str:
                      for f in (schema or []))
     upstream = "\n".join(f"- {k}: `{v}`" for k, v in manifest.get("upstream", {}).items()) or "- (none)"
     return (f"# {path.name}\n\nWritten by stage `{stage}`: {manifest.get('rows', 0)} rows in {len(parts)} Parquet "
-            f"parts (`part-*.parquet`, read them in order, e.g. `pipeline.artifacts.read_rows`); `_manifest.json` "
+            f"parts (`part-*.parquet`, read them in order, e.g. `pipeline.core.artifacts.read_rows`); `_manifest.json` "
             f"holds each part's sha256.\n\n- params hash: `{manifest.get('params_hash')}`\n\n## Upstream\n\n"
             f"{upstream}\n\n## Columns\n\n| column | type | meaning |\n|---|---|---|\n{rows}\n")
 
