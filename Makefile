@@ -63,14 +63,16 @@ run: $(STAMP) plots-offline  ## the default DAG: dvc repro (nested under one MLf
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 
-test: $(DEV_STAMP) browser  ## the fast test suite
+test: $(DEV_STAMP) browser  ## the import contracts (pyproject.toml), then the fast test suite
+	$(BIN)/lint-imports
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
 test-slow: $(SERVER_STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow
 
-lint: $(DEV_STAMP)
+lint: $(DEV_STAMP)  ## ruff, and the layering of pipeline/ (import-linter's contracts in pyproject.toml)
 	$(BIN)/ruff check pipeline stages tests bench
+	$(BIN)/lint-imports
 
 bench: $(DEV_STAMP)
 	for f in bench/bench_*.py; do PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$f || exit 1; done

@@ -44,8 +44,9 @@ def main() -> None:
 
     import yaml
 
-    from pipeline.core.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
     from pipeline.core.stage import execute
+    from pipeline.params import load_params
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     for o in ["tracking.enabled=false", f"bootstrap.episodes={args.bootstrap_episodes}", "bootstrap.epochs=2",

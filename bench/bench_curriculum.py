@@ -26,8 +26,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from pipeline.core.artifacts import read_rows
-from pipeline.core.config import load_params
 from pipeline.core.stage import execute
+from pipeline.params import load_params
 from pipeline.text.curriculum import learning_potential
 
 REPO = Path(__file__).resolve().parents[1]

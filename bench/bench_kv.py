@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.config import load_params
 from pipeline.envs.base import extract_answer
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.params import load_params
 from pipeline.text.play import play_episodes
 from pipeline.text.policies import make_games, policy_path
 

@@ -31,9 +31,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.core.config import LLMConfig, Params, RLNetHackVariant, load_params
+from pipeline.core.config import LLMConfig, Params, RLNetHackVariant
 from pipeline.nethack import oni
 from pipeline.nethack.sf import SUMMARY
+from pipeline.params import load_params
 from stages.rl.appo import sf_args
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from pipeline.core.config import load_params
 from pipeline.llm import hf, sampling_from_config
+from pipeline.params import load_params
 from pipeline.text.play import play_episodes
 from pipeline.text.policies import load_policy_backend, make_games
 

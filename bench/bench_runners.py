@@ -59,9 +59,10 @@ def main() -> None:
     import torch
     import yaml
 
-    from pipeline.core.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
     from pipeline.core.stage import execute
     from pipeline.flows import eval_sweep_flow
+    from pipeline.params import load_params
 
     torch.set_num_threads(1)
     overrides = ["tracking.enabled=false", f"data_dir={WORK / 'data'}", f"games.max_eval_tasks={args.eval_tasks}",

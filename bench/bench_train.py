@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.config import load_params
 from pipeline.envs.base import make_game
 from pipeline.models import tiny, training
+from pipeline.params import load_params
 from stages.bootstrap import scripted_episode
 
 

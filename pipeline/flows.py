@@ -21,12 +21,16 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
-from pipeline.core.config import Params, load_params  # noqa: E402
+from pipeline.core.config import Params  # noqa: E402
 from pipeline.core.dag import dag_order  # noqa: E402
 from pipeline.core.errors import CurioError  # noqa: E402
 from pipeline.core.runners import started  # noqa: E402
 from pipeline.core.stage import STAGES, execute  # noqa: E402
 from pipeline.core.tracking import pipeline_run  # noqa: E402
+from pipeline.params import load_params  # noqa: E402
+from pipeline.report import stage_metrics, summaries, write_report  # noqa: E402
+from pipeline.text.play import summarize  # noqa: E402
+from pipeline.text.policies import eval_groups  # noqa: E402
 
 
 def _dvc(*args: str) -> subprocess.CompletedProcess:
@@ -66,16 +70,12 @@ STAGE_FLOWS = {name: _stage_flow(name) for name in STAGES}
 @flow(name="report", log_prints=True)
 def report_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> str:
     """The last node of dvc.yaml: track summaries and the HTML report (``curio report``)."""
-    from pipeline.report import write_report
-
     return str(write_report(_params(params_file, overrides)).resolve())
 
 
 def _publish(summary: dict[str, str], params: Params) -> None:
     """Prefect artifacts of a pipeline run: what ran, the headline numbers, a link to the report."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
-
-    from pipeline.report import stage_metrics, summaries
 
     lines = ["| stage | status |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary.items())]
     for track, sections in summaries(stage_metrics(params.metrics_path())).items():
@@ -141,7 +141,6 @@ def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: 
                    torch_threads: int | None = None) -> list[dict]:
     """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all.
     ``torch_threads``: set in a Dask / Ray worker process (one core each)."""
-    from pipeline.text.play import summarize
     from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
 
     if torch_threads is not None:
@@ -247,7 +246,6 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     × group × seed, results.md the mean ± std over seeds per group, success.png / mean_turns.png the same as
     bars with error bars."""
     import stages.evaluate  # noqa: F401 - import the model stack once, in this thread, before fanning out
-    from pipeline.text.policies import eval_groups
 
     params = _params(params_file, overrides)
     cfg = params.eval_sweep

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+import stages as stage_package
 from pipeline.core.config import LLMConfig, Params
-from pipeline.core.stage import Out, Plot, Stage, declared_stages
+from pipeline.core.stage import Out, Plot, Stage, dag_order
 
 WIDTH = 120
 TRACK_TITLES = {"text": "text track", "nethack": "nethack track", "summary": "summary and report"}
@@ -83,6 +86,17 @@ def plot_lines(stages: list[Stage]) -> list[str]:
         lines += [f"      template: {plot.template}"] if plot.template else []
         lines += [f"      x: {plot.x}", "      y:", f"        {plot.path}: {plot.y}"]
     return lines
+
+
+def declared_stages() -> list[Stage]:
+    """Every STAGE declared by a module under ``stages/`` (and the report), in DAG order."""
+    found = []
+    names = [m.name for m in pkgutil.walk_packages(stage_package.__path__, "stages.")] + ["pipeline.report"]
+    for module_name in names:
+        stage = getattr(importlib.import_module(module_name), "STAGE", None)
+        if isinstance(stage, Stage) and stage.module == module_name:  # not one imported from another module
+            found.append(stage)
+    return dag_order(found)
 
 
 def render_dvc_yaml(stages: list[Stage]) -> str:

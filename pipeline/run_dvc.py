@@ -27,9 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.config import ConfigError, load_params
+from pipeline.core.config import ConfigError
 from pipeline.core.dag import branches, stage_parents
 from pipeline.core.tracking import pipeline_run
+from pipeline.params import load_params
 
 _LINE_END = re.compile(rb"[\r\n]")
 # Stages beside dvc repro's get only the CPU time its stage leaves idle (Linux's SCHED_IDLE; elsewhere nice 19), so

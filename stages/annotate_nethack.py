@@ -26,18 +26,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.core.artifacts import (
-    ChunkedDataset,
-    chunk_seed,
-    dataset_hash,
-    read_table,
-    redo_rows,
-    replace_rows,
-    run_chunked,
-)
+from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_table, redo_rows, replace_rows
 from pipeline.core.config import AnnotateNetHackConfig, Params
-from pipeline.core.runners import ChunkJob, loaded
+from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.llm import make_backend, sampling_from_config
+from pipeline.nethack.annotation import annotate_preferences, label_messages
 from pipeline.nethack.captions import window_captions
 
 NAME = "annotate-nethack"
@@ -67,9 +61,6 @@ SCHEMA = pa.schema(
 
 def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """(label, raw) for caption pairs, by the configured mode."""
-    from pipeline.llm import sampling_from_config
-    from pipeline.nethack.annotation import annotate_preferences, label_messages
-
     sampling = sampling_from_config(cfg.annotator)
     if cfg.mode == "preferences":
         return list(annotate_preferences(
@@ -156,8 +147,6 @@ def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
     step_numbers = steps["step"].to_numpy()
     chunks = PairChunks(params, messages, episodes, step_numbers)
     if backend is None:  # the configured annotator: built once per process that annotates chunks, any runner
-        from pipeline.llm import make_backend
-
         load = partial(make_backend, cfg.annotator, role="annotator")
         backend = loaded(load)
         job: ChunkJob | Callable[[int], pa.Table] = ChunkJob(run=partial(annotate_chunk, cfg), inputs=chunks,

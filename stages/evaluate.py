@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from pipeline.core.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows, run_chunked
+from pipeline.core.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.core.config import Params
-from pipeline.core.runners import ChunkJob
+from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
@@ -28,8 +28,7 @@ STAGE = Stage(
         "seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
         "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text",
     ],
-    code=["pipeline/text/play.py", "pipeline/text/policies.py", "stages/rl/archer.py", "stages/rl/chai.py",
-          "pipeline/envs"],
+    code=["pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/text/critic.py", "pipeline/envs"],
     data=["data/bootstrap", "data/train_policy/sft", "data/train_policy/dpo", "data/rl_text"],
     outs=[Out("data/evaluate_text", persist=True)],
     plots=[
@@ -37,7 +36,7 @@ STAGE = Stage(
              template="bar_horizontal"),
         Plot("metrics/plots/eval.png"),
     ],
-    notes={"stages/rl/archer.py": "a chai model is the policy re-ranked by its critic",
+    notes={"pipeline/text/critic.py": "a chai model is the policy re-ranked by its critic",
            "pipeline/envs": "the games it plays"},
 )
 

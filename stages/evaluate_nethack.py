@@ -19,9 +19,9 @@ from functools import partial
 
 import numpy as np
 
-from pipeline.core.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
 from pipeline.core.config import ConfigError, Params
-from pipeline.core.runners import ChunkJob
+from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
 
@@ -52,7 +52,7 @@ def evaluate_policy(params: Params, index: int, name: str) -> list[dict]:
     else:
         import torch
 
-        from pipeline.nethack.sf import TrainedPolicy
+        from pipeline.nethack.sf import TrainedPolicy  # sample-factory: only for a trained agent
 
         torch.manual_seed(chunk_seed(params.seed, NAME, -1 - index))
         policy = TrainedPolicy(params.data_path("rl_nethack", name), deterministic=cfg.deterministic)
@@ -127,7 +127,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         if name not in params.rl_nethack.variants:
             raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is neither 'random' nor a "
                               "rl_nethack.variants name")
-        from pipeline.nethack.sf import latest_checkpoint
+        from pipeline.nethack.sf import latest_checkpoint  # sample-factory, as above
 
         found = latest_checkpoint(params.data_path("rl_nethack", name))
         if found is None:

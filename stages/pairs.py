@@ -23,12 +23,14 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.core.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows, run_chunked
+from pipeline.core.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows
 from pipeline.core.config import ConfigError, Params
+from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.text.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
-from pipeline.text.play import PROMPT_MESSAGES
+from pipeline.text.play import PROMPT_MESSAGES, task_from_row
+from pipeline.text.policies import load_policy_backend, make_games, policy_path
 
 NAME = "pairs-text"
 STAGE = Stage(
@@ -104,9 +106,6 @@ def build(rows: list[dict], threshold: int, strategy: str, pairs_per_task: int,
 def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[str, str], h: str,
                     stats: dict[str, int]) -> dict[str, float | int]:
     """Write the per-turn pairs of every task to ``out`` (chunked, resumable); returns the LLM judge's ledger."""
-    from pipeline.text.play import task_from_row
-    from pipeline.text.policies import load_policy_backend, make_games, policy_path
-
     cfg = params.pairs_text
     by_task: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:

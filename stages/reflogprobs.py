@@ -13,9 +13,9 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows, run_chunked
+from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
 from pipeline.core.config import Params
-from pipeline.core.runners import ChunkJob
+from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair

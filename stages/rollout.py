@@ -21,9 +21,9 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-from pipeline.core.artifacts import chunk_seed, dir_hash, read_part, read_rows, run_chunked
+from pipeline.core.artifacts import chunk_seed, dir_hash, read_part, read_rows
 from pipeline.core.config import Params
-from pipeline.core.runners import ChunkJob
+from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.envs.base import Game, Task
 from pipeline.llm import sampling_from_config

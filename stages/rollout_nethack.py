@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.artifacts import chunk_seed, file_sha256, read_table, run_chunked
+from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
 from pipeline.core.config import Params
+from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
 
@@ -57,7 +58,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     policy = None
     upstream: dict[str, str] = {}
     if cfg.policy == "checkpoint":
-        from pipeline.nethack.sf import TrainedPolicy
+        from pipeline.nethack.sf import TrainedPolicy  # sample-factory: only for a trained agent
 
         policy = TrainedPolicy(cfg.checkpoint)
         upstream["checkpoint"] = file_sha256(policy.checkpoint)

@@ -127,7 +127,7 @@ def nethack_opening(message: str) -> bool:
 
 
 def nethack_params(root: Path, *overrides: str):
-    from pipeline.core.config import load_params
+    from pipeline.params import load_params
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text("{}\n")

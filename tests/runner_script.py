@@ -58,11 +58,12 @@ def main(params_file: str, out: Path) -> None:
     import cloudpickle
     from distributed import Client, LocalCluster
 
-    from pipeline.core.artifacts import read_rows, run_chunked
-    from pipeline.core.config import RunnerConfig, load_params
-    from pipeline.core.runners import ChunkJob, use_runner
+    from pipeline.core.artifacts import read_rows
+    from pipeline.core.config import RunnerConfig
+    from pipeline.core.runners import ChunkJob, run_chunked, use_runner
     from pipeline.core.stage import execute
     from pipeline.flows import eval_sweep_flow
+    from pipeline.params import load_params
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this file
     summary: dict = {"seconds": {}}

@@ -16,12 +16,13 @@ import torch
 from conftest import SMALL, curio, make_project
 
 from pipeline.core.artifacts import read_manifest, read_rows
-from pipeline.core.config import ConfigError, load_params
+from pipeline.core.config import ConfigError
+from pipeline.core.processes import use_processes
 from pipeline.core.stage import StageContext, declaration, stage_module
 from pipeline.core.tracking import Tracker
 from pipeline.models import tiny
-from pipeline.models.launch import use_processes
 from pipeline.models.training import dpo_train, sft_train, tokenize_pair
+from pipeline.params import load_params
 
 ANIMALS = ["cat", "dog", "owl", "fox", "bee", "cow", "eel", "yak", "ant", "bat"]
 
@@ -166,7 +167,7 @@ def test_rl_text_refuses_a_batch_the_processes_cannot_split(trained, tmp_path):
 
 @pytest.mark.slow  # ~40 s more: the same loop (actor=False) the ArCHer test above covers in the default tier
 def test_chai_trains_its_critic_on_two_gloo_processes(trained, tmp_path):
-    from stages.rl.chai import is_chai_model
+    from pipeline.text.critic import is_chai_model
 
     runs = {}
     for processes in (1, 2):

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_manifest, read_rows, run_chunked
+from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_manifest, read_rows
+from pipeline.core.runners import run_chunked
 
 
 def rows(i):

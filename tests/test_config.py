@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from pipeline.core.config import ConfigError, load_params
+from pipeline.core.config import ConfigError
+from pipeline.params import load_params
 
 
 def test_default_params_validate():

@@ -12,8 +12,9 @@ import yaml
 from conftest import REPO, curio
 
 from pipeline.core.artifacts import read_rows
-from pipeline.core.config import ConfigError, _set_dotted, load_params, parse_override
+from pipeline.core.config import ConfigError, _set_dotted, parse_override
 from pipeline.core.stage import execute, stage_module
+from pipeline.params import load_params
 from pipeline.text.logo import logo_params, logo_report, run_logo, stages_for
 from pipeline.text.play import summarize
 from pipeline.text.policies import eval_groups

@@ -1,65 +1,85 @@
-"""Where concepts live: the LLM layer knows no games, and the NetHack track is one package.
+"""Where concepts live: pipeline/ in layers, each importing only those below it (pyproject.toml's import-linter
+contracts: the LLM layer knows no games, the two tracks never import each other, only entry points import stages/,
+NLE and sample-factory stay in pipeline/nethack, no cycles).
 
-Read from the source (every import, lazy ones inside functions included), so a new import that breaks the
-layering fails here before anyone notices a circular import or a game dragged into a backend.
+import-linter reads every import, lazy ones inside functions included, so a new import that breaks the layering
+fails here (and in `make test`'s `lint-imports`) before anyone notices a circular import or a game dragged into a
+backend.
 """
 
-import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
-#: What pipeline/llm may import from the project: itself, params, errors, artifacts and the chat-model helpers.
-LLM_MAY_IMPORT = ("pipeline.llm", "pipeline.core.config", "pipeline.core.errors", "pipeline.core.artifacts",
-                  "pipeline.models.chat", "pipeline.models.gguf", "pipeline.models.masks")
+ROOT = PIPELINE.parent
 
 
-def imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-    return found
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` over the packages under ``root`` with the repo's contracts."""
+    env = {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(root)}
+    return subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache",
+                           "--config", str(ROOT / "pyproject.toml")], cwd=root, env=env, capture_output=True,
+                          text=True)
 
 
-def project_imports(path: Path) -> set[str]:
-    return {m for m in imports(path) if m.split(".")[0] in ("pipeline", "stages")}
+def copy_tree(dest: Path) -> Path:
+    for package in ("pipeline", "stages"):
+        shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    return dest
 
 
-def allowed(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
+def test_the_import_contracts_hold():
+    res = lint_imports(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Contracts: 7 kept, 0 broken." in res.stdout
 
 
-def test_llm_layer_imports_no_game_code():
-    wrong = {
-        f"{path.relative_to(PIPELINE.parent)}: {module}"
-        for path in sorted((PIPELINE / "llm").rglob("*.py"))
-        for module in project_imports(path)
-        # ``from pipeline.models import chat`` names pipeline.models itself: judge the imported names only
-        if module != "pipeline.models" and not allowed(module, LLM_MAY_IMPORT)
-    }
-    assert not wrong, "pipeline/llm imports game or stage code:\n" + "\n".join(sorted(wrong))
+def lazy_import(tree: Path, module: str, statement: str) -> None:
+    """Append to ``module`` (under ``tree``) a function whose body imports ``statement``'s module."""
+    path = tree / (module.replace(".", "/") + ".py")
+    path.write_text(path.read_text() + f"\n\ndef _lazy():\n    {statement}\n")
 
 
-def test_the_layering_check_sees_lazy_imports(tmp_path):
-    module = tmp_path / "m.py"
-    module.write_text("def f():\n    from pipeline.envs.base import make_game\n    import stages.rollout\n")
-    assert {"pipeline.envs.base", "stages.rollout"} <= project_imports(module)
-    assert not allowed("pipeline.envs.base", LLM_MAY_IMPORT) and allowed("pipeline.llm.cache", LLM_MAY_IMPORT)
+@pytest.mark.parametrize("module, statement, broken", [
+    ("pipeline.llm.base", "from pipeline.envs.base import make_game  # noqa: F401",
+     ["the LLM layer imports no game", "entry points > stages > tracks > games > LLM > models > machinery"]),
+    ("pipeline.core.artifacts", "from pipeline.text.play import summarize  # noqa: F401",
+     ["no import cycles between the packages of pipeline/ and stages/",
+      "entry points > stages > tracks > games > LLM > models > machinery"]),
+    ("pipeline.core.artifacts", "from pipeline.core.runners import ChunkJob  # noqa: F401",
+     ["machinery: stage contract > runners > params > storage"]),
+    ("pipeline.text.policies", "import stages.rl.chai  # noqa: F401", ["nothing below the stages imports stages/"]),
+    ("pipeline.nethack.oni", "from pipeline.text.play import summarize  # noqa: F401",
+     ["the text track and the NetHack track never import each other"]),
+    ("pipeline.text.play", "import nle  # noqa: F401",
+     ["NLE and sample-factory are imported only in pipeline.nethack"]),
+])
+def test_a_lazy_import_that_breaks_the_layering_is_caught(tmp_path, module, statement, broken):
+    tree = copy_tree(tmp_path)
+    lazy_import(tree, module, statement)
+    res = lint_imports(tree)
+    assert res.returncode == 1, res.stdout
+    for name in broken:
+        assert f"{name} BROKEN" in res.stdout
+    assert f"{module} -> " in res.stdout
 
 
-def test_nethack_lives_in_one_package():
-    """NLE and sample-factory are imported only inside pipeline/nethack (the stages import that package)."""
-    outside = {
-        f"{path.relative_to(PIPELINE.parent)}: {module}"
-        for path in sorted(PIPELINE.rglob("*.py"))
-        if "nethack" not in path.relative_to(PIPELINE).parts
-        for module in imports(path)
-        if module.split(".")[0] in ("nle", "sample_factory")
-    }
-    assert not outside, "NetHack code outside pipeline/nethack:\n" + "\n".join(sorted(outside))
+def test_the_import_graph_has_no_cycle_and_no_upward_import(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "import cycles: 0\n" in res.stdout
+    assert "upward imports (against the layers contracts of pyproject.toml): 0\n" in res.stdout
+    # the same count over a tree with a cycle through stages/ (storage importing a stage) finds it
+    tree = copy_tree(tmp_path)
+    lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout  # noqa: F401")
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py")], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)})
+    assert res.returncode == 1
+    assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout" in res.stdout
 
 
 def test_the_readme_layout_names_every_module_and_folder():

@@ -20,8 +20,8 @@ import pytest
 from llama_server import LlamaServer, UsageProxy
 
 from pipeline.core.artifacts import read_rows, read_table
-from pipeline.core.config import load_params
 from pipeline.core.stage import execute
+from pipeline.params import load_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from fake_openai_server import FakeServer, host_reply
 
-from pipeline.core.config import load_params
 from pipeline.envs.base import make_game
 from pipeline.envs.llm_host import environment_messages
 from pipeline.envs.twenty_questions import oracle_reply
 from pipeline.llm import CachedBackend, Ledger
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.environment import environment_accounting, environment_metrics
+from pipeline.params import load_params
 from pipeline.text.policies import make_games
 
 REPO = Path(__file__).resolve().parents[1]

@@ -231,7 +231,8 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
 def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp_path):
     from pathlib import Path
 
-    from pipeline.core.config import ConfigError, load_params
+    from pipeline.core.config import ConfigError
+    from pipeline.params import load_params
     from stages.evaluate_nethack import policy_names
     from stages.rl.appo import sf_args
 
@@ -262,9 +263,9 @@ def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp
 def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_online_variant(tmp_path):
     import csv
 
-    from pipeline.core.config import load_params
     from pipeline.core.stage import StageContext
     from pipeline.nethack.sf import PROGRESS_COLUMNS
+    from pipeline.params import load_params
     from stages.rl.appo import report_oni
 
     (tmp_path / "params.yaml").write_text("{}\n")
@@ -309,8 +310,9 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     import psutil
     import yaml
 
-    from pipeline.core.config import _set_dotted, load_params, parse_override
+    from pipeline.core.config import _set_dotted, parse_override
     from pipeline.nethack.sf import latest_checkpoint
+    from pipeline.params import load_params
     from stages.rl.appo import train_variant
 
     sys.path.insert(0, str(Path(__file__).parent))

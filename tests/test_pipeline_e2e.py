@@ -95,11 +95,12 @@ def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypat
     import math
 
     import stages.train_dpo as train_dpo
-    from pipeline.core.config import ConfigError, load_params
+    from pipeline.core.config import ConfigError
     from pipeline.core.stage import execute
     from pipeline.llm.hf import load_policy
     from pipeline.models import training
     from pipeline.models.training import sequence_logps
+    from pipeline.params import load_params
 
     pairs = read_rows(trained / "data" / "reflogprobs")
     sft, _ = load_policy(trained / "data" / "train_policy" / "sft")

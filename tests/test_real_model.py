@@ -5,11 +5,12 @@ import random
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.core.config import load_params, preset_overrides
+from pipeline.core.config import preset_overrides
 from pipeline.envs.base import FORMAT_RULE
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
 from pipeline.models.gguf import resolve_model
+from pipeline.params import load_params
 
 PRESET = "presets/smollm2.yaml"
 

@@ -83,8 +83,8 @@ def test_dvc_yaml_plots_point_at_files_stages_write():
 
 def test_dataset_cards_explain_every_column(tmp_path):
     """A README.md next to each dataset a stage writes; every column of the text episodes is documented."""
-    from pipeline.core.artifacts import run_chunked
     from pipeline.core.cards import COLUMNS, write_cards
+    from pipeline.core.runners import run_chunked
     from pipeline.text.play import EPISODE_SCHEMA
 
     out = tmp_path / "rollout_text"

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.core.artifacts import read_rows
 from pipeline.core.checkpoints import finished, keyed_dir, mark_finished, run_key
-from pipeline.core.config import load_params
 from pipeline.core.stage import StageContext, stage_module
+from pipeline.params import load_params
 
 TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_layer=1", "bootstrap.n_embd=32",
                   "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4",
@@ -92,7 +92,7 @@ def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, t
     plot dvc.yaml declares, with the curve it trained — else `dvc commit` fails on a missing output."""
     import json
 
-    from pipeline.core.artifacts import run_chunked
+    from pipeline.core.runners import run_chunked
 
     shutil.copytree(bootstrapped[0] / "data" / "bootstrap", tmp_path / "data" / "bootstrap")
     scripted = read_rows(tmp_path / "data" / "bootstrap" / "scripted")[:10]

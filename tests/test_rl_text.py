@@ -7,9 +7,9 @@ from torch import nn
 
 from pipeline.core.config import Params
 from pipeline.llm.base import ChatBackend, Generation
+from pipeline.text.critic import CriticRerank, DoubleCritic, state_text
 from pipeline.text.policies import game_tasks, make_games
 from stages.rl.archer import (
-    DoubleCritic,
     actor_loss,
     advantage,
     critic_step,
@@ -18,7 +18,6 @@ from stages.rl.archer import (
     transitions,
     utterance_logprobs,
 )
-from stages.rl.chai import CriticRerank
 
 
 def test_q_targets_bootstrap_from_the_target_v_heads_and_stop_at_terminals():
@@ -82,8 +81,6 @@ class ToyCritic(DoubleCritic):
 def test_critic_learns_the_values_of_a_two_step_chain():
     """s0 --ask--> s1 --ask--> end, reward -1 per turn, γ = 0.9: Q(s1, ask) = V(s1) = -1 and
     Q(s0, ask) = V(s0) = -1 + 0.9·(-1) = -1.9, learnt only through the target critic's bootstrapping."""
-    from stages.rl.archer import state_text
-
     s0 = [{"role": "user", "content": "start"}]
     s1 = s0 + [{"role": "assistant", "content": "ask"}, {"role": "user", "content": "no"}]
     s2 = s1 + [{"role": "assistant", "content": "ask"}, {"role": "user", "content": "end"}]
@@ -201,8 +198,8 @@ def test_val_split_is_carved_from_train_deterministically_and_default_is_unchang
 
 def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(tmp_path, monkeypatch):
     import stages.rl.archer
-    from pipeline.core.config import load_params
     from pipeline.core.stage import StageContext, StageResult, stage_module
+    from pipeline.params import load_params
 
     params = load_params("params.yaml", [f"data_dir={tmp_path}", "rl_text.algorithm=archer"])
     out = params.data_path("rl_text")

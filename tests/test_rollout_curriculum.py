@@ -15,9 +15,9 @@ from conftest import REPO
 
 import stages.rollout as rollout
 from pipeline.core.artifacts import chunk_seed, read_manifest, read_part, read_rows
-from pipeline.core.config import load_params
 from pipeline.core.stage import StageContext
 from pipeline.envs.base import make_game
+from pipeline.params import load_params
 from pipeline.text.curriculum import UCBCurriculum
 
 K, PER_ROUND, ROUNDS = 3, 3, 5

@@ -16,8 +16,9 @@ import yaml
 from conftest import REPO
 
 from pipeline.core.artifacts import read_rows
-from pipeline.core.config import _set_dotted, load_params, parse_override
+from pipeline.core.config import _set_dotted, parse_override
 from pipeline.core.stage import execute
+from pipeline.params import load_params
 
 SCRIPTED = [
     "tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.4",

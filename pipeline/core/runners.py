@@ -18,7 +18,13 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from pipeline.core.artifacts import ChunkedDataset
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -188,3 +194,48 @@ def map_chunks(job: ChunkJob, todo: Sequence[int], cfg: RunnerConfig,
             on_result(futures[future], rows)
     if failure is not None:
         raise failure
+
+
+# -- a dataset computed chunk by chunk over the active runner, resuming from its finished parts --------------
+def run_chunked(
+    path: str | Path,
+    *,
+    num_chunks: int,
+    make_chunk: Callable[[int], Sequence[dict] | pa.Table] | ChunkJob,
+    params_hash: str,
+    upstream: dict[str, str] | None = None,
+    schema: pa.Schema | None = None,
+    desc: str = "chunks",
+    on_chunk: Callable[[int], None] | None = None,
+) -> ChunkedDataset:
+    """Compute the missing chunks of a dataset (resuming), then mark it complete.
+
+    ``make_chunk(index)`` must be deterministic given the index (derive its seed with :func:`chunk_seed`). A
+    :class:`ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
+    process writes each part as it comes back); a plain callable runs here, chunk after chunk.
+    """
+    ds = ChunkedDataset(path, params_hash=params_hash, upstream=upstream)
+    todo = [i for i in range(num_chunks) if i not in ds.finished()]
+    runner = active_runner()
+    with tqdm(total=num_chunks, initial=num_chunks - len(todo), desc=desc, unit="chunk") as bar:
+        def write(index: int, rows: Sequence[dict] | pa.Table) -> None:
+            ds.write_part(index, rows, schema)
+            bar.update(1)
+            if on_chunk is not None:
+                on_chunk(index)
+
+        if isinstance(make_chunk, ChunkJob):
+            try:
+                if todo and runner is not None and runner.kind != "local":
+                    map_chunks(make_chunk, todo, runner, write)
+                else:  # through this process's cache: a stage that built the same state itself (a judge) shares it
+                    state = loaded(make_chunk.load) if todo else None
+                    for index in todo:
+                        write(index, make_chunk.run(state, index, make_chunk.inputs[index]))
+            finally:
+                release(make_chunk.load)
+        else:
+            for index in todo:
+                write(index, make_chunk(index))
+    ds.mark_complete(num_chunks)
+    return ds

@@ -28,10 +28,10 @@ from pydantic import BaseModel
 from pipeline.core.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
 from pipeline.core.cards import write_cards
 from pipeline.core.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
 from pipeline.core.runners import use_runner
 from pipeline.core.tracking import StageTracking, Tracker, git_tags
-from pipeline.models.launch import use_processes
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
 #: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
@@ -105,21 +105,6 @@ class Stage:
         mine = [] if self.cmd else [Out(f"metrics/stages/{self.name}.json", cache=False)]
         plots = [Out(p.path, cache=False, note=p.note) for p in self.plots if not p.in_stage]
         return [*self.outs, *mine, *plots]
-
-
-def declared_stages() -> list[Stage]:
-    """Every STAGE declared by a module under ``stages/`` (and the report), in DAG order."""
-    import pkgutil
-
-    import stages
-
-    found = []
-    names = [m.name for m in pkgutil.walk_packages(stages.__path__, "stages.")] + ["pipeline.report"]
-    for module_name in names:
-        stage = getattr(importlib.import_module(module_name), "STAGE", None)
-        if isinstance(stage, Stage) and stage.module == module_name:  # not one imported from another module
-            found.append(stage)
-    return dag_order(found)
 
 
 def dag_order(found: list[Stage]) -> list[Stage]:

@@ -21,7 +21,9 @@ from pipeline.core.config import ConfigError, LLMConfig, RolloutTextConfig
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
 from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.llm.environment import current_accounting
 from pipeline.llm.ledger import Ledger
+from pipeline.llm.rules import RulesBackend, rules_program
 
 Backend = ChatBackend | EmbeddingBackend
 
@@ -59,17 +61,17 @@ def sampling_from_config(cfg: LLMConfig | RolloutTextConfig, **overrides: Any) -
 
 def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
     if cfg.backend == "hf":
-        from pipeline.llm.hf import HFBackend
+        from pipeline.llm.hf import HFBackend  # torch and transformers: only for an hf backend
 
         return HFBackend(cfg.model, device=cfg.device, batch_size=cfg.batch_size)
     if cfg.backend == "vllm":
-        from pipeline.llm.vllm import VLLMBackend
+        from pipeline.llm.vllm import VLLMBackend  # vllm: an optional extra (GPU only)
 
         return VLLMBackend(cfg.model, max_tokens=cfg.max_tokens)
     if cfg.backend == "openai":
         if not cfg.base_url:  # never the SDK's default public endpoint (load_params refuses this too)
             raise ConfigError("llm: the openai backend needs base_url (the server's URL)")
-        from pipeline.llm.openai_backend import OpenAIBackend, ShardedOpenAIBackend
+        from pipeline.llm.openai_backend import OpenAIBackend, ShardedOpenAIBackend  # the openai client: when used
 
         options = {"api_key_env": cfg.api_key_env, "max_concurrency": cfg.max_concurrency, "timeout_s": cfg.timeout_s,
                    "max_retries": cfg.max_retries, "max_tokens": cfg.max_tokens, "backoff_s": cfg.backoff_s}
@@ -77,8 +79,6 @@ def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
             return ShardedOpenAIBackend(cfg.model, cfg.base_url, processes=cfg.client_processes, **options)
         return OpenAIBackend(cfg.model, cfg.base_url, **options)
     if cfg.backend == "rules":
-        from pipeline.llm.rules import RulesBackend, rules_program
-
         return RulesBackend(rules_program(cfg.model, game), model=cfg.model)
     raise ValueError(f"llm: backend {cfg.backend!r} is not a chat backend")
 
@@ -120,8 +120,6 @@ def make_environment(cfg: LLMConfig, *, game: Any = None, ledger: Ledger | None 
         return None
     if cfg.backend == "embedding":
         raise ValueError("llm: rollout_text.environment cannot use the embedding backend")
-    from pipeline.llm.environment import current_accounting
-
     scope = current_accounting()
     if scope is not None and ledger is None and game is None:
         return scope.backend(cfg, lambda: make_environment(cfg, ledger=scope.ledger))

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.core.config import LLMConfig, Params, llm_roles
+from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm.embedding import EmbeddingBackend
 
 # Short names for the roles the stages use (README: policy, environment, judge, annotator); any dotted params key
 # naming an LLMConfig works too.
@@ -52,9 +54,6 @@ def check_role(params: Params, role: str, policy_path: PolicyPath | None = None)
 
     Raises CheckFailed (message = the report) when the request fails, ValueError for an unknown role.
     """
-    from pipeline.llm import make_backend, sampling_from_config
-    from pipeline.llm.embedding import EmbeddingBackend
-
     if role == POLICY and params.policy.backend == "scripted":
         return f"role: policy\nbackend: scripted ({params.policy.model}): the games' scripted players; no LLM request"
     key, cfg = resolve_role(params, role, policy_path)

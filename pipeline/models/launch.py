@@ -16,50 +16,25 @@ Both kinds of launch stop with the stage's process (a SIGKILLed stage leaves no 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import importlib
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CurioError
+from pipeline.core.stage import StageContext, StageResult, declaration
 from pipeline.core.tracking import Tracker
 
 _TRAINERS = ("sft_train", "dpo_train")
-_PROCESSES: contextvars.ContextVar[tuple[int, str | None]] = contextvars.ContextVar("curio_train_processes",
-                                                                                   default=(1, None))
-
-
-@contextlib.contextmanager
-def use_processes(num_processes: int, config_file: str | None = None) -> Iterator[None]:
-    """Train inside the block with ``num_processes`` (or the accelerate config file's) processes."""
-    token = _PROCESSES.set((num_processes, config_file))
-    try:
-        yield
-    finally:
-        _PROCESSES.reset(token)
-
-
-def requested() -> tuple[int, str | None]:
-    """(processes, accelerate config file) to launch, or (1, None) inside a launched process / by default."""
-    return (1, None) if world_size() > 1 else _PROCESSES.get()
 
 
 class LaunchError(CurioError):
     """``accelerate launch`` failed: its last lines say why."""
-
-
-def world_size() -> int:
-    """Processes training together (``accelerate launch`` / torchrun set WORLD_SIZE); 1 otherwise."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def launch_args(num_processes: int, config_file: str | None) -> list[str]:
@@ -88,10 +63,12 @@ def _stop_with_parent() -> None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_launch(job: Path, num_processes: int, config_file: str | None, what: str) -> None:
-    """``accelerate launch -m pipeline.models.launch JOB``; LaunchError with its last lines when it fails."""
+def run_launch(job: Path, num_processes: int, config_file: str | None, what: str,
+               module: str = "pipeline.models.launch") -> None:
+    """``accelerate launch -m MODULE JOB`` (a stage: this module; a trainer: :mod:`pipeline.models.training`);
+    LaunchError with its last lines when it fails."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args(num_processes, config_file),
-           "-m", "pipeline.models.launch", str(job)]
+           "-m", module, str(job)]
     res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_stop_with_parent)
     if res.returncode != 0:
         tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
@@ -116,7 +93,7 @@ def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, k
         tokenizer.save_pretrained(job / "init")
         torch.save({"trainer": trainer, "data": data, "checkpoint_dir": str(checkpoint_dir), "kwargs": kwargs},
                    job / "job.pt")
-        run_launch(job, num_processes, config_file, trainer)
+        run_launch(job, num_processes, config_file, trainer, module="pipeline.models.training")
         result = json.loads((job / "result.json").read_text())
         trained = AutoModelForCausalLM.from_pretrained(job / "out")
     finally:
@@ -146,8 +123,6 @@ def launched_stage(module: str, stage: str, params, ctx, *, num_processes: int, 
     The processes read and write ``data_dir`` as the stage does (a filesystem they share); the params travel as
     the stage's declared slice.
     """
-    from pipeline.core.stage import StageResult, declaration
-
     job = params.data_path(f".{stage}.launch")
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
@@ -168,8 +143,6 @@ def _run_stage(job: Path) -> None:
     """One launched process of a stage: its ``run``; the main process writes the result and logged metrics."""
     from accelerate import PartialState
 
-    from pipeline.core.stage import StageContext, declaration
-
     spec = json.loads((job / "stage.json").read_text())
     params = declaration(spec["stage"]).params_model.model_validate(spec["params"])
     tracker = _LoggedMetrics()
@@ -183,25 +156,8 @@ def _run_stage(job: Path) -> None:
 
 
 def main(job: Path) -> None:
-    """One launched process: train with the job's data; rank 0 saves the model and the loss history."""
-    if (job / "stage.json").exists():
-        _run_stage(job)
-        return
-    import torch
-    from accelerate import PartialState
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.models import training
-
-    spec = torch.load(job / "job.pt", weights_only=False)
-    model = AutoModelForCausalLM.from_pretrained(job / "init")
-    tokenizer = AutoTokenizer.from_pretrained(job / "init")
-    fn = getattr(training, spec["trainer"])
-    trained, history, resumed = fn(model, tokenizer, spec["data"], Path(spec["checkpoint_dir"]), **spec["kwargs"])
-    if PartialState().is_main_process:
-        trained.save_pretrained(job / "out")
-        (job / "result.json").write_text(json.dumps({"history": history, "resumed": resumed}))
-    PartialState().wait_for_everyone()
+    """One launched process of a stage (a trainer's job runs ``pipeline.models.training`` instead)."""
+    _run_stage(job)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from pipeline.core.artifacts import save_model_dir
+
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|unk|>"]
 
 CHAT_TEMPLATE = (
@@ -151,8 +153,6 @@ def param_count(model) -> int:
 def save(model, tokenizer, path: Path) -> None:
     """save_pretrained beside ``path``, with a manifest of file hashes, then swapped in (the old model is
     replaced only once the new one is complete; ``verify_model`` checks it at load)."""
-    from pipeline.core.artifacts import save_model_dir
-
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -9,18 +9,21 @@ With ``lora`` enabled both train peft LoRA adapters only and return the model wi
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from pipeline.core.config import ConfigError, LoraConfigSection, check_dpo_loss_type
+from pipeline.core.processes import requested, world_size
 from pipeline.core.tracking import Tracker
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
-from pipeline.models.launch import launched, requested, world_size
+from pipeline.models.launch import launched
 from pipeline.models.masks import install as install_masks
 
 install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
@@ -338,3 +341,23 @@ def dpo_train(
     )
     resumed = _train(trainer, checkpoint_dir)
     return trained_model(trainer, merge), loss_history(trainer), resumed
+
+
+def main(job: Path) -> None:
+    """One process of a trainer's ``accelerate launch`` (:func:`pipeline.models.launch.launched`): train with the
+    job's data; rank 0 saves the model and the loss history."""
+    from accelerate import PartialState
+
+    spec = torch.load(job / "job.pt", weights_only=False)
+    model = AutoModelForCausalLM.from_pretrained(job / "init")
+    tokenizer = AutoTokenizer.from_pretrained(job / "init")
+    fn = {"sft_train": sft_train, "dpo_train": dpo_train}[spec["trainer"]]
+    trained, history, resumed = fn(model, tokenizer, spec["data"], Path(spec["checkpoint_dir"]), **spec["kwargs"])
+    if PartialState().is_main_process:
+        trained.save_pretrained(job / "out")
+        (job / "result.json").write_text(json.dumps({"history": history, "resumed": resumed}))
+    PartialState().wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

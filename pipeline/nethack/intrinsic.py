@@ -31,7 +31,7 @@ class MessageRewards:
     def from_directory(cls, directory: str | Path) -> MessageRewards:
         import torch
 
-        from pipeline.nethack.reward import load_reward_model
+        from pipeline.nethack.reward import load_reward_model  # torch, as above: only with a reward model
 
         model, stats = load_reward_model(directory)
         # One thread: this runs inside sample-factory's rollout workers, which already share the cores.

@@ -50,6 +50,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.artifacts import atomic_write_json
+from pipeline.core.config import LLMConfig
+from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.nethack.annotation import label_messages, nethack_goal
 
 ONLINE_REWARDS = ("retrieval", "classification", "ranking", "cosine")
 REWARD_TYPES = ("motif", *ONLINE_REWARDS, "none")
@@ -315,17 +319,12 @@ class OnlineAnnotator:
     @property
     def backend(self) -> Any:
         if self._backend is None:
-            from pipeline.core.config import LLMConfig
-            from pipeline.llm import make_backend
-
             self._backend = make_backend(LLMConfig(**self.cfg["annotator"]), role="oni_annotator")
         return self._backend
 
     @property
     def embedder(self) -> Any:
         if self._embedder is None:
-            from pipeline.llm.embedding import EmbeddingBackend
-
             self._embedder = EmbeddingBackend(self.cfg["embedder"])
         return self._embedder
 
@@ -379,10 +378,6 @@ class OnlineAnnotator:
     def _label(self, batch: list[str]) -> None:
         """Label one batch and append it to labels.jsonl. A request that failed (server down, timeout) is not an
         attempt: the message stays pending as it was; an unparseable answer is, up to ``max_attempts``."""
-        from pipeline.core.config import LLMConfig
-        from pipeline.llm import sampling_from_config
-        from pipeline.nethack.annotation import label_messages
-
         sampling = sampling_from_config(LLMConfig(**self.cfg["annotator"]))
         answers = label_messages(
             self.backend, batch, sampling, goal=self.cfg["goal"], threshold=self.cfg["label_threshold"]
@@ -437,8 +432,6 @@ class OnlineAnnotator:
         if not seen:
             return {}
         if self.kind == "cosine":
-            from pipeline.nethack.annotation import nethack_goal
-
             sims = self.embedder.similarity(seen, nethack_goal(self.cfg["goal"])["embedding"])
             r = cosine_rewards(sims, self.cfg["cosine_threshold"])
         elif self.model is None:

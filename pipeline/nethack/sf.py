@@ -33,9 +33,12 @@ from nle import nethack
 from sample_factory.model.encoder import Encoder
 from torch import nn
 
-from pipeline.nethack.env import TASK_NAMES, decode_message, make_env
+from pipeline.core.artifacts import atomic_write_json
+from pipeline.nethack import oni
+from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
 from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
+from pipeline.nethack.reward import load_reward_model
 
 ENV_NAME = "curio_nethack"
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
@@ -214,8 +217,6 @@ def message_rewards(directory: str) -> MessageRewards:
 def threshold_value(directory: str, quantile: float | None) -> float | None:
     if quantile is None or not directory:
         return None
-    from pipeline.nethack.reward import load_reward_model
-
     return load_reward_model(directory)[1].threshold(quantile)
 
 
@@ -304,8 +305,6 @@ def latest_checkpoint(experiment_dir: str | Path) -> tuple[Path, int] | None:
 
 
 def num_actions(extended_actions: bool) -> int:
-    from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS
-
     return len(EXTENDED_ACTIONS if extended_actions else TASK_ACTIONS)
 
 
@@ -360,8 +359,6 @@ def _summary_observer(path: Path, resumed_from: int):
 
     from sample_factory.algo.runners.runner import AlgoObserver
 
-    from pipeline.core.artifacts import atomic_write_json
-
     curve_path = path.with_name(CURVE)
 
     class TrainingSummary(AlgoObserver):
@@ -411,8 +408,6 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
     import time
 
     from sample_factory.algo.runners.runner import AlgoObserver
-
-    from pipeline.nethack import oni
 
     directory = oni_directory(cfg)
     settings = {**json.loads(cfg.oni_config), "reward": cfg.intrinsic_reward, "seed": cfg.seed or 0}

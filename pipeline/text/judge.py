@@ -16,6 +16,7 @@ from typing import Literal
 
 from pipeline.core.config import RULES_MODELS, LLMConfig
 from pipeline.envs.base import Game, Task, make_game
+from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
 from pipeline.llm.ledger import Ledger
@@ -154,8 +155,6 @@ class LLMJudge(Judge):
 
 def make_judge(cfg: LLMConfig) -> Judge:
     """The judge configured in params: ``rules``/``exact_match`` or any chat backend."""
-    from pipeline.llm import make_backend, sampling_from_config
-
     if cfg.backend == "rules":
         if cfg.model not in RULES_JUDGES:
             raise ValueError(f"llm: unknown rules judge {cfg.model!r} (known: {', '.join(RULES_JUDGES)})")

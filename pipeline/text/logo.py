@@ -19,16 +19,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.core.artifacts import atomic_write_bytes
 from pipeline.core.config import ConfigError, Params, _set_dotted
+from pipeline.core.dag import ancestors, dag_order, stage_parents
 from pipeline.core.stage import execute
+from pipeline.envs.base import game_class
 
 TARGET = "evaluate-text"
 
 
 def logo_params(params: Params, group: str, pool: list[str] | None = None, data_root: str | None = None) -> Params:
     """The params of the leave-``group``-out run (ConfigError, one line, when it cannot be built)."""
-    from pipeline.envs.base import game_class
-
     for name in [group, *(pool or [])]:
         try:
             game_class(name)
@@ -50,8 +51,6 @@ def logo_params(params: Params, group: str, pool: list[str] | None = None, data_
 
 def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """``target`` and every stage it depends on (an out of one stage that is a dep of another), in DAG order."""
-    from pipeline.core.dag import ancestors, dag_order, stage_parents
-
     needed = ancestors(stage_parents(dvc_yaml), target) | {target}
     return [n for n in dag_order(dvc_yaml) if n in needed]
 
@@ -86,8 +85,6 @@ def logo_rows(params: Params, group: str) -> list[dict]:
 
 def logo_report(params: Params, group: str) -> str:
     """Markdown table: held-out success before (base) vs after (sft / dpo / rl); also written to logo.md."""
-    from pipeline.core.artifacts import atomic_write_bytes
-
     rows = logo_rows(params, group)
     base = next((r["success_rate"] for r in rows if r["policy"] == "base"), None)
     lines = [

@@ -29,6 +29,8 @@ import pyarrow as pa
 
 from pipeline.core.config import LLMConfig, PairsTextConfig
 from pipeline.envs.base import Game, Task
+from pipeline.envs.twenty_questions import knowledge_base
+from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
 from pipeline.llm.ledger import Ledger
@@ -43,7 +45,7 @@ from pipeline.text.multiturn_reward import (
     multiturn_aware_reward,
     prefer_turn,
 )
-from pipeline.text.play import PROMPT_MESSAGES
+from pipeline.text.play import PROMPT_MESSAGES, history_of, resume_episodes
 
 _prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
 
@@ -135,8 +137,6 @@ class Candidate:
 def knowledge_base_candidates(game: Game, task: Task) -> ConsistentCandidates:
     """Which secrets of ``task``'s knowledge base agree with a (question, reply) history."""
     if game.name == "twenty_questions":
-        from pipeline.envs.twenty_questions import knowledge_base
-
         kb = knowledge_base()
         return lambda history: kb.consistent(task.agent, list(history))
     if game.name == "guess_my_city":
@@ -176,8 +176,6 @@ class ContinuationJudge:
     """Scores continuations: rules ``exact`` (knowledge base) or a chat backend with the multiturn_judge prompt."""
 
     def __init__(self, cfg: LLMConfig, backend: ChatBackend | None = None) -> None:
-        from pipeline.llm import make_backend, sampling_from_config
-
         self.rules = cfg.backend == "rules"
         self.backend = backend
         if not self.rules and backend is None:
@@ -207,8 +205,6 @@ class ContinuationJudge:
 
     @staticmethod
     def _exact(game: Game, task: Task, prefix: list[dict], row: dict) -> Scores:
-        from pipeline.text.play import history_of
-
         moves = history_of(row["conversation"])
         n = row["start_turns"]
         accuracy = 0.0
@@ -263,8 +259,6 @@ def multiturn_chunk(
 ) -> list[dict]:
     """Per-turn pairs of some tasks, each given as (game, task, its annotated rollout rows)."""
     import torch
-
-    from pipeline.text.play import resume_episodes
 
     stats = stats if stats is not None else defaultdict(int)
     rng = random.Random(seed)

@@ -10,11 +10,13 @@ import random
 from pathlib import Path
 from typing import Literal
 
-from pipeline.core.config import LLMConfig, Params
+from pipeline.core.config import LLMConfig, Params, parse_noise
 from pipeline.envs.base import Game, Split, Task, format_note, make_game
+from pipeline.llm import make_backend, make_environment
 from pipeline.llm.base import ChatBackend
 from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
+from pipeline.text.scripted import ScriptedPolicy
 
 
 def policy_path(params: Params, name: str) -> str:
@@ -34,21 +36,17 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
     ``groups``: the task groups it will play (default the training groups; the scripted policy needs them)."""
     path = policy_path(params, name_or_path)
     if params.policy.backend == "scripted":
-        from pipeline.text.scripted import ScriptedPolicy, parse_noise
-
         return ScriptedPolicy(make_games(params, groups), parse_noise(params.policy.model))
     if params.policy.backend == "hf":
-        from pipeline.llm.hf import HFBackend
+        from pipeline.llm.hf import HFBackend  # torch and transformers: only for an hf policy
 
         if not Path(path).exists() and name_or_path in {"base", "sft", "dpo", "rl"} and is_builtin(params.policy.model):
             raise FileNotFoundError(f"policy {name_or_path!r} not found at {path}: run its stage first")
         backend = HFBackend(path, device=params.policy.device,
                             batch_size=batch_size or params.rollout_text.batch_size)
-        from stages.rl.chai import is_chai_model, load_reranked
+        from pipeline.text.critic import is_chai_model, load_reranked  # torch, as above
 
         return load_reranked(backend, path, params.policy.device) if is_chai_model(path) else backend
-    from pipeline.llm import make_backend
-
     cfg = LLMConfig(backend=params.policy.backend, model=path, batch_size=batch_size or 64)
     return make_backend(cfg, role="policy")
 
@@ -62,8 +60,6 @@ def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
     """The games of ``groups`` (default: the training groups, ``games.groups``); None as environment = the
     game's own program answers, else an LLM simulates it. Their system prompts teach the answer format as
     ``policy.format_prompt`` says (an example exchange is played on the game's first train task)."""
-    from pipeline.llm import make_environment
-
     env = make_environment(params.rollout_text.environment)
     games = [make_game(g, environment=env) for g in (params.games.groups if groups is None else groups)]
     for game in games:

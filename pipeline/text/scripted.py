@@ -15,23 +15,9 @@ import random
 
 import torch
 
+from pipeline.core.config import DEFAULT_NOISE
 from pipeline.envs.base import Game, Task, extract_answer, format_answer
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
-
-DEFAULT_NOISE = 0.3
-
-
-def parse_noise(model: str) -> float:
-    """``scripted`` -> 0.3; ``scripted:0.5`` -> 0.5."""
-    name, _, value = model.partition(":")
-    try:
-        noise = float(value or DEFAULT_NOISE)
-    except ValueError:
-        noise = -1.0
-    if name != "scripted" or not 0.0 <= noise <= 1.0:
-        raise ValueError(f"policy.model {model!r}: the scripted backend takes 'scripted' or 'scripted:NOISE' "
-                         "with NOISE in [0, 1]")
-    return noise
 
 
 class ScriptedPolicy(ChatBackend):

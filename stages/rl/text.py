@@ -24,8 +24,8 @@ STAGE = Stage(
         "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
     ],
     code=[
-        "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/text/play.py",
-        "pipeline/text/policies.py", "pipeline/models/training.py", "pipeline/envs",
+        "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/text/critic.py",
+        "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py", "pipeline/envs",
     ],
     data=["data/train_policy/sft", "data/train_policy/dpo"],
     outs=[Out("data/rl_text", persist=True)],
