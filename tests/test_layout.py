@@ -7,6 +7,7 @@ fails here (and in `make test`'s `lint-imports`) before anyone notices a circula
 backend.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -82,18 +83,49 @@ def test_the_import_graph_has_no_cycle_and_no_upward_import(tmp_path):
     assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout" in res.stdout
 
 
-def test_the_readme_layout_names_every_module_and_folder():
-    """The README's map for newcomers stays whole: every module and folder of pipeline/ and stages/ is named
-    (text games are "one module per game" in envs/, so they need not be listed one by one)."""
-    readme = (PIPELINE.parent / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):]
-    layout = layout[: layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
-    root = PIPELINE.parent
+def section(text: str, heading: str) -> str:
+    """The body of a markdown section, up to the next heading of the same level."""
+    body = text[text.index(heading):]
+    end = body.find("\n## ", 1)
+    return body if end == -1 else body[:end]
+
+
+def packages() -> list[Path]:
+    return sorted(p.parent for p in [*PIPELINE.rglob("__init__.py"), *(ROOT / "stages").rglob("__init__.py")]
+                  if p.parent != PIPELINE and "__pycache__" not in p.parts)
+
+
+def test_the_readme_map_names_every_package_and_entry_point():
+    """The README's map for newcomers stays whole: every package of pipeline/ and stages/ and every entry point
+    (the modules at the top of pipeline/)."""
+    readme = (ROOT / "README.md").read_text()
+    layout = section(readme, "## Map of the tree")
+    wanted = [str(p.relative_to(ROOT)) + "/" for p in packages()]
+    missing = [w for w in wanted if w not in layout and w.removeprefix("stages/") not in layout]
+    missing += [p.name for p in PIPELINE.glob("*.py") if p.name != "__init__.py" and p.name not in layout]
+    assert not missing, "README.md's Map of the tree does not name: " + ", ".join(sorted(missing))
+    assert len(readme.splitlines()) <= 150
+
+
+def test_docs_layout_names_every_module_and_folder():
+    """docs/layout.md names every module and folder of pipeline/ and stages/ (text games are "one module per game"
+    in envs/, so they need not be listed one by one)."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
     wanted = [p for p in PIPELINE.iterdir() if p.is_dir() and p.name != "__pycache__"]
     wanted += [p for p in PIPELINE.glob("*.py") if p.name != "__init__.py"]
-    for folder in ("llm", "models", "nethack"):
-        wanted += [p for p in (PIPELINE / folder).glob("*.py") if p.name != "__init__.py"]
-    wanted += [p for p in (root / "stages").rglob("*.py") if p.name != "__init__.py"]
-    missing = [str(p.relative_to(root)) for p in wanted
-               if (p.name + "/" if p.is_dir() else p.name) not in layout]
-    assert not missing, "README.md's Layout does not name: " + ", ".join(sorted(missing))
+    for package in packages():
+        if package.name != "envs":
+            wanted += [p for p in package.glob("*.py") if p.name != "__init__.py"]
+            wanted += [p for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    missing = [str(p.relative_to(ROOT)) for p in wanted if (p.name + "/" if p.is_dir() else p.name) not in layout]
+    assert not missing, "docs/layout.md does not name: " + ", ".join(sorted(missing))
+
+
+def test_every_page_the_readme_and_docs_link_to_exists():
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    links = [(page, target) for page in pages
+             for target in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", page.read_text())
+             if "://" not in target]
+    assert any(target.startswith("docs/") for _, target in links)
+    missing = [f"{page.name} -> {target}" for page, target in links if not (page.parent / target).is_file()]
+    assert not missing, "links to missing pages: " + ", ".join(missing)
