@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fake_openai_server import CURIO_RULES, FakeServer  # noqa: E402
 
-from pipeline.core.config import LLMConfig  # noqa: E402
 from pipeline.llm import CachedBackend, ResponseCache, make_backend  # noqa: E402
 from pipeline.llm.base import Sampling  # noqa: E402
+from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.nethack.annotation import label_messages  # noqa: E402
 
 CONCURRENCY = (8, 64, 256)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.config import Params, RLNetHackVariant
+from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.sf import SUMMARY, TABLE
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 from stages.rl.appo import sf_args
 
 ROOT = Path(__file__).resolve().parents[1]

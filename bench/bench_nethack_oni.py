@@ -31,10 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.core.config import LLMConfig, Params, RLNetHackVariant
+from pipeline.llm.config import LLMConfig
 from pipeline.nethack import oni
+from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.sf import SUMMARY
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 from stages.rl.appo import sf_args
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fake_openai_server import FakeServer  # noqa: E402
 
-from pipeline.core.config import LLMConfig  # noqa: E402
 from pipeline.llm import ResponseCache, make_backend  # noqa: E402
 from pipeline.llm.base import Sampling  # noqa: E402
+from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.nethack.annotation import (
     annotate_preferences,  # noqa: E402
     preference_messages,  # noqa: E402

@@ -194,7 +194,7 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
              defaults: Annotated[bool, typer.Option(help="reset every value of params.yaml to the schema's "
                                                           "default")] = False) -> None:
     """Write dvc.yaml and pipeline/core/registry.py from the stages' STAGE declarations, and params.yaml from the
-    params schema (pipeline/core/config.py: every key with its help), in the current checkout. params.yaml keeps the
+    params schema (pipeline/params.py: every key with its help), in the current checkout. params.yaml keeps the
     values it holds unless --defaults."""
     from pathlib import Path
 

@@ -21,13 +21,15 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
-from pipeline.core.config import Params  # noqa: E402
 from pipeline.core.dag import dag_order  # noqa: E402
 from pipeline.core.errors import CurioError  # noqa: E402
 from pipeline.core.runners import started  # noqa: E402
 from pipeline.core.stage import STAGES, execute  # noqa: E402
 from pipeline.core.tracking import pipeline_run  # noqa: E402
-from pipeline.params import load_params  # noqa: E402
+from pipeline.params import (
+    Params,  # noqa: E402
+    load_params,  # noqa: E402
+)
 from pipeline.report import stage_metrics, summaries, write_report  # noqa: E402
 from pipeline.text.play import summarize  # noqa: E402
 from pipeline.text.policies import eval_groups  # noqa: E402

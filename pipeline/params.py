@@ -1,4 +1,6 @@
-"""Params as every entry point loads them: params.yaml read, overridden and validated against the schema
+"""The whole params: :class:`Params`, params.yaml's schema, composed from the sections kept beside what uses
+them (``pipeline/text/config.py``, ``pipeline/nethack/config.py``, the machinery's tracking and runner), and
+:func:`load_params`, how every entry point loads it: read, overridden and validated
 (:func:`pipeline.core.config.read_params`), then the checks the schema cannot make because they need the rest of
 the project: game groups that exist, rules programs and embedding models the LLM layer knows, the NetHack
 annotation prompts, model paths and hub ids, environment variables. A stage never fails on these half-way.
@@ -11,16 +13,104 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import RULES_MODELS, ConfigError, LLMConfig, Params, llm_roles, read_params
+from pydantic import Field, model_validator
+
+from pipeline.core.config import (
+    DATA_DIR,
+    METRICS_DIR,
+    ConfigError,
+    Locations,
+    RunnerConfig,
+    Section,
+    TrackingConfig,
+    read_params,
+    set_schema,
+)
 from pipeline.envs.base import game_class
+from pipeline.llm.config import LLMConfig, llm_roles
 from pipeline.llm.embedding import is_packaged_model
 from pipeline.llm.rules import program_names
 from pipeline.nethack.annotation import preference_goals, preference_templates
+from pipeline.nethack.config import (
+    AnnotateNetHackConfig,
+    EvaluateNetHackConfig,
+    PairsNetHackConfig,
+    RLNetHackConfig,
+    RolloutNetHackConfig,
+    TrainRewardConfig,
+)
+from pipeline.text.config import (
+    RULES_MODELS,
+    AnnotateTextConfig,
+    BootstrapConfig,
+    EvalSweepConfig,
+    EvaluateTextConfig,
+    GamesConfig,
+    PairsTextConfig,
+    PolicyConfig,
+    ReflogprobsConfig,
+    RLTextConfig,
+    RolloutTextConfig,
+    TrainPolicyConfig,
+)
+
+
+class Params(Section, Locations):
+    seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
+    data_dir: str = DATA_DIR
+    metrics_dir: str | None = METRICS_DIR
+    policy: PolicyConfig = Field(default_factory=PolicyConfig,
+        description="the text policy: which model plays and trains, on which backend and device")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="MLflow: one run per stage, nested under a pipeline run")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig,
+                                 description="where chunked stages and the eval-sweep fan out (Prefect task runner)")
+    games: GamesConfig = Field(default_factory=GamesConfig,
+                               description="text track: the task groups played, their splits and caps")
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig,
+        description="the built-in tiny LM, pre-trained on scripted play (policy.model: builtin)")
+    rollout_text: RolloutTextConfig = Field(default_factory=RolloutTextConfig,
+        description="the base policy plays the train tasks (and how every text stage samples it)")
+    annotate_text: AnnotateTextConfig = Field(default_factory=AnnotateTextConfig,
+                                              description="a judge labels each trajectory VALID / NOTVALID / UNKNOWN")
+    pairs_text: PairsTextConfig = Field(default_factory=PairsTextConfig,
+        description="preference pairs from the judged trajectories (PAPRIKA) or per turn (CollabLLM-style)")
+    reflogprobs: ReflogprobsConfig = Field(default_factory=ReflogprobsConfig,
+                                           description="the reference policy's log-probs of each pair, stored for DPO")
+    train_policy: TrainPolicyConfig = Field(default_factory=TrainPolicyConfig,
+                                            description="SFT then DPO of the policy, with LoRA adapters")
+    rl_text: RLTextConfig = Field(default_factory=RLTextConfig,
+                                  description="online RL of the text policy from the DPO policy")
+    evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig,
+                                              description="held-out success of each policy")
+    eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig,
+        description="`curio eval-sweep`: checkpoints x splits x seeds, per group (not a DVC stage)")
+    rollout_nethack: RolloutNetHackConfig = Field(default_factory=RolloutNetHackConfig,
+        description="NetHack track (Motif / ONI): random-policy rollouts of NLE, message captions kept")
+    annotate_nethack: AnnotateNetHackConfig = Field(default_factory=AnnotateNetHackConfig,
+        description="an annotator prefers one of two captions (Motif) or labels each (ONI)")
+    pairs_nethack: PairsNetHackConfig = Field(default_factory=PairsNetHackConfig,
+                                              description="train / validation preference pairs for the reward model")
+    train_reward: TrainRewardConfig = Field(default_factory=TrainRewardConfig,
+                                            description="the reward model over captions (Bradley-Terry on the pairs)")
+    rl_nethack: RLNetHackConfig = Field(default_factory=RLNetHackConfig,
+        description="APPO (sample-factory) agents with the intrinsic reward, one per variant")
+    evaluate_nethack: EvaluateNetHackConfig = Field(default_factory=EvaluateNetHackConfig,
+        description="return, depth and length of each trained agent next to a random one")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Params:
+        if self.bootstrap.n_embd % self.bootstrap.n_head:
+            raise ValueError("bootstrap.n_embd must be divisible by bootstrap.n_head")
+        return self
+
+
+set_schema(Params)
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None) -> Params:
     """Load, apply ``key=value`` overrides, validate, then :func:`check_params`. Raises ConfigError (one line)."""
-    params = read_params(path, overrides)
+    params = read_params(path, overrides, Params)
     check_params(params)
     return params
 

@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.core.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows
-from pipeline.core.config import Params
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.params import Params
 from pipeline.text.judge import JudgeItem, make_judge
 
 NAME = "annotate-text"

@@ -27,12 +27,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, read_table, redo_rows, replace_rows
-from pipeline.core.config import AnnotateNetHackConfig, Params
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import make_backend, sampling_from_config
 from pipeline.nethack.annotation import annotate_preferences, label_messages
 from pipeline.nethack.captions import window_captions
+from pipeline.nethack.config import AnnotateNetHackConfig
+from pipeline.params import Params
 
 NAME = "annotate-nethack"
 STAGE = Stage(

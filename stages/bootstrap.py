@@ -19,12 +19,12 @@ import random
 
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_rows, stable_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
-from pipeline.core.config import Params
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.envs.base import format_answer, make_game
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
+from pipeline.params import Params
 
 NAME = "bootstrap"
 STAGE = Stage(

@@ -13,11 +13,11 @@ from __future__ import annotations
 from functools import partial
 
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows
-from pipeline.core.config import Params
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
+from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
 

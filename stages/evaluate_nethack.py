@@ -20,10 +20,11 @@ from functools import partial
 import numpy as np
 
 from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
-from pipeline.core.config import ConfigError, Params
+from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
+from pipeline.params import Params
 
 NAME = "evaluate-nethack"
 STAGE = Stage(

@@ -24,10 +24,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from pipeline.core.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows
-from pipeline.core.config import ConfigError, Params
+from pipeline.core.config import ConfigError
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
+from pipeline.params import Params
 from pipeline.text.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
 from pipeline.text.play import PROMPT_MESSAGES, task_from_row
 from pipeline.text.policies import load_policy_backend, make_games, policy_path

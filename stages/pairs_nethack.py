@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core.artifacts import dataset_hash, read_table
-from pipeline.core.config import Params
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.params import Params
 
 NAME = "pairs-nethack"
 STAGE = Stage(

@@ -14,11 +14,11 @@ from functools import partial
 from tqdm.auto import tqdm
 
 from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
-from pipeline.core.config import Params
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
+from pipeline.params import Params
 from pipeline.text.policies import policy_path
 
 NAME = "reflogprobs"

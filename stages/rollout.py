@@ -22,13 +22,13 @@ from functools import partial
 from tqdm.auto import tqdm
 
 from pipeline.core.artifacts import chunk_seed, dir_hash, read_part, read_rows
-from pipeline.core.config import Params
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.envs.base import Game, Task
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_accounting, environment_metrics
+from pipeline.params import Params
 from pipeline.text.curriculum import UCBCurriculum
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_path

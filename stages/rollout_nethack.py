@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
-from pipeline.core.config import Params
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
+from pipeline.params import Params
 
 NAME = "rollout-nethack"
 STAGE = Stage(

@@ -24,7 +24,6 @@ import torch
 
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_table
 from pipeline.core.checkpoints import finished, mark_finished, run_key
-from pipeline.core.config import Params
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.reward import (
     STATS,
@@ -36,6 +35,7 @@ from pipeline.nethack.reward import (
     soft_bt_loss,
 )
 from pipeline.nethack.sf import TABLE
+from pipeline.params import Params
 
 NAME = "train-reward"
 STAGE = Stage(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
 from pipeline.core.checkpoints import finished, keyed_dir, run_key
-from pipeline.core.config import Params
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
+from pipeline.params import Params
 from pipeline.text.policies import policy_path
 from stages.train import finish, phase_metrics, write_loss_plot
 

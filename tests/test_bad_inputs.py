@@ -25,12 +25,13 @@ from typer.testing import CliRunner
 
 from pipeline import cli
 from pipeline.core.artifacts import MANIFEST, MODEL_MANIFEST, ChunkedDataset, read_table, save_model_dir, verify_model
-from pipeline.core.config import ConfigError, LLMConfig
+from pipeline.core.config import ConfigError
 from pipeline.core.errors import InputError
 from pipeline.core.runners import run_chunked
 from pipeline.llm import make_backend
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache
+from pipeline.llm.config import LLMConfig
 from pipeline.params import load_params
 
 sys.path.insert(0, str(Path(__file__).parent))

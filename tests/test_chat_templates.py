@@ -70,7 +70,7 @@ def test_masked_tokens_are_assistant_contents_and_end_of_turn(real, family):
 def test_sft_and_dpo_train_on_real_weights(real, family, tmp_path):
     """Two LoRA steps each (adapters removed afterwards, so every family starts from the same weights): SFT
     raises the log-prob of the assistant tokens, DPO the chosen-rejected margin; losses finite."""
-    from pipeline.core.config import LoraConfigSection
+    from pipeline.models.config import LoraConfigSection
 
     base, tok = use(real, family)
     prompt, chosen, rejected = PROMPT[1:], CHOSEN[:1], REJECTED[:1]  # short: one assistant turn each

@@ -43,6 +43,6 @@ def test_cli_exits_2_with_one_line_and_writes_nothing(tmp_path):
 
 def test_embedded_defaults_equal_params_yaml():
     """The pydantic defaults are the shipped params.yaml: a section left out of params.yaml means the same run."""
-    from pipeline.core.config import Params
+    from pipeline.params import Params
 
     assert Params().model_dump(mode="json") == load_params("params.yaml").model_dump(mode="json")

@@ -47,10 +47,10 @@ def lazy_import(tree: Path, module: str, statement: str) -> None:
 
 @pytest.mark.parametrize("module, statement, broken", [
     ("pipeline.llm.base", "from pipeline.envs.base import make_game  # noqa: F401",
-     ["the LLM layer imports no game", "entry points > stages > tracks > games > LLM > models > machinery"]),
+     ["the LLM layer imports no game", "entry points > stages > params > tracks > games > LLM > models > machinery"]),
     ("pipeline.core.artifacts", "from pipeline.text.play import summarize  # noqa: F401",
      ["no import cycles between the packages of pipeline/ and stages/",
-      "entry points > stages > tracks > games > LLM > models > machinery"]),
+      "entry points > stages > params > tracks > games > LLM > models > machinery"]),
     ("pipeline.core.artifacts", "from pipeline.core.runners import ChunkJob  # noqa: F401",
      ["machinery: stage contract > runners > params > storage"]),
     ("pipeline.text.policies", "import stages.rl.chai  # noqa: F401", ["nothing below the stages imports stages/"]),

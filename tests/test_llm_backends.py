@@ -6,12 +6,13 @@ import types
 import numpy as np
 import pytest
 
-from pipeline.core.config import LLMConfig, Params
 from pipeline.llm import CachedBackend, EmbeddingBackend, make_backend, make_environment, sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import check_role, llm_roles
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.rules import RulesBackend
 from pipeline.nethack.annotation import annotate_preferences, label_messages
+from pipeline.params import Params
 
 
 @pytest.fixture(autouse=True)

@@ -9,14 +9,14 @@ import time
 import pytest
 from fake_openai_server import CURIO_RULES, FakeServer
 
-from pipeline.core.config import LLMConfig, Params
 from pipeline.core.tracking import flatten_params
 from pipeline.llm import CachedBackend, make_backend, sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import CheckFailed, check_role
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_backend import OpenAIBackend
 from pipeline.nethack.annotation import annotate_preferences, label_messages
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 
 KEY_ENV = "CURIO_TEST_LLM_KEY"
 SENTINEL = "sk-curio-SENTINEL-7f3a9c"

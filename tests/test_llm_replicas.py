@@ -8,9 +8,9 @@ import time
 import pytest
 from fake_openai_server import FakeServer
 
-from pipeline.core.config import LLMConfig
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_backend import OpenAIBackend
 
 

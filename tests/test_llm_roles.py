@@ -4,7 +4,6 @@ import random
 
 import pytest
 
-from pipeline.core.config import LLMConfig
 from pipeline.envs.base import Game, StepResult, Task, register
 from pipeline.envs.llm_host import (
     EnvironmentQuery,
@@ -14,6 +13,7 @@ from pipeline.envs.llm_host import (
 )
 from pipeline.llm import CachedBackend, Ledger
 from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.llm.config import LLMConfig
 from pipeline.nethack.annotation import RETRY_PROMPT, annotate_preferences, label_messages
 from pipeline.text.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
 

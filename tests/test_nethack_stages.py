@@ -13,10 +13,9 @@ from conftest import nethack_opening
 from conftest import nethack_params as make_params
 
 from pipeline.core.artifacts import read_manifest, read_table
-from pipeline.core.config import Params
 from pipeline.core.stage import StageContext, execute
 from pipeline.llm.base import ChatBackend, Generation, Sampling
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 
 
 class FakeJudge(ChatBackend):

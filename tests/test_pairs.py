@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import ConfigError, LLMConfig
+from pipeline.core.config import ConfigError
 from pipeline.envs.base import make_game
 from pipeline.envs.twenty_questions import knowledge_base
 from pipeline.llm.base import ChatBackend, Generation, Sampling
+from pipeline.llm.config import LLMConfig
 from pipeline.params import load_params
 from pipeline.text.multiturn_pairs import (
     UNPARSEABLE_REWARD,

@@ -1,6 +1,6 @@
 """rl-nethack trains its variants side by side: one core each, up to twice the machine's cores."""
 
-from pipeline.core.config import Params
+from pipeline.params import Params
 from stages.rl.appo import concurrent_variants
 
 

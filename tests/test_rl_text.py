@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.config import Params
 from pipeline.llm.base import ChatBackend, Generation
+from pipeline.params import Params
 from pipeline.text.critic import CriticRerank, DoubleCritic, state_text
 from pipeline.text.policies import game_tasks, make_games
 from stages.rl.archer import (

@@ -12,11 +12,11 @@ import yaml
 from conftest import READS_LOG, REPO, judge_sources
 from pydantic import BaseModel
 
-from pipeline.core.config import Params, UndeclaredParamError
+from pipeline.core.config import UndeclaredParamError
 from pipeline.core.registry import STAGES
 from pipeline.core.stage import Stage, declaration, execute
 from pipeline.generate import declared_stages, generate, render_dvc_yaml
-from pipeline.params import load_params
+from pipeline.params import Params, load_params
 
 
 def covered(key: str, declared: list[str]) -> bool:

@@ -85,7 +85,7 @@ def test_accepted_loss_types_are_the_installed_trl_dpo_losses():
 
     from trl import DPOConfig
 
-    from pipeline.core.config import DPO_LOSS_TYPES
+    from pipeline.models.config import DPO_LOSS_TYPES
 
     documented = re.findall(r"`'(\w+)'`", DPOConfig.__dataclass_fields__["loss_type"].metadata["help"])
     assert set(DPO_LOSS_TYPES) == set(documented) - {"sft"}  # sft is RPO's term: rpo_alpha
@@ -159,7 +159,7 @@ def fresh_copy(tiny_lm):
 
 
 def lora(**kw):
-    from pipeline.core.config import LoraConfigSection
+    from pipeline.models.config import LoraConfigSection
 
     return LoraConfigSection(enabled=True, r=4, alpha=8, **kw)
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from pipeline.core.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
 from pipeline.core.cards import write_cards
-from pipeline.core.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
+from pipeline.core.config import SHARED_KEYS, ParamsSlice, slice_model, take_slice
 from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
 from pipeline.core.runners import use_runner
@@ -93,7 +93,7 @@ class Stage:
         """The typed params slice ``run`` receives (:func:`pipeline.core.config.slice_model`)."""
         return slice_model(self.name, self.params)
 
-    def slice(self, params: Params) -> ParamsSlice:
+    def slice(self, params: Any) -> ParamsSlice:
         return take_slice(self.params_model, params)
 
     def deps(self) -> list[str]:
@@ -152,11 +152,11 @@ def declaration(name: str) -> Stage:
     return stage_module(name).STAGE
 
 
-def metrics_path(params: Params, name: str) -> Path:
+def metrics_path(params: Any, name: str) -> Path:
     return params.metrics_path("stages", f"{name}.json")
 
 
-def data_paths(params: Params, stage: Stage) -> tuple[list[Path], list[Path]]:
+def data_paths(params: Any, stage: Stage) -> tuple[list[Path], list[Path]]:
     """The stage's deps and outs under ``data/``, mapped into ``params.data_dir``."""
     def mapped(paths: list[str]) -> list[Path]:
         return [params.data_path(p.removeprefix("data/")) for p in paths if p.startswith("data/")]
@@ -189,7 +189,7 @@ def model_card(name: str, model: Path, lineage: dict, metrics: dict, params: dic
             f"## Stage params\n\n```yaml\n{yaml.safe_dump(params, sort_keys=False)}```\n")
 
 
-def execute(name: str, params: Params) -> StageResult:
+def execute(name: str, params: Any) -> StageResult:
     """Run one stage on its declared params slice, with tracking, and write its metrics file.
 
     The MLflow run carries the stage's lineage: git commit, params hash, every input under data/ as a dataset
@@ -210,7 +210,7 @@ def execute(name: str, params: Params) -> StageResult:
                             git=git)
 
 
-def _tracked(name: str, params: Params, stage: Stage, view: Any, tracker: Tracker, start: float, *,
+def _tracked(name: str, params: Any, stage: Stage, view: Any, tracker: Tracker, start: float, *,
              picked: dict, params_hash: str, git: dict) -> StageResult:
     """The stage's work inside its MLflow run: inputs, ``run``, the metrics file, cards, lineage and models."""
     recorder = ReadRecorder(params) if os.environ.get(READS_ENV) else None

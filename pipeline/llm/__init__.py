@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.core.config import ConfigError, LLMConfig, RolloutTextConfig
+from pipeline.core.config import ConfigError
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Message, Sampling
 from pipeline.llm.cache import CachedBackend, ResponseCache, default_cache_path
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.embedding import EmbeddingBackend
 from pipeline.llm.environment import current_accounting
 from pipeline.llm.ledger import Ledger
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 
-def sampling_from_config(cfg: LLMConfig | RolloutTextConfig, **overrides: Any) -> Sampling:
+def sampling_from_config(cfg: LLMConfig | Any, **overrides: Any) -> Sampling:
     """The Sampling params describe: an LLM role's (``LLMConfig``: temperature, top-p, min-p, max tokens, seed)
     or the policy's (``rollout_text``: no seed, so the samples of one prompt are distinct draws). The one place
     a Sampling is built from params; ``overrides`` replace fields (e.g. an evaluation temperature)."""

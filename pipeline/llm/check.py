@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.core.config import LLMConfig, Params, llm_roles
+from pydantic import BaseModel
+
 from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm.config import LLMConfig, llm_roles
 from pipeline.llm.embedding import EmbeddingBackend
 
 # Short names for the roles the stages use (README: policy, environment, judge, annotator); any dotted params key
@@ -29,10 +31,10 @@ class CheckFailed(RuntimeError):
 
 
 #: Where the named policy lives (``pipeline.text.policies.policy_path``: the LLM layer knows no stages or games).
-PolicyPath = Callable[[Params, str], str]
+PolicyPath = Callable[[BaseModel, str], str]
 
 
-def resolve_role(params: Params, role: str, policy_path: PolicyPath | None = None) -> tuple[str, LLMConfig]:
+def resolve_role(params: BaseModel, role: str, policy_path: PolicyPath | None = None) -> tuple[str, LLMConfig]:
     """(dotted key, config) of a role name or dotted key; ValueError listing the known ones otherwise."""
     roles = llm_roles(params)
     if role == POLICY:
@@ -49,7 +51,7 @@ def resolve_role(params: Params, role: str, policy_path: PolicyPath | None = Non
     return key, roles[key]
 
 
-def check_role(params: Params, role: str, policy_path: PolicyPath | None = None) -> str:
+def check_role(params: BaseModel, role: str, policy_path: PolicyPath | None = None) -> str:
     """Send one request (bypassing the cache) with ``role``'s backend; a printable report.
 
     Raises CheckFailed (message = the report) when the request fails, ValueError for an unknown role.

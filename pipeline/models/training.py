@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from pipeline.core.config import ConfigError, LoraConfigSection, check_dpo_loss_type
+from pipeline.core.config import ConfigError
 from pipeline.core.processes import requested, world_size
 from pipeline.core.tracking import Tracker
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
+from pipeline.models.config import LoraConfigSection, check_dpo_loss_type
 from pipeline.models.launch import launched
 from pipeline.models.masks import install as install_masks
 

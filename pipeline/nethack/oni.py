@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.artifacts import atomic_write_json
-from pipeline.core.config import LLMConfig
 from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.embedding import EmbeddingBackend
 from pipeline.nethack.annotation import label_messages, nethack_goal
 

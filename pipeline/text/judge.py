@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pipeline.core.config import RULES_MODELS, LLMConfig
 from pipeline.envs.base import Game, Task, make_game
 from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import load_prompt, render
+from pipeline.text.config import RULES_MODELS
 
 RULES_JUDGES = RULES_MODELS["annotate_text.judge"]
 _TASK_FIELDS = {f.name for f in dataclasses.fields(Task)}

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from pipeline.core.artifacts import atomic_write_bytes
-from pipeline.core.config import ConfigError, Params, _set_dotted
+from pipeline.core.config import ConfigError, _set_dotted
 from pipeline.core.dag import ancestors, dag_order, stage_parents
 from pipeline.core.stage import execute
 from pipeline.envs.base import game_class
@@ -28,7 +30,8 @@ from pipeline.envs.base import game_class
 TARGET = "evaluate-text"
 
 
-def logo_params(params: Params, group: str, pool: list[str] | None = None, data_root: str | None = None) -> Params:
+def logo_params(params: BaseModel, group: str, pool: list[str] | None = None,
+                data_root: str | None = None) -> BaseModel:
     """The params of the leave-``group``-out run (ConfigError, one line, when it cannot be built)."""
     for name in [group, *(pool or [])]:
         try:
@@ -46,7 +49,7 @@ def logo_params(params: Params, group: str, pool: list[str] | None = None, data_
     _set_dotted(raw, "data_dir", str(Path(data_root or params.data_dir) / f"logo_{group}"))
     _set_dotted(raw, "metrics_dir", str(Path(data_root or params.data_dir) / f"logo_{group}" / "metrics"))
     _set_dotted(raw, "tracking.experiment", f"{params.tracking.experiment}-logo-{group}")
-    return Params.model_validate(raw)
+    return type(params).model_validate(raw)
 
 
 def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
@@ -55,7 +58,7 @@ def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[
     return [n for n in dag_order(dvc_yaml) if n in needed]
 
 
-def run_logo(params: Params, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
+def run_logo(params: BaseModel, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """Run the text track into ``params.data_dir``; returns the stages run."""
     names = stages_for(TARGET, dvc_yaml)
     for name in names:
@@ -65,7 +68,7 @@ def run_logo(params: Params, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     return names
 
 
-def logo_rows(params: Params, group: str) -> list[dict]:
+def logo_rows(params: BaseModel, group: str) -> list[dict]:
     """Per policy: held-out success rate and mean turns on ``group``, from evaluate-text's metrics."""
     import json
 
@@ -83,7 +86,7 @@ def logo_rows(params: Params, group: str) -> list[dict]:
     return rows
 
 
-def logo_report(params: Params, group: str) -> str:
+def logo_report(params: BaseModel, group: str) -> str:
     """Markdown table: held-out success before (base) vs after (sft / dpo / rl); also written to logo.md."""
     rows = logo_rows(params, group)
     base = next((r["success_rate"] for r in rows if r["policy"] == "base"), None)

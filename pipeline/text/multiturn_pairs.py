@@ -27,14 +27,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.core.config import LLMConfig, PairsTextConfig
 from pipeline.envs.base import Game, Task
 from pipeline.envs.twenty_questions import knowledge_base
 from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
+from pipeline.llm.config import LLMConfig
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import load_prompt, render
+from pipeline.text.config import PairsTextConfig
 from pipeline.text.multiturn_reward import (
     ACCURACY_SCORES,
     ConsistentCandidates,

@@ -10,16 +10,18 @@ import random
 from pathlib import Path
 from typing import Literal
 
-from pipeline.core.config import LLMConfig, Params, parse_noise
+from pipeline.core.config import ParamsSlice
 from pipeline.envs.base import Game, Split, Task, format_note, make_game
 from pipeline.llm import make_backend, make_environment
 from pipeline.llm.base import ChatBackend
+from pipeline.llm.config import LLMConfig
 from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
+from pipeline.text.config import parse_noise
 from pipeline.text.scripted import ScriptedPolicy
 
 
-def policy_path(params: Params, name: str) -> str:
+def policy_path(params: ParamsSlice, name: str) -> str:
     paths = {
         "base": (str(params.data_path("bootstrap", "model")) if is_builtin(params.policy.model)
                  else resolve_model(params.policy.model)),
@@ -30,7 +32,7 @@ def policy_path(params: Params, name: str) -> str:
     return paths.get(name, name)
 
 
-def load_policy_backend(params: Params, name_or_path: str, batch_size: int | None = None,
+def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int | None = None,
                         groups: list[str] | None = None) -> ChatBackend:
     """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so).
     ``groups``: the task groups it will play (default the training groups; the scripted policy needs them)."""
@@ -51,12 +53,12 @@ def load_policy_backend(params: Params, name_or_path: str, batch_size: int | Non
     return make_backend(cfg, role="policy")
 
 
-def eval_groups(params: Params) -> list[str]:
+def eval_groups(params: ParamsSlice) -> list[str]:
     """The task groups evaluation plays: ``games.eval_groups``, or the training groups when that is null."""
     return list(params.games.eval_groups or params.games.groups)
 
 
-def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
+def make_games(params: ParamsSlice, groups: list[str] | None = None) -> list[Game]:
     """The games of ``groups`` (default: the training groups, ``games.groups``); None as environment = the
     game's own program answers, else an LLM simulates it. Their system prompts teach the answer format as
     ``policy.format_prompt`` says (an example exchange is played on the game's first train task)."""
@@ -69,7 +71,7 @@ def make_games(params: Params, groups: list[str] | None = None) -> list[Game]:
     return games
 
 
-def game_tasks(params: Params, game: Game, split: Split | Literal["val"]) -> list[Task]:
+def game_tasks(params: ParamsSlice, game: Game, split: Split | Literal["val"]) -> list[Task]:
     """Tasks of ``split``: ``eval`` is the game's held-out split; ``val`` is ``games.val_fraction`` of its train
     tasks, carved out of ``train`` (the same ones every run), for choosing hyperparameters without the held-out
     split. Caps: ``max_train_tasks`` on train, ``max_eval_tasks`` on val and eval."""

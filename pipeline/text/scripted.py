@@ -15,9 +15,9 @@ import random
 
 import torch
 
-from pipeline.core.config import DEFAULT_NOISE
 from pipeline.envs.base import Game, Task, extract_answer, format_answer
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.text.config import DEFAULT_NOISE
 
 
 class ScriptedPolicy(ChatBackend):

@@ -36,10 +36,11 @@ from pathlib import Path
 
 from pipeline.core.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
-from pipeline.core.config import Params, RLNetHackVariant
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
 from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
+from pipeline.params import Params
 
 NAME = "rl-nethack"
 STAGE = Stage(

@@ -41,7 +41,7 @@ from torch import nn
 
 from pipeline.core.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.core.checkpoints import keyed_dir, run_key
-from pipeline.core.config import ConfigError, Params
+from pipeline.core.config import ConfigError
 from pipeline.core.errors import CurioError
 from pipeline.core.processes import requested, world_size
 from pipeline.core.stage import StageContext, StageResult
@@ -50,6 +50,7 @@ from pipeline.llm.base import ChatBackend, Sampling
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.launch import launched_stage
+from pipeline.params import Params
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, policy_path

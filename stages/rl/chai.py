@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.core.config import Params
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm.base import ChatBackend
+from pipeline.params import Params
 from pipeline.text.critic import CRITIC_DIR, CriticRerank, DoubleCritic
 from stages.rl.archer import train_loop
 

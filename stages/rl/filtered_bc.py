@@ -16,12 +16,12 @@ from pathlib import Path
 
 from pipeline.core.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.core.checkpoints import keyed_dir, run_key
-from pipeline.core.config import Params
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
+from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, policy_path
 from stages.rl.text import NAME, STAGE

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 import shutil
 
-from pipeline.core.config import Params
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.params import Params
 
 NAME = "rl-text"
 STAGE = Stage(

@@ -1,0 +1,259 @@
+"""The text track's params: the policy, the games, and one section per stage (bootstrap, rollout-text,
+annotate-text, pairs-text, reflogprobs, train-sft / train-dpo, rl-text, evaluate-text) and the eval-sweep, with
+their defaults and help strings (params.yaml is generated from them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.core.config import Section
+from pipeline.llm.config import LLMConfig
+from pipeline.models.config import DPOConfigSection, LoraConfigSection, SFTConfigSection
+
+# -- shared -----------------------------------------------------------------------------------------------
+#: The scripted player's default noise (``policy.model: scripted``; ``scripted:NOISE`` sets it).
+DEFAULT_NOISE = 0.3
+
+
+def parse_noise(model: str) -> float:
+    """``scripted`` -> 0.3; ``scripted:0.5`` -> 0.5."""
+    name, _, value = model.partition(":")
+    try:
+        noise = float(value or DEFAULT_NOISE)
+    except ValueError:
+        noise = -1.0
+    if name != "scripted" or not 0.0 <= noise <= 1.0:
+        raise ValueError(f"policy.model {model!r}: the scripted backend takes 'scripted' or 'scripted:NOISE' "
+                         "with NOISE in [0, 1]")
+    return noise
+
+
+class PolicyConfig(Section):
+    model: str = Field(
+        "builtin",
+        description="'builtin' = the tiny LM built by the bootstrap stage; otherwise any HF model id or path",
+    )
+    backend: Literal["hf", "vllm", "openai", "scripted"] = Field(
+        "hf", description="backend that runs the policy; scripted = the games' scripted players (model "
+        "'scripted:NOISE', no weights; for benchmarks and tests of rollout / evaluation)")
+    device: str = Field("cpu", description="torch device for hf training/inference")
+    format_prompt: Literal["game", "rule", "example"] = Field(
+        "game", description="how the games' system prompts teach the <Answer> format: game = as written (what "
+        "the built-in model is pre-trained on); rule = plus an explicit one-line rule; example = the rule plus the "
+        "opening of a train task played by the scripted player (pretrained chat models that ignore the format; "
+        "choose on the val split with bench/choose_format_prompt.py)")
+    free_answers: bool = Field(
+        False, description="a policy reply without <Answer> tags is read as a move (its first line) instead of "
+        "being re-sampled and ending the episode as invalid: small chat models that never write the tags "
+        "(SmolLM2-135M) still play, and learn from their own unformatted moves")
+
+    @model_validator(mode="after")
+    def _scripted_model(self) -> PolicyConfig:
+        if self.backend == "scripted":
+            parse_noise(self.model)  # ValueError -> "params: policy: ..." (one line)
+        return self
+
+
+# -- text track --------------------------------------------------------------------------------------------
+class BootstrapConfig(Section):
+    vocab_size: int = Field(4096, ge=64, le=65536, description="BPE vocabulary size of the built-in "
+                            "tokenizer (game words become single tokens: shorter sequences, names never garbled)")
+    n_layer: int = Field(3, ge=1, le=48, description="transformer layers of the tiny GPT-2")
+    n_embd: int = Field(128, ge=16, le=4096, description="hidden size (divisible by n_head)")
+    n_head: int = Field(4, ge=1, le=64, description="attention heads")
+    n_positions: int = Field(768, ge=64, le=8192, description="context length in tokens (a whole episode fits)")
+    episodes: int = Field(2000, ge=10, description="scripted episodes to pre-train on")
+    noise: float = Field(0.35, ge=0.0, le=1.0, description="probability a scripted move is random instead of good")
+    epochs: float = Field(4.0, gt=0, description="passes over the scripted episodes")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
+    batch_size: int = Field(16, ge=1, description="episodes per step")
+
+
+class GamesConfig(Section):
+    groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played")
+    max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
+    max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of each group's train tasks carved "
+                                "(deterministically) into a validation split `val` for choosing hyperparameters; "
+                                "0 = none, train unchanged")
+    eval_groups: list[str] | None = Field(
+        None, min_length=1, description="task groups evaluate-text / eval-sweep play (null = groups); training "
+        "stages only use groups, so groups minus G with eval_groups [G] is leave-one-group-out (`curio logo G`)",
+    )
+
+
+class CurriculumConfig(Section):
+    """PAPRIKA's UCB curriculum over difficulty arms (pipeline/text/curriculum.py) for rollout-text."""
+
+    enabled: bool = Field(False, description="play rounds of curriculum-picked tasks instead of every train "
+                          "task once (each round is one Parquet part)")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the UCB exploration bonus")
+    tasks_per_round: int = Field(16, ge=1, description="tasks picked per round (each played k times)")
+    rounds: int | None = Field(None, ge=1, description="rounds played; null = the uniform rollout's budget, "
+                               "ceil(train tasks / tasks_per_round)")
+    arms: Literal["difficulty", "group_difficulty"] = Field(
+        "difficulty", description="difficulty: one arm per label, pooled over groups; group_difficulty: one "
+        "arm per (group, label)")
+
+
+class RolloutTextConfig(Section):
+    trajectories_per_task: int = Field(16, ge=1, description="samples per task (PAPRIKA: 4 eval, 20 "
+                                       "paper); more samples per secret: better best trajectories, more pairs")
+    tasks_per_chunk: int = Field(32, ge=1, description="tasks per Parquet part (the unit of resume)")
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature of the policy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0,
+                         description="min-p sampling (PAPRIKA: 0.3 with 8B LLMs; 0 for the tiny model)")
+    max_new_tokens: int = Field(32, ge=1, le=1024, description="cap on tokens generated per agent turn")
+    max_format_retries: int = Field(3, ge=0, le=10, description="re-samples of an unparseable turn before the "
+                                    "episode is marked invalid (PAPRIKA: 10)")
+    batch_size: int = Field(64, ge=1, description="episodes generated together")
+    environment: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="oracle"),
+                                   description="who answers the agent: rules = program oracle")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
+        description="PAPRIKA's UCB curriculum: rounds of tasks picked by learning potential")
+
+
+class AnnotateTextConfig(Section):
+    judge: LLMConfig = Field(default_factory=lambda: LLMConfig(backend="rules", model="exact_match"),
+        description="rules: the game's exact-match program; any LLM backend: the <VALID>/<NOTVALID> judge prompt")
+
+
+class RewardWeightsConfig(Section):
+    """Weights of R = llm·mean(interactivity, information gain) + task·accuracy − min(cost·tokens, 1)."""
+
+    llm: float = Field(1.0, ge=0, description="w_llm: weight of mean(interactivity, information gain)")
+    task: float = Field(1.0, ge=0, description="w_task: weight of task accuracy")
+    cost: float = Field(5e-4, ge=0, description="w_cost: penalty per agent token (capped at 1 in total)")
+
+
+#: ``pairs_text.judge`` rules programs: ``exact`` = the scores computed from the game's knowledge base.
+MULTITURN_RULES_JUDGES = ("exact",)
+
+
+class PairsTextConfig(Section):
+    strategy: Literal["paprika", "multiturn"] = Field(
+        "paprika", description="paprika: one best-vs-worse pair of whole trajectories per task; multiturn: "
+        "per-turn pairs scored by forward-simulated continuations (CollabLLM-style multi-turn-aware reward)")
+    turn_threshold: int = Field(2, ge=0, description="chosen must be within this many turns of the best success")
+    judge_label_strategy: Literal["as_success", "as_failure", "drop"] = Field(
+        "as_failure", description="how judge-invalid successes count"
+    )
+    pairs_per_task: int = Field(1, ge=1, le=100, description="paprika: pairs made per task")
+    # -- strategy: multiturn -------------------------------------------------------------------------------
+    states_per_task: int = Field(4, ge=1, description="multiturn: conversation prefixes (states) sampled per task")
+    num_candidates: int = Field(3, ge=2, le=64, description="multiturn: candidate next turns sampled per state")
+    num_samples: int = Field(3, ge=1, le=64, description="multiturn: forward continuations per candidate")
+    window_size: int = Field(2, ge=0, le=20, description="multiturn: agent turns played after the candidate "
+                             "turn in each continuation (0 = the candidate and the reply to it only)")
+    min_margin: float = Field(0.0, ge=0, description="multiturn: keep a pair only when best and worst mean "
+                              "rewards differ by more than this")
+    tasks_per_chunk: int = Field(16, ge=1, description="multiturn: tasks per Parquet part (the unit of resume)")
+    reward_weights: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig,
+                                                description="multiturn: weights of the CollabLLM-style reward")
+    judge: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(backend="rules", model="exact"),
+        description="multiturn: who scores interactivity / information gain / accuracy of a continuation: "
+        "rules 'exact' = computed from the game's knowledge base (twenty_questions, guess_my_city); any chat "
+        "backend = the multiturn_judge prompt")
+
+    @model_validator(mode="after")
+    def _judge_usable(self) -> PairsTextConfig:
+        if self.judge.backend == "embedding":
+            raise ValueError("judge: the embedding backend cannot score continuations; use rules, hf, "
+                             "vllm or openai")
+        if self.judge.backend == "rules" and self.judge.model not in MULTITURN_RULES_JUDGES:
+            raise ValueError(f"judge.model: unknown rules judge {self.judge.model!r} "
+                             f"(known: {', '.join(MULTITURN_RULES_JUDGES)})")
+        return self
+
+
+class ReflogprobsConfig(Section):
+    batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
+
+
+class TrainPolicyConfig(Section):
+    sft: SFTConfigSection = Field(default_factory=SFTConfigSection,
+                                  description="SFT on the chosen trajectories (TRL SFTTrainer)")
+    dpo: DPOConfigSection = Field(default_factory=DPOConfigSection,
+                                  description="DPO on the pairs with the stored reference log-probs (TRL DPOTrainer)")
+    lora: LoraConfigSection = Field(default_factory=LoraConfigSection, description="peft LoRA adapters for both phases")
+    save_steps: int = Field(50, ge=1, description="checkpoint every N optimizer steps (resume point)")
+    num_processes: int = Field(1, ge=1, description="processes training data-parallel under `accelerate launch` "
+                               "(train-sft, train-dpo, bootstrap, rl-text); batch sizes stay global: each process "
+                               "takes batch_size / num_processes of every batch")
+    accelerate_config: str | None = Field(None, description="an accelerate config file (GPUs, machines, mixed "
+                                          "precision) for `accelerate launch`; used instead of num_processes")
+
+
+class CriticConfig(Section):
+    """ArCHer's utterance-level double critic (also CHAI's): Q1, Q2 on [h_s; h_a], V1, V2 on h_s."""
+
+    model: str = Field("policy", description="encoder of state and action: `policy` = the initial policy's "
+                       "transformer (no download), mean-pooled; or any HF encoder id / path (paper: roberta-base)")
+    gamma: float = Field(0.95, gt=0.0, le=1.0, description="discount per agent turn")
+    tau: float = Field(0.1, gt=0.0, le=1.0, description="Polyak rate of the target critic")
+    lr: float = Field(1e-4, gt=0, description="paper: 2e-5 with RoBERTa-base")
+    steps: int = Field(20, ge=1, description="critic gradient steps per round (paper: 50)")
+    batch_size: int = Field(32, ge=1, description="transitions per critic step")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip of critic steps")
+    buffer_capacity: int = Field(100_000, ge=1, description="newest transitions the critic samples from")
+    max_state_tokens: int = Field(256, ge=8, description="state text is left-truncated to this many tokens")
+
+
+class ArcherConfig(Section):
+    actor_lr: float = Field(1e-5, gt=0, description="paper: 1e-6 with GPT-2")
+    actor_steps: int = Field(3, ge=0, description="actor gradient steps per round (paper: 3)")
+    batch_size: int = Field(16, ge=1, description="states per actor step")
+    warmup_rounds: int = Field(1, ge=0, description="critic-only rounds first (paper: 20)")
+
+
+class ChaiConfig(Section):
+    num_samples: int = Field(5, ge=1, description="utterances sampled per turn; the argmax of min(Q1,Q2) is played")
+
+
+class RLTextConfig(Section):
+    algorithm: Literal["filtered_bc", "archer", "chai"] = Field(
+        "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
+        "online CHAI (critic re-ranks sampled utterances, no actor update)")
+    rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
+    tasks_per_round: int = Field(64, ge=1, description="train tasks played per round")
+    trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
+    top_quantile: float = Field(0.25, gt=0, le=1, description="filtered_bc: keep the best fraction of all "
+                                "trajectories so far")
+    lr: float = Field(1e-4, gt=0, description="filtered_bc")
+    epochs: float = Field(2.0, gt=0, description="filtered_bc")
+    batch_size: int = Field(16, ge=1, description="filtered_bc")
+    critic: CriticConfig = Field(default_factory=CriticConfig,
+                                 description="archer and chai: utterance-level double critic with a Polyak target")
+    archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")
+    chai: ChaiConfig = Field(default_factory=ChaiConfig, description="chai: the critic re-ranks sampled utterances")
+
+
+class EvaluateTextConfig(Section):
+    trajectories_per_task: int = Field(8, ge=1, description="episodes per held-out task and policy "
+                                       "(52 held-out secrets x 8: ~2.4 points standard error per policy)")
+    temperature: float = Field(0.7, ge=0.0, description="sampling temperature while evaluating")
+    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1,
+        description="policies evaluated: base (bootstrap or policy.model), sft, dpo, rl")
+
+
+class EvalSweepConfig(Section):
+    checkpoints: list[str] = Field(["base", "sft", "dpo", "rl"], min_length=1,
+                                   description="policy names (base, sft, dpo, rl) or model paths")
+    splits: list[Literal["train", "val", "eval"]] = Field(["eval"], min_length=1,
+        description="task splits: train, val (games.val_fraction > 0) or eval")
+    seeds: list[int] = Field([0, 1], min_length=1, description="sampling seeds; results report mean and std over them")
+    groups: list[str] | None = Field(None, min_length=1, description="task groups, one results row each "
+                                     "(null = the evaluation groups: games.eval_groups, else games.groups)")
+    max_workers: int = Field(2, ge=1, description="evaluations run in parallel")
+
+
+#: The rules programs each LLM role accepts (others: the programs registered in ``pipeline.llm.rules``).
+RULES_MODELS = {
+    "rollout_text.environment": ("oracle",),
+    "annotate_text.judge": ("exact_match",),
+    "pairs_text.judge": MULTITURN_RULES_JUDGES,
+}
