@@ -32,6 +32,7 @@ from pipeline.models.launch import use_processes
 from pipeline.registry import STAGES
 from pipeline.runners import use_runner
 from pipeline.tracking import StageTracking, Tracker, git_tags
+from pipeline.viewer import log_samples
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
 #: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
@@ -255,6 +256,7 @@ def _tracked(name: str, params: Params, stage: Stage, view: Any, tracker: Tracke
                    "git_commit": git.get("curio.git_commit"), "git_dirty": git.get("curio.git_dirty")}
         tracker.set_tags({f"curio.output.{Path(p).name}": d[:16] for p, d in lineage["outputs"].items()})
         tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
+        log_samples(tracker, outs)  # a few rows of each dataset written, as MLflow tables (pipeline/viewer.py)
         for model in models:
             if model.exists():
                 tracker.log_artifact(model, f"models/{model.name}")

@@ -33,6 +33,7 @@ TEXT_CAP = 4000  # characters of one message / raw reply kept on a page
 ROW_CAP = {"episodes": 1500, "pairs": 1000, "annotations-text": 1000, "annotations-nethack": 3000,
            "nethack-steps": 12, "nethack-episodes": 5000}  # nethack-steps: episodes (of NLE steps each)
 STEP_CAP = 2000  # steps of one NetHack episode replayed on a page
+TTY_CELLS = 24 * 80  # a tty_chars frame
 KEYFRAME = 64  # a full tty frame every KEYFRAME steps, changed runs of characters in between
 COUNT_EXPONENT = 3.0  # β of r̃(m) / N_ep(m)^β (pipeline.nethack.intrinsic), the default of rl_nethack's variants
 
@@ -374,6 +375,51 @@ def write_pages(data_dir: Path, out_dir: Path, params: Any = None, report: str =
             if old.stem not in written and re.fullmatch(r"[\w-]+", old.stem):
                 old.unlink()
     return written
+
+
+# -- MLflow ---------------------------------------------------------------------------------------------------
+MLFLOW_ROWS = 20  # rows of each dataset a stage run logs as an MLflow table
+MLFLOW_CELL = 2000  # characters of one cell
+
+
+def _cell(v: Any) -> Any:
+    """A table cell MLflow can store: conversations as role-prefixed text, a tty frame as its 24 lines."""
+    if isinstance(v, bytes):
+        return "\n".join(frame_text(v[i:i + 80]) for i in range(0, len(v), 80)) if len(v) == TTY_CELLS else v.hex()
+    if isinstance(v, list) and v and isinstance(v[0], dict) and "role" in v[0]:
+        v = "\n\n".join(f"[{m['role']}] {m['content']}" for m in v)
+    elif isinstance(v, list | dict):
+        v = json.dumps(v, default=str)
+    v = _clean(v)
+    return v[:MLFLOW_CELL] if isinstance(v, str) else v
+
+
+def table_sample(path: Path, rows: int = MLFLOW_ROWS) -> dict[str, list]:
+    """``rows`` evenly spaced rows of a dataset's first part, as ``{column: [cells]}`` (empty if none)."""
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(path) or {}
+    parts = [p["file"] for _, p in sorted(manifest.get("parts", {}).items())]
+    if not parts:
+        return {}
+    table = pq.read_table(path / parts[0])
+    table = table.take(pa.array(sample_indices(table.num_rows, rows), pa.int64()))
+    return {c: [_cell(v) for v in table[c].to_pylist()] for c in table.column_names
+            if not c.endswith("_ids") and not c.endswith("_mask")}  # token ids say nothing in a table
+
+
+def log_samples(tracker: Any, outs: list[Path]) -> None:
+    """Log a few rows of every complete dataset under ``outs`` as ``samples/NAME.json`` MLflow tables."""
+    from pipeline.cards import datasets_under
+
+    if not tracker.enabled:
+        return
+    for out in outs:
+        for ds in datasets_under(out):
+            data = table_sample(ds)
+            if data:
+                name = ds.name if ds == out else f"{out.name}_{ds.name}"
+                tracker.log_table(data, f"samples/{name}.json")
 
 
 ASSETS = Path(__file__).parent / "viewer_assets"  # the page's style and script, inlined into every page
