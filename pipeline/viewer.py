@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.artifacts import atomic_write_bytes, read_manifest, read_table
+from pipeline.artifacts import atomic_write_bytes, part_files, read_manifest
 
 PAGES_DIR = "report_pages"  # beside report.html
 TEXT_CAP = 4000  # characters of one message / raw reply kept on a page
@@ -64,6 +64,29 @@ def sample_indices(n: int, cap: int) -> list[int]:
     if n <= cap:
         return list(range(n))
     return [i * n // cap for i in range(cap)]
+
+
+def _parts(path: Path) -> list[tuple[Path, int]]:
+    """(verified part file, rows) in order (``part_files`` checks each against the manifest)."""
+    manifest = read_manifest(path) or {}
+    counts = [p["rows"] for _, p in sorted(manifest.get("parts", {}).items())]
+    return list(zip(map(Path, part_files(path)), counts, strict=True))
+
+
+def sample_table(path: Path, cap: int, columns: list[str] | None = None) -> tuple[pa.Table, int]:
+    """(the rows ``sample_indices(n, cap)`` of a dataset, n): each part read once and only its picked rows kept."""
+    import pyarrow.parquet as pq
+
+    parts = _parts(path)
+    n = sum(rows for _, rows in parts)
+    picked = np.asarray(sample_indices(n, cap), dtype=np.int64)
+    pieces, offset = [], 0
+    for file, rows in parts:
+        local = picked[(picked >= offset) & (picked < offset + rows)] - offset
+        if len(local):
+            pieces.append(pq.read_table(file, columns=columns).take(pa.array(local)))
+        offset += rows
+    return (pa.concat_tables(pieces, promote_options="default") if pieces else pa.table({})), n
 
 
 def _cut(text: Any) -> Any:
@@ -203,7 +226,23 @@ def frame_deltas(frames: list[bytes]) -> list[Any]:
     return out
 
 
-def nethack_step_episodes(table: pa.Table, episodes: list[int], r_tilde: dict[str, float] | None) -> list[dict]:
+def episode_frames(path: Path, episodes: list[int]) -> dict[tuple[int, int], bytes]:
+    """``{(episode, step): tty_chars}`` of the first ``STEP_CAP`` steps of ``episodes`` (read part by part: the
+    frames of the other episodes are never kept)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out: dict[tuple[int, int], bytes] = {}
+    for file, _ in _parts(path):
+        t = pq.read_table(file, columns=["episode", "step", "tty_chars"])
+        t = t.filter(pc.and_(pc.is_in(t["episode"], pa.array(episodes, pa.int32())), pc.less(t["step"], STEP_CAP)))
+        out.update(zip(zip(t["episode"].to_pylist(), t["step"].to_pylist(), strict=True), t["tty_chars"].to_pylist(),
+                       strict=True))
+    return out
+
+
+def nethack_step_episodes(table: pa.Table, episodes: list[int], r_tilde: dict[str, float] | None,
+                          frames: dict[tuple[int, int], bytes]) -> list[dict]:
     """One entry per chosen episode: its first ``STEP_CAP`` steps with message, action, extrinsic reward, the
     reward model's r̃(message) and the episodic intrinsic reward r̃ / N_ep(m)^β (no threshold), and the frames."""
     ep_col = table["episode"].to_numpy()
@@ -220,13 +259,13 @@ def nethack_step_episodes(table: pa.Table, episodes: list[int], r_tilde: dict[st
             v = r_tilde.get(m) if r_tilde is not None else None
             rt.append(None if v is None else round(v, 4))
             intrinsic.append(None if v is None else round(v / counts[m] ** COUNT_EXPONENT, 4))
-        frames = [r["tty_chars"] for r in rows] if rows and "tty_chars" in rows[0] else []
+        shown = [frames.get((int(e), r["step"])) for r in rows]
         out.append({"episode": int(e), "steps": total, "shown": len(rows),
                     "return": round(float(sum(r["reward"] for r in table.take(pa.array(idx)).select(["reward"])
                                               .to_pylist())), 4),
                     "action": [r["action"] for r in rows], "reward": [round(float(r["reward"]), 4) for r in rows],
                     "message": [r["message"] for r in rows], "r_tilde": rt, "intrinsic": intrinsic,
-                    "frames": frame_deltas(frames) if frames else None})
+                    "frames": frame_deltas(shown) if shown and None not in shown else None})
     return out
 
 
@@ -246,20 +285,23 @@ def load_snippet(path: Path) -> str:
 
 def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) -> dict:
     """What one page embeds: its rows (sampled), the filters, the notes."""
-    table = read_table(path)
-    n = table.num_rows
     notes: list[str] = []
     kind = spec.kind
     if kind == "nethack-steps":
+        import pyarrow.parquet as pq
+
+        has_frames = "tty_chars" in pq.read_schema(_parts(path)[0][0]).names
+        table, _ = sample_table(path, 1 << 62, ["episode", "step", "action", "reward", "message"])
+        n = table.num_rows
         episodes = sorted(set(table["episode"].to_pylist()))
         chosen = [episodes[i] for i in sample_indices(len(episodes), ROW_CAP[kind])]
         table_path = data_dir / "reward_model" / "message_rewards.json"
         r_tilde = json.loads(table_path.read_text()) if table_path.exists() else None
-        rows = nethack_step_episodes(table, chosen, r_tilde)
+        rows = nethack_step_episodes(table, chosen, r_tilde, episode_frames(path, chosen) if has_frames else {})
         total, shown = len(episodes), len(chosen)
         notes.append(f"{n} steps of {total} episodes; the page replays {shown} of them (evenly spaced episode "
                      f"indices), each up to its first {STEP_CAP} steps.")
-        if "tty_chars" not in table.column_names:
+        if not has_frames:
             notes.append("This dataset has no tty_chars column (written before rollout-nethack stored frames): "
                          "messages and rewards only; rerun rollout-nethack for the replay.")
         notes.append("Intrinsic reward: r̃(m), the trained reward model's normalised output for the step's message "
@@ -268,9 +310,8 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
                      if r_tilde is not None else
                      "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward).")
     else:
-        picked = sample_indices(n, ROW_CAP[kind])
-        total, shown = n, len(picked)
-        sub = table.take(pa.array(picked, pa.int64())) if shown < n else table
+        sub, n = sample_table(path, ROW_CAP[kind])
+        total, shown = n, sub.num_rows
         if "state" in sub.column_names and "conversation" not in sub.column_names:  # ArCHer transitions
             raw = transitions_to_episodes(sub)
             notes.append("Episodes rebuilt from ArCHer's per-turn transitions: turn rewards as stored.")
