@@ -25,7 +25,7 @@ from pipeline.multiturn_pairs import MULTITURN_PAIR_SCHEMA
 from pipeline.nethack.play import EPISODE_SCHEMA as NETHACK_EPISODE_SCHEMA
 from pipeline.nethack.play import FRAME_STEP_SCHEMA, TTY_SIZE
 from pipeline.play import EPISODE_SCHEMA
-from pipeline.viewer import KEYFRAME, frame_deltas, sample_indices
+from pipeline.viewer import KEYFRAME, frame_deltas, log_samples, sample_indices
 
 SHOTS_ENV = "CURIO_SCREENSHOTS"  # a directory to keep the page screenshots in (default: the test's tmp dir)
 
@@ -131,7 +131,8 @@ def write_datasets(data: Path) -> None:
               "candidates": 3, "chosen_reward": 0.75, "rejected_reward": 0.25, "mean_rewards": [0.75, 0.5, 0.25]}
              for i in range(5)]
     write(data / "pairs_text", pairs, MULTITURN_PAIR_SCHEMA)
-    write(data / "annotate_nethack", [{"pair": i, "episode_first": 0, "step_first": i, "caption_first": "You see a newt.",
+    write(data / "annotate_nethack", [{"pair": i, "episode_first": 0, "step_first": i,
+                                       "caption_first": "You see a newt.",
                                        "episode_second": 1, "step_second": i, "caption_second": "It's a wall.",
                                        "label": ["FIRST", "SECOND", "TIE"][i % 3], "raw": "similarity 0.1 / 0.2"}
                                       for i in range(6)])
@@ -274,16 +275,47 @@ def test_screenshots_of_each_page_kind(pages, tmp_path):
 
 
 # -- rollout-nethack's frames and MLflow tables --------------------------------------------------------------
-def test_rollout_nethack_frames_and_its_mlflow_table(tmp_path):
-    """rollout-nethack stores each observation's tty frame; its MLflow run carries a sample of rows as a table
-    (the frame as its 24 lines of text)."""
+def test_recorded_frames_are_the_terminal_nle_showed():
+    from pipeline.nethack.play import EnvSpec, StepRecorder, play_random
+
+    recorder = StepRecorder(frames=True)
+    play_random(EnvSpec("score", max_episode_steps=30, frames=True), [0], [7], on_step=recorder.add)
+    table = recorder.table()
+    assert table.schema == FRAME_STEP_SCHEMA
+    rows = table.to_pylist()
+    for r in rows:
+        screen = r["tty_chars"].decode("latin-1")
+        assert len(screen) == TTY_SIZE
+        assert screen[:80].strip() == r["message"].strip()[:80]  # the top line is the step's message
+        assert "Dlvl:" in screen[22 * 80:] or r["done"]  # NLE's bottom lines (an ended game's may be blank)
+    assert len({r["tty_chars"] for r in rows}) > 1  # the screen changes as the agent acts
+
+
+def test_stage_runs_log_a_sample_of_each_dataset_as_a_table(pages):
+    """What a stage's MLflow run logs (pipeline.viewer.log_samples), recorded from the Tracker's messages."""
+    from pipeline.tracking import Tracker
+
+    sent: list = []
+    data = pages["report"].parent
+    log_samples(Tracker(lambda name, args: sent.append((name, args))),
+                [data / "rollout_nethack", data / "rollout_text", data / "missing"])
+    tables = {args[1]: args[0] for name, args in sent if name == "log_table"}
+    assert set(tables) == {"samples/rollout_nethack.json", "samples/rollout_text.json"}
+    steps = tables["samples/rollout_nethack.json"]
+    assert len(steps["step"]) == 20 and steps["step"][:3] == [0, 2, 4]  # ⌊i·40/20⌋ of one 40-row part
+    assert steps["tty_chars"][1].split("\n")[0].startswith("step 000002")  # a frame as 24 lines of text
+    text = tables["samples/rollout_text.json"]
+    assert text["conversation"][0].startswith("[system] Play.\n\n[user] Guess a word.")
+    json.dumps(tables)  # what goes down the pipe to the tracking process
+
+
+@pytest.mark.slow  # MLflow's store and one NetHack stage: ~20 s idle
+def test_a_stage_run_page_shows_its_table_in_mlflow(tmp_path):
     import os
     import sys
 
     from mlflow import MlflowClient
     from test_nethack_stages import TINY
-
-    from pipeline.artifacts import read_table
 
     project = make_project(tmp_path, [o for o in TINY if o != "tracking.enabled=false"])
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the checkout's own store
@@ -291,13 +323,6 @@ def test_rollout_nethack_frames_and_its_mlflow_table(tmp_path):
                          capture_output=True, text=True, env={**env, "TQDM_DISABLE": "1", "PYTHONPATH": str(project)},
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    table = read_table(project / "data" / "rollout_nethack")
-    first = table.slice(0, 1).to_pylist()[0]
-    screen = first["tty_chars"].decode("latin-1")
-    assert len(screen) == 24 * 80
-    assert screen[:80].strip() == first["message"].strip()  # the top line is the message
-    assert "Dlvl:1" in screen[22 * 80:]  # NLE's bottom lines
-
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("curio").experiment_id])
     path = client.download_artifacts(run.info.run_id, "samples/rollout_nethack.json", str(tmp_path))
