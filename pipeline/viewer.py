@@ -185,17 +185,22 @@ def annotation_text_rows(rows: list[dict], llm_judge: bool) -> list[dict]:
     return out
 
 
-def annotation_nethack_rows(rows: list[dict], mode: str | None, goal: str, template: str) -> list[dict]:
-    from pipeline.nethack.annotation import preference_messages
+def annotation_nethack_rows(rows: list[dict], mode: str | None, goal: str, template: str, llm: bool) -> list[dict]:
+    """Caption pairs with label and raw answer; the prompt a chat annotator is sent, rebuilt with its own builder
+    (preferences: the pair's comparison; labels: one question per caption)."""
+    from pipeline.nethack.annotation import message_label_messages, preference_messages
 
     out = []
     for r in rows:
         row = {k: _clean(r.get(k)) for k in ("pair", "episode_first", "step_first", "caption_first",
                                              "episode_second", "step_second", "caption_second", "label")}
         row["raw"] = _cut(r.get("raw"))
-        if mode == "preferences":
+        if llm and mode == "preferences":
             row["prompt_sent"] = _messages(preference_messages(r["caption_first"], r["caption_second"], goal,
                                                                template))
+        elif llm and mode == "labels":
+            row["prompt_sent"] = _messages([*message_label_messages(r["caption_first"], goal),
+                                            *message_label_messages(r["caption_second"], goal)])
         out.append(row)
     return out
 
@@ -338,11 +343,13 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
         elif kind == "annotations-nethack":
             cfg = getattr(params, "annotate_nethack", None)
             mode = getattr(cfg, "mode", None)
+            backend = getattr(getattr(cfg, "annotator", None), "backend", "embedding")
+            llm = backend != "embedding"
             rows = annotation_nethack_rows(raw, mode, getattr(cfg, "goal", "defaultgoal"),
-                                           getattr(cfg, "template", "default"))
-            notes.append("Prompt sent: rebuilt with the annotator's own prompt builder (preferences mode)."
-                         if mode == "preferences" else
-                         f"Annotator mode {mode!r}: the raw column holds what it returned.")
+                                           getattr(cfg, "template", "default"), llm)
+            notes.append(f"Prompt sent: rebuilt with the annotator's own prompt builder ({mode} mode)." if llm else
+                         "Annotator: the embedding model (the caption closer to the goal text wins; no LLM, no "
+                         "prompt): the raw reply holds both similarities.")
         else:
             rows = [{k: _clean(v) for k, v in r.items()} for r in raw]
         if kind.startswith("annotations"):
