@@ -50,7 +50,7 @@ PAGES: list[PageSpec] = [
     PageSpec("rollout-text", "episodes", ("rollout_text",), "episodes the base policy played (training data)"),
     PageSpec("annotate-text", "annotations-text", ("annotate_text",), "the judge's verdict on every trajectory"),
     PageSpec("pairs-text", "pairs", ("reflogprobs", "pairs_text"), "per-turn preference pairs"),
-    PageSpec("rl-text", "episodes", ("rl_text/rollouts", "rl_text/transitions"), "episodes played during RL"),
+    PageSpec("rl-text", "episodes", ("rl_text/rollouts", "rl_text/replay"), "episodes played during RL"),
     PageSpec("evaluate-text", "episodes", ("evaluate_text",), "held-out and train evaluation episodes"),
     PageSpec("rollout-nethack", "nethack-steps", ("rollout_nethack",), "NetHack rollouts, step by step"),
     PageSpec("annotate-nethack", "annotations-nethack", ("annotate_nethack",), "caption pairs and their labels"),
@@ -315,13 +315,18 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
                      if r_tilde is not None else
                      "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward).")
     else:
-        sub, n = sample_table(path, ROW_CAP[kind])
-        total, shown = n, sub.num_rows
-        if "state" in sub.column_names and "conversation" not in sub.column_names:  # ArCHer transitions
-            raw = transitions_to_episodes(sub)
-            notes.append("Episodes rebuilt from ArCHer's per-turn transitions: turn rewards as stored.")
+        import pyarrow.parquet as pq
+
+        if "state" in pq.read_schema(_parts(path)[0][0]).names:  # ArCHer's transitions: whole episodes sampled
+            every = transitions_to_episodes(sample_table(path, 1 << 62)[0])
+            raw = [every[i] for i in sample_indices(len(every), ROW_CAP[kind])]
+            n, shown = len(every), len(raw)
+            notes.append("Episodes rebuilt from ArCHer's per-turn transitions (its replay buffer): turn rewards as "
+                         "stored; rows below are episodes, not transitions.")
         else:
-            raw = sub.to_pylist()
+            sub, n = sample_table(path, ROW_CAP[kind])
+            raw, shown = sub.to_pylist(), sub.num_rows
+        total = n
         if kind == "episodes":
             rows = episode_rows(raw)
         elif kind == "pairs":

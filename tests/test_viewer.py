@@ -147,6 +147,14 @@ def write_datasets(data: Path) -> None:
     write(data / "rollout_nethack", steps, FRAME_STEP_SCHEMA)
     (data / "reward_model").mkdir()
     (data / "reward_model" / "message_rewards.json").write_text(json.dumps({"You see a newt.": 0.5, "": -0.1}))
+    state = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Guess."}]
+    turn0 = [*state, {"role": "assistant", "content": "<Answer>a</Answer>"}, {"role": "user", "content": "No."}]
+    turn1 = [*turn0, {"role": "assistant", "content": "<Answer>b</Answer>"}, {"role": "user", "content": "Yes!"}]
+    write(data / "rl_text" / "replay", [  # ArCHer's transitions: one episode of two turns
+        {"group": "wordle", "task_id": "t0", "sample": 0, "turn": 0, "state": state, "action": "<Answer>a</Answer>",
+         "reward": -0.25, "next_state": turn0, "done": False, "round": 0},
+        {"group": "wordle", "task_id": "t0", "sample": 0, "turn": 1, "state": turn0, "action": "<Answer>b</Answer>",
+         "reward": 1.0, "next_state": turn1, "done": True, "round": 0}])
     write(data / "evaluate_nethack", [{"policy": p, "episode": e, "seed": e, "return": 1.0 * e, "score": 3 * e,
                                        "depth": 1, "length": 100, "success": False, "end_status": 1}
                                       for p in ("random", "motif") for e in range(3)], NETHACK_EPISODE_SCHEMA)
@@ -209,7 +217,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_report_links_a_page_per_dataset_and_pages_are_deterministic(pages, tmp_path):
-    assert set(pages) == {"report", "rollout-text", "evaluate-text", "annotate-text", "pairs-text",
+    assert set(pages) == {"report", "rollout-text", "evaluate-text", "annotate-text", "pairs-text", "rl-text",
                           "rollout-nethack", "annotate-nethack", "evaluate-nethack"}
     html = pages["report"].read_text()
     assert "Stage figures" not in html
@@ -238,6 +246,10 @@ def test_every_page_kind_renders_filters_and_replays_offline(pages, tmp_path):
     assert f"{len(expected)} of 24 shown rows match" in dom
     assert "action: crane0" in dom and "no parsable action" in dom and "(environment reply)" in dom
     assert "&lt;/script&gt;&lt;b&gt;not markup" in dom  # the data's markup shown as text
+    # per-turn rewards (rl-text's transitions rebuilt into an episode)
+    dom = dump_dom(pages["rl-text"], "row=0", netlog)
+    assert re.findall(r'<span class="reward">reward ([-\d.]+)</span>', dom) == ["-0.2500", "1"]
+    assert "action: b" in dom and "Yes!" in dom and "<td>success</td>" in dom
     # a NetHack replay: step 7 shows the '@' in column 7 of row 5 and that step's message line
     dom = dump_dom(pages["rollout-nethack"], "row=0&step=7", netlog)
     screen = re.search(r'<pre id="screen">(.*?)</pre>', dom, re.S)[1].split("\n")
