@@ -112,7 +112,7 @@ def main() -> None:
             results[("nethack", label)] = (table.num_rows,
                                            *measure("rollout-nethack", data, Path(tmp) / f"nh-{label}.html", browser))
     print(f"{'page':>8} {'rows':>9} {'generate s':>11} {'page MB':>8} {'open s':>7}")
-    for (kind, label), (rows, gen, size, opened) in results.items():
+    for (kind, _label), (rows, gen, size, opened) in results.items():
         print(f"{kind:>8} {rows:>9} {gen:>11.2f} {size:>8.2f} {opened:>7.2f}")
     for kind in ("text", "nethack"):
         s, large = results[(kind, "small")], results[(kind, "large")]
