@@ -48,7 +48,8 @@ function msgs(list, extra) {
 function renderFilters() {
   const s = state();
   $('#filters').innerHTML = D.filters.map((f) => {
-    const values = [...new Set(D.rows.map((r) => String(r[f])))].sort();
+    // the fragment's value is listed even when no row has it, so the select never claims 'all' while filtering
+    const values = [...new Set(D.rows.map((r) => String(r[f])).concat(s.has(f) ? [s.get(f)] : []))].sort();
     return '<label>' + esc(f) + ' <select data-f="' + esc(f) + '"><option value="">all</option>'
       + values.map((v) => '<option' + (s.get(f) === v ? ' selected' : '') + '>' + esc(v) + '</option>').join('')
       + '</select></label>';
