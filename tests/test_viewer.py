@@ -343,3 +343,16 @@ def test_a_stage_run_page_shows_its_table_in_mlflow(tmp_path):
     assert {"episode", "step", "message", "tty_chars"} <= set(columns) and len(logged["data"]) == 20
     frame = logged["data"][0][columns.index("tty_chars")]
     assert frame.count("\n") == 23 and "Dlvl:1" in frame
+
+
+def test_a_large_dataset_is_sampled_and_the_page_says_so(tmp_path):
+    from pipeline.viewer import PAGES, ROW_CAP, page_data
+
+    rows = [episode(i % 24) | {"seed": i} for i in range(ROW_CAP["episodes"] + 100)]
+    write(tmp_path / "rollout_text", rows, EPISODE_SCHEMA)
+    data = page_data(PAGES[0], tmp_path / "rollout_text", tmp_path)
+    n, cap = len(rows), ROW_CAP["episodes"]
+    assert (data["total"], data["shown"]) == (n, cap)
+    assert [r["seed"] for r in data["rows"]] == [i * n // cap for i in range(cap)]
+    assert data["notes"][0].startswith(f"Showing {cap} of {n} rows: an evenly spaced sample")
+    assert 'datasets.load_dataset("parquet", data_files=' in data["load"]
