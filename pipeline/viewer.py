@@ -160,7 +160,8 @@ def pair_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         row = {k: _clean(r.get(k)) for k in ("group", "task_id", "state_turn", "candidates", "chosen_reward",
-                                             "rejected_reward")}
+                                             "rejected_reward", "chosen_turns", "rejected_turns", "rejected_success")
+               if k in r}
         row.update(prompt=_messages(r.get("prompt")), chosen=_messages(r.get("chosen")),
                    rejected=_messages(r.get("rejected")),
                    mean_rewards=[_clean(x) for x in r.get("mean_rewards") or []])
@@ -292,6 +293,7 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
     """What one page embeds: its rows (sampled), the filters, the notes."""
     notes: list[str] = []
     kind = spec.kind
+    columns = COLUMNS_SHOWN[kind]
     if kind == "nethack-steps":
         import pyarrow.parquet as pq
 
@@ -331,7 +333,14 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             rows = episode_rows(raw)
         elif kind == "pairs":
             rows = pair_rows(raw)
-            notes.append("Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
+            paprika = bool(raw) and "chosen_turns" in raw[0]
+            if paprika:
+                columns = ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
+            notes.append("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
+                         "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, the "
+                         "rejected one failed or took longer; the turns each used (and whether the rejected one "
+                         "succeeded) made the pair." if paprika else
+                         "Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
                          "each candidate turn (its judged continuations) that made the pair."
                          + (" Reference log-probs: summed over the assistant turn's tokens (reflogprobs); "
                             "margin = chosen − rejected." if path.name == "reflogprobs" else
@@ -370,7 +379,7 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             notes.insert(0, f"All {n} rows.")
     return {"kind": kind, "stage": spec.stage, "about": spec.about, "dataset": str(path), "rows": rows,
             "total": total, "shown": shown, "notes": notes, "load": load_snippet(path),
-            "filters": FILTERS[kind], "columns": COLUMNS_SHOWN[kind]}
+            "filters": FILTERS[kind], "columns": columns}
 
 
 FILTERS: dict[str, list[str]] = {

@@ -356,3 +356,26 @@ def test_a_large_dataset_is_sampled_and_the_page_says_so(tmp_path):
     assert [r["seed"] for r in data["rows"]] == [i * n // cap for i in range(cap)]
     assert data["notes"][0].startswith(f"Showing {cap} of {n} rows: an evenly spaced sample")
     assert 'datasets.load_dataset("parquet", data_files=' in data["load"]
+
+
+def test_paprika_pairs_with_reference_log_probs(tmp_path):
+    """Default pairs (PAPRIKA: whole trajectories) as reflogprobs stores them: the turns that made the pair and the
+    reference log-probs with their margin."""
+    from pipeline.viewer import PAGES, complete_dataset, page_data
+
+    msgs = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Guess."}]
+    row = {"group": "wordle", "task_id": "t0", "prompt": msgs,
+           "chosen": [{"role": "assistant", "content": "<Answer>crane</Answer>"}],
+           "rejected": [{"role": "assistant", "content": "<Answer>zzzzz</Answer>"}], "chosen_turns": 3,
+           "rejected_turns": 6, "rejected_success": False, "prompt_ids": [1, 2], "ref_chosen_logps": -4.5,
+           "ref_rejected_logps": -7.25}
+    write(tmp_path / "pairs_text", [{k: v for k, v in row.items() if "ids" not in k and "logps" not in k}])
+    write(tmp_path / "reflogprobs", [row])
+    spec = next(p for p in PAGES if p.stage == "pairs-text")
+    assert complete_dataset(tmp_path, spec) == tmp_path / "reflogprobs"  # the pairs with their log-probs
+    data = page_data(spec, tmp_path / "reflogprobs", tmp_path)
+    [shown] = data["rows"]
+    assert (shown["chosen_turns"], shown["rejected_turns"], shown["rejected_success"]) == (3, 6, False)
+    assert shown["ref_margin"] == 2.75 and "prompt_ids" not in shown  # -4.5 - (-7.25)
+    assert data["columns"] == ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
+    assert "PAPRIKA" in data["notes"][1]

@@ -111,15 +111,18 @@ R['annotations-text'] = (r) => kv([['parsed label', r.label], ['group', r.group]
   + '<h3>Raw reply</h3><pre>' + esc(r.judge_raw) + '</pre><h3>Judged trajectory</h3>' + msgs(r.conversation);
 
 R.pairs = (r) => {
-  const side = (name, score, logp, messages) => '<div class="' + name + '"><h3>' + name + ' · score ' + esc(fmt(score))
+  // multi-turn pairs: a candidate turn's mean reward; PAPRIKA pairs: the turns a whole trajectory used
+  const side = (name, score, turns, logp, messages) => '<div class="' + name + '"><h3>' + name
+    + (score != null ? ' · score ' + esc(fmt(score)) : '') + (turns != null ? ' · ' + esc(turns) + ' turns' : '')
     + (logp != null ? ' · ref log-prob ' + esc(fmt(logp)) : '') + '</h3>' + msgs(messages) + '</div>';
   return kv([['group', r.group], ['task', r.task_id], ['agent turns before', r.state_turn],
     ['candidates compared', r.candidates], ['chosen score', r.chosen_reward], ['rejected score', r.rejected_reward],
-    ["every candidate's score", r.mean_rewards], ['ref log-prob chosen', r.ref_chosen_logps],
+    ["every candidate's score", r.mean_rewards], ['chosen turns', r.chosen_turns], ['rejected turns', r.rejected_turns],
+    ['rejected succeeded', r.rejected_success], ['ref log-prob chosen', r.ref_chosen_logps],
     ['ref log-prob rejected', r.ref_rejected_logps], ['ref margin', r.ref_margin]])
     + '<div class="shared"><h3>shared prefix (' + (r.prompt || []).length + ' messages)</h3>' + msgs(r.prompt) + '</div>'
-    + '<div class="sides">' + side('chosen', r.chosen_reward, r.ref_chosen_logps, r.chosen)
-    + side('rejected', r.rejected_reward, r.ref_rejected_logps, r.rejected) + '</div>';
+    + '<div class="sides">' + side('chosen', r.chosen_reward, r.chosen_turns, r.ref_chosen_logps, r.chosen)
+    + side('rejected', r.rejected_reward, r.rejected_turns, r.ref_rejected_logps, r.rejected) + '</div>';
 };
 
 R['annotations-nethack'] = (r) => kv([['parsed label', r.label], ['pair', r.pair],
