@@ -49,7 +49,7 @@ class PageSpec:
 PAGES: list[PageSpec] = [
     PageSpec("rollout-text", "episodes", ("rollout_text",), "episodes the base policy played (training data)"),
     PageSpec("annotate-text", "annotations-text", ("annotate_text",), "the judge's verdict on every trajectory"),
-    PageSpec("pairs-text", "pairs", ("reflogprobs", "pairs_text"), "per-turn preference pairs"),
+    PageSpec("pairs-text", "pairs", ("reflogprobs", "pairs_text/preferences"), "preference pairs"),
     PageSpec("rl-text", "episodes", ("rl_text/rollouts", "rl_text/replay"), "episodes played during RL"),
     PageSpec("evaluate-text", "episodes", ("evaluate_text",), "held-out and train evaluation episodes"),
     PageSpec("rollout-nethack", "nethack-steps", ("rollout_nethack",), "NetHack rollouts, step by step"),

@@ -130,7 +130,7 @@ def write_datasets(data: Path) -> None:
               "rejected": [{"role": "assistant", "content": "<Answer>zzzzz</Answer>"}], "state_turn": 0,
               "candidates": 3, "chosen_reward": 0.75, "rejected_reward": 0.25, "mean_rewards": [0.75, 0.5, 0.25]}
              for i in range(5)]
-    write(data / "pairs_text", pairs, MULTITURN_PAIR_SCHEMA)
+    write(data / "pairs_text" / "preferences", pairs, MULTITURN_PAIR_SCHEMA)
     write(data / "annotate_nethack", [{"pair": i, "episode_first": 0, "step_first": i,
                                        "caption_first": "You see a newt.",
                                        "episode_second": 1, "step_second": i, "caption_second": "It's a wall.",
@@ -369,7 +369,8 @@ def test_paprika_pairs_with_reference_log_probs(tmp_path):
            "rejected": [{"role": "assistant", "content": "<Answer>zzzzz</Answer>"}], "chosen_turns": 3,
            "rejected_turns": 6, "rejected_success": False, "prompt_ids": [1, 2], "ref_chosen_logps": -4.5,
            "ref_rejected_logps": -7.25}
-    write(tmp_path / "pairs_text", [{k: v for k, v in row.items() if "ids" not in k and "logps" not in k}])
+    write(tmp_path / "pairs_text" / "preferences", [{k: v for k, v in row.items()
+                                                     if "ids" not in k and "logps" not in k}])
     write(tmp_path / "reflogprobs", [row])
     spec = next(p for p in PAGES if p.stage == "pairs-text")
     assert complete_dataset(tmp_path, spec) == tmp_path / "reflogprobs"  # the pairs with their log-probs

@@ -120,7 +120,9 @@ R.pairs = (r) => {
     ["every candidate's score", r.mean_rewards], ['chosen turns', r.chosen_turns], ['rejected turns', r.rejected_turns],
     ['rejected succeeded', r.rejected_success], ['ref log-prob chosen', r.ref_chosen_logps],
     ['ref log-prob rejected', r.ref_rejected_logps], ['ref margin', r.ref_margin]])
-    + '<div class="shared"><h3>shared prefix (' + (r.prompt || []).length + ' messages)</h3>' + msgs(r.prompt) + '</div>'
+    // a long shared prefix starts folded, so chosen and rejected are in view
+    + '<details class="shared"' + ((r.prompt || []).length <= 4 ? ' open' : '') + '><summary>shared prefix ('
+    + (r.prompt || []).length + ' messages)</summary>' + msgs(r.prompt) + '</details>'
     + '<div class="sides">' + side('chosen', r.chosen_reward, r.chosen_turns, r.ref_chosen_logps, r.chosen)
     + side('rejected', r.rejected_reward, r.rejected_turns, r.ref_rejected_logps, r.rejected) + '</div>';
 };
