@@ -1,6 +1,7 @@
 """NetHack rollout collection (recording every step + Parquet parts) as a ratio to raw NLE stepping.
 
     python bench/bench_nethack_rollout.py [--episodes 16] [--rounds 3]
+    python bench/bench_nethack_rollout.py --compare-frames   # collection with tty frames vs without
 
 Both sides play the same seeded episodes with the same random action stream on the same task, so they make
 exactly the same env steps; rounds alternate raw / collect so that load from other processes hits both alike.
@@ -17,7 +18,7 @@ import numpy as np
 
 from pipeline.core.artifacts import ChunkedDataset, chunk_seed
 from pipeline.nethack.env import seed_env
-from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_random
+from pipeline.nethack.play import FRAME_STEP_SCHEMA, STEP_SCHEMA, EnvSpec, StepRecorder, play_random
 
 
 def raw_stepping(spec: EnvSpec, seeds: list[int]) -> tuple[int, float]:
@@ -47,9 +48,9 @@ def raw_stepping(spec: EnvSpec, seeds: list[int]) -> tuple[int, float]:
 def collection(spec: EnvSpec, seeds: list[int], dataset: ChunkedDataset, part: int) -> tuple[int, float]:
     """What rollout-nethack does per chunk: play + record every step, then write one Parquet part."""
     start = time.perf_counter()
-    recorder = StepRecorder()
+    recorder = StepRecorder(frames=spec.frames)
     play_random(spec, list(range(len(seeds))), seeds, on_step=recorder.add)
-    dataset.write_part(part, recorder.table(), STEP_SCHEMA)
+    dataset.write_part(part, recorder.table(), FRAME_STEP_SCHEMA if spec.frames else STEP_SCHEMA)
     elapsed = time.perf_counter() - start
     return len(recorder.step) - len(seeds), elapsed  # rows minus the reset rows = env steps
 
@@ -59,7 +60,12 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16, help="episodes per round (each side)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--task", default="score")
+    parser.add_argument("--compare-frames", action="store_true",
+                        help="collection storing tty frames (what rollout-nethack does) vs without, alternately")
     args = parser.parse_args()
+    if args.compare_frames:
+        compare_frames(args)
+        return
 
     spec = EnvSpec(args.task, max_episode_steps=5000)
     raw_steps = raw_time = col_steps = col_time = 0.0
@@ -82,6 +88,31 @@ def main() -> None:
     print(f"total: {int(raw_steps)} env steps per side; raw {raw_steps / raw_time:.0f} steps/s, "
           f"collect incl. Parquet {col_steps / col_time:.0f} steps/s")
     print(f"rollout collection / raw NLE stepping = {ratio:.3f} (goal >= 0.8)")
+
+
+def compare_frames(args: argparse.Namespace) -> None:
+    """The same seeded episodes collected without and with tty frames, alternately: steps/s and bytes/step."""
+    plain, frames = EnvSpec(args.task, max_episode_steps=5000), EnvSpec(args.task, max_episode_steps=5000, frames=True)
+    totals = {False: [0, 0.0, 0], True: [0, 0.0, 0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = [chunk_seed(0, "bench-rollout-warmup", 0)]
+        print(f"{'round':>5} {'plain steps/s':>14} {'frames steps/s':>15} {'ratio':>6}")
+        for r in range(args.rounds):
+            seeds = [chunk_seed(0, "bench-rollout", r * args.episodes + e) for e in range(args.episodes)]
+            rates = {}
+            for spec in (plain, frames):
+                dataset = ChunkedDataset(f"{tmp}/{spec.frames}", params_hash="bench")
+                if r == 0:
+                    collection(spec, warm, dataset, 999)
+                steps, seconds = collection(spec, seeds, dataset, r)
+                size = (dataset.path / f"part-{r:05d}.parquet").stat().st_size
+                t = totals[spec.frames]
+                t[0], t[1], t[2] = t[0] + steps, t[1] + seconds, t[2] + size
+                rates[spec.frames] = steps / seconds
+            print(f"{r:>5} {rates[False]:>14.0f} {rates[True]:>15.0f} {rates[True] / rates[False]:>6.3f}")
+    (s0, t0, b0), (s1, t1, b1) = totals[False], totals[True]
+    print(f"with frames / without: steps/s x{(s1 / t1) / (s0 / t0):.3f}; Parquet bytes per step {b0 / s0:.1f} -> "
+          f"{b1 / s1:.1f} (x{(b1 / s1) / (b0 / s0):.1f})")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ The layout every stage follows (a new stage fits by doing the same):
   dvc.yaml declares as ``metrics``.
 
 ``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
-learning curves, evaluation bars with standard errors, the NetHack comparison and the LLM ledger, with every
-image inlined (no network needed to view it).
+learning curves, evaluation bars with standard errors, success by difficulty / category / group and each policy's
+paired difference from base (pipeline/breakdown.py), the NetHack comparison and the LLM ledger, with every image
+inlined (no network needed to view it); and beside it ``report_pages/STAGE.html``, one offline page per dataset to
+read the rows themselves (pipeline/viewer.py), linked from the report's dataset table.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 import json
@@ -32,17 +33,22 @@ import yaml
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
 from pipeline.core.stage import Out, Stage
 
+#: The datasets the report's pages show (pipeline/viewer.PAGES) and the reward model's message table.
+VIEWED = ["rollout_text", "annotate_text", "pairs_text", "reflogprobs", "rl_text", "evaluate_text", "rollout_nethack",
+          "annotate_nethack", "evaluate_nethack", "reward_model"]
 STAGE = Stage(
     "report",
     params=[],
     cmd="curio report",
-    data=["metrics/stages", "metrics/plots"],
+    code=["pipeline/viewer.py", "pipeline/viewer_assets", "pipeline/breakdown.py"],
+    data=["metrics/stages", "metrics/plots", *(f"data/{d}" for d in VIEWED)],
     metrics=[Out("metrics/text_success.json", cache=False, note="held-out success per policy"),
              Out("metrics/nethack_return.json", cache=False, note="mean evaluation return per agent")],
-    outs=[Out("data/report.html")],
+    outs=[Out("data/report.html"), Out("data/report_pages", note="one offline page per dataset (pipeline/viewer.py)")],
     track="summary",
     doc=("Reads every stage's metrics/stages/NAME.json and metrics/plots/ (pipeline/report.py): writes the track "
-         "summaries, the only files declared as metrics (`dvc metrics show` fits a terminal), and one HTML page."),
+         "summaries, the only files declared as metrics (`dvc metrics show` fits a terminal), one HTML page, and an "
+         "offline page per dataset beside it (pipeline/viewer.py)."),
 )
 
 # track -> [(stage, metric key pattern with a `name` group, summary section)]; a new stage adds a line here.
@@ -199,13 +205,17 @@ def section(title: str, body: str) -> str:
     return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
 
 
-def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str) -> str:
+def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str,
+           episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None) -> str:
+    """``episodes``: evaluate-text's rows (the deeper tables); ``datasets``: [stage, dataset, rows, page href]."""
     parts = []
     heads = summaries(stages)
     for track, sections in heads.items():
         names = list(dict.fromkeys(n for values in sections.values() for n in values))
         parts.append(section(f"Headline: {track} track", _table(
             ["policy", *sections], [[n, *(sections[s].get(n, "") for s in sections)] for n in names])))
+    if datasets:
+        parts.append(section("Datasets: read the rows", _dataset_table(datasets)))
 
     text = stages.get("evaluate-text", {})
     policies = [m["name"] for k in text if (m := re.fullmatch(r"(?P<name>[\w-]+)/success_rate", k))]
@@ -217,6 +227,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
         parts.append(section("Text track: held-out evaluation", bars_svg(
             policies, means, errs, "success rate", "held-out success (±1 binomial standard error)")
             + _table(["policy", "success rate", "standard error", "episodes", "mean turns"], rows)))
+    if deeper := _deeper_tables(episodes or []):
+        parts.append(section("Text track: held-out success, one level deeper", deeper))
 
     nh = stages.get("evaluate-nethack", {})
     agents = [m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))]
@@ -239,14 +251,6 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
     if curves:
         parts.append(section("Learning curves", "<div class='grid'>" + "".join(curves) + "</div>"))
 
-    images = [d for d in plot_definitions(dvc_yaml) if d.get("image") and (dvc_yaml.parent / d["file"]).exists()]
-    if images:
-        figs = "".join(
-            f"<figure><img alt='{html.escape(d['title'])}' src='data:image/png;base64,"
-            f"{base64.b64encode((dvc_yaml.parent / d['file']).read_bytes()).decode()}'>"
-            f"<figcaption>{html.escape(d['file'])}</figcaption></figure>" for d in images)
-        parts.append(section("Stage figures", "<div class='grid'>" + figs + "</div>"))
-
     ledger = ledger_rows(stages)
     parts.append(section("LLM ledger", _table(
         ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
@@ -266,11 +270,58 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
 
 
+def _dataset_table(datasets: list[list[Any]]) -> str:
+    """[stage, dataset, rows, href] rows, the page's link beside each dataset."""
+    body = "".join(f"<tr><td>{html.escape(s)}</td><td><code>{html.escape(d)}</code></td><td>{n}</td>"
+                   f"<td><a href='{html.escape(href)}'>open the rows</a></td></tr>" for s, d, n, href in datasets)
+    return ("<p>One offline page per dataset (no server, nothing fetched): filter, read transcripts, pairs, "
+            "annotations, replay NetHack episodes.</p><table><thead><tr><th>stage</th><th>dataset</th><th>rows</th>"
+            f"<th>page</th></tr></thead><tbody>{body}</tbody></table>")
+
+
+def _deeper_tables(episodes: list[dict]) -> str:
+    from pipeline.breakdown import held_out, paired_rows, success_by
+
+    rows = held_out(episodes)
+    out = []
+    for column in ("difficulty", "category", "group"):
+        values, policies, cells = success_by(rows, column)
+        if not values:
+            continue
+        table = [[v, *(f"{cells[(v, p)][0]:.3f} ± {cells[(v, p)][1]:.3f} (n={cells[(v, p)][2]})"
+                       if (v, p) in cells else "" for p in policies)] for v in values]
+        out.append(f"<h3>Success by {column}</h3>" + _table([column, *policies], table))
+    paired = paired_rows(rows)
+    if paired:
+        out.append("<h3>Each policy against base on the same tasks</h3><p>d̄ = mean over the T held-out tasks both "
+                   "played of (policy's mean success − base's) on that task; SE = sqrt(Σ(d<sub>t</sub> − d̄)² / "
+                   "(T(T−1))) (pipeline/breakdown.py).</p>"
+                   + _table(["policy", "paired difference d̄", "standard error", "tasks T", "d̄ / SE"], paired))
+    return "".join(out)
+
+
+def _evaluation_rows(params: Any) -> list[dict]:
+    from pipeline.core.artifacts import read_manifest, read_table
+
+    path = params.data_path("evaluate_text")
+    if not (read_manifest(path) or {}).get("complete"):
+        return []
+    cols = ["group", "task_id", "category", "difficulty", "split", "policy", "success"]
+    return read_table(path, cols).to_pylist()
+
+
 def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | None = None) -> Path:
-    """Write the track summaries and the HTML report; returns the report's path."""
+    """Write the track summaries, the HTML report and its dataset pages (``report_pages/`` beside it); returns the
+    report's path."""
+    from pipeline.viewer import PAGES_DIR, write_pages
+
     root = params.metrics_path()
     stages = stage_metrics(root)
     write_summaries(root, stages)
     out = out or params.data_path("report.html")
-    atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})").encode())
+    pages = write_pages(params.data_path(), out.parent / PAGES_DIR, params, report=out.name)
+    datasets = [[stage, str(ds.relative_to(params.data_path())), rows, f"{PAGES_DIR}/{page.name}"]
+                for stage, (page, ds, rows) in pages.items()]
+    atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})",
+                                   episodes=_evaluation_rows(params), datasets=datasets).encode())
     return out

@@ -1,9 +1,10 @@
 """rollout-nethack: NLE episodes from a random policy or a sample-factory checkpoint, one row per step.
 
-Output: ``data/rollout_nethack`` — chunked Parquet (``pipeline.nethack.play.STEP_SCHEMA``): episode, step,
-action, task reward, the decoded game message and the bottom-line stats of every observation (step 0 = the
-observation after reset). A chunk is ``episodes_per_chunk`` episodes, each seeded from (seed, stage, episode),
-so a killed run resumes at the first missing chunk with exactly the rows an uninterrupted run would write.
+Output: ``data/rollout_nethack`` — chunked Parquet (``pipeline.nethack.play.FRAME_STEP_SCHEMA``): episode, step,
+action, task reward, the decoded game message, the bottom-line stats and the terminal (``tty_chars``, 24 x 80
+characters, what the report's replay page draws) of every observation (step 0 = the observation after reset). A
+chunk is ``episodes_per_chunk`` episodes, each seeded from (seed, stage, episode), so a killed run resumes at the
+first missing chunk with exactly the rows an uninterrupted run would write.
 
     curio stage rollout-nethack -S rollout_nethack.episodes=8
 """
@@ -17,7 +18,7 @@ import numpy as np
 from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
-from pipeline.nethack.play import STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
+from pipeline.nethack.play import FRAME_STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
 from pipeline.params import Params
 
 NAME = "rollout-nethack"
@@ -39,8 +40,8 @@ def collect_chunk(params: Params, index: int, policy: Any = None) -> StepRecorde
     cfg = params.rollout_nethack
     first = index * cfg.episodes_per_chunk
     episodes = list(range(first, min(first + cfg.episodes_per_chunk, cfg.episodes)))
-    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps)
-    recorder = StepRecorder()
+    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps, frames=True)
+    recorder = StepRecorder(frames=True)
     seeds = episode_seeds(params.seed, episodes)
     if policy is None:
         play_random(spec, episodes, seeds, on_step=recorder.add)
@@ -69,7 +70,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         make_chunk=lambda i: collect_chunk(params, i, policy).table(),
         params_hash=params.section_hash(STAGE.params),
         upstream=upstream,
-        schema=STEP_SCHEMA,
+        schema=FRAME_STEP_SCHEMA,
         desc="rollout-nethack chunks",
     )
     table = read_table(out, ["episode", "reward", "message", "done"])

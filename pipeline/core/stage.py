@@ -31,6 +31,7 @@ from pipeline.core.config import SHARED_KEYS, ParamsSlice, slice_model, take_sli
 from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
 from pipeline.core.runners import use_runner
+from pipeline.core.samples import log_samples
 from pipeline.core.tracking import StageTracking, Tracker, git_tags
 
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
@@ -240,6 +241,7 @@ def _tracked(name: str, params: Any, stage: Stage, view: Any, tracker: Tracker, 
                    "git_commit": git.get("curio.git_commit"), "git_dirty": git.get("curio.git_dirty")}
         tracker.set_tags({f"curio.output.{Path(p).name}": d[:16] for p, d in lineage["outputs"].items()})
         tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
+        log_samples(tracker, outs)  # a few rows of each dataset written, as MLflow tables (pipeline/core/samples.py)
         for model in models:
             if model.exists():
                 tracker.log_artifact(model, f"models/{model.name}")

@@ -125,6 +125,9 @@ class Calls:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.mlflow.log_text(text, artifact_file)
 
+    def log_table(self, data: dict[str, list], artifact_file: str) -> None:
+        self.mlflow.log_table(data=data, artifact_file=artifact_file)
+
 
 class Tracker:
     """What a stage sees: log metrics/artifacts; a no-op when tracking is disabled. ``send(name, args)`` makes
@@ -161,6 +164,11 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         if self._send is not None:
             self._send("log_text", [text, artifact_file])
+
+    def log_table(self, data: dict[str, list], artifact_file: str) -> None:
+        """A few rows as an MLflow table artifact (``mlflow.log_table``): columns of JSON-safe values."""
+        if self._send is not None and data:
+            self._send("log_table", [data, artifact_file])
 
 
 class TrackingError(CurioError):

@@ -15,10 +15,12 @@ import numpy as np
 import pyarrow as pa
 from nle import nethack
 
-from pipeline.nethack.env import decode_message, make_env, seed_env
+from pipeline.nethack.env import OBSERVATION_KEYS, decode_message, make_env, seed_env
 
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
 MESSAGE_SIZE = 256  # bytes of NLE's message observation
+TTY_SHAPE = (24, 80)  # NLE's terminal: message line, 21 map rows, two status lines
+TTY_SIZE = TTY_SHAPE[0] * TTY_SHAPE[1]
 SCORE, DEPTH = nethack.NLE_BL_SCORE, nethack.NLE_BL_DEPTH
 
 STEP_SCHEMA = pa.schema(
@@ -32,6 +34,9 @@ STEP_SCHEMA = pa.schema(
         pa.field("done", pa.bool_()),
     ]
 )
+#: Steps with the terminal each observation showed: ``tty_chars``, NLE's 24 x 80 characters row by row (what a
+#: replay draws; consecutive frames differ in a few characters, which Parquet's compression finds).
+FRAME_STEP_SCHEMA = STEP_SCHEMA.append(pa.field("tty_chars", pa.binary(TTY_SIZE)))
 
 EPISODE_SCHEMA = pa.schema(
     [
@@ -53,10 +58,13 @@ class EnvSpec:
     task: str
     extended_actions: bool = False
     max_episode_steps: int = 5000
+    frames: bool = False  # observe tty_chars too (StepRecorder(frames=True) stores them)
 
     def make(self):
+        keys = (*OBSERVATION_KEYS, "tty_chars") if self.frames else OBSERVATION_KEYS
         return make_env(
-            self.task, extended_actions=self.extended_actions, max_episode_steps=self.max_episode_steps
+            self.task, extended_actions=self.extended_actions, max_episode_steps=self.max_episode_steps,
+            observation_keys=keys,
         )
 
 
@@ -65,7 +73,7 @@ class StepRecorder:
     arrays (no per-step objects for the GC to track); messages are decoded once per distinct text in
     :meth:`table`, not once per step — NetHack repeats the same few hundred messages."""
 
-    def __init__(self, capacity: int = 16384) -> None:
+    def __init__(self, capacity: int = 16384, frames: bool = False) -> None:
         self.episode: list[int] = []
         self.step: list[int] = []
         self.action: list[int] = []
@@ -73,6 +81,7 @@ class StepRecorder:
         self.done: list[bool] = []
         self._blstats = np.empty((capacity, BLSTATS_SIZE), dtype=np.int32)
         self._messages = np.empty((capacity, MESSAGE_SIZE), dtype=np.uint8)
+        self._frames = np.empty((capacity, TTY_SIZE), dtype=np.uint8) if frames else None
         self._n = 0
 
     def add(self, episode: int, step: int, action: int, reward: float, obs: dict, done: bool) -> None:
@@ -80,8 +89,12 @@ class StepRecorder:
         if n == len(self._blstats):
             self._blstats = np.concatenate([self._blstats, np.empty_like(self._blstats)])
             self._messages = np.concatenate([self._messages, np.empty_like(self._messages)])
+            if self._frames is not None:
+                self._frames = np.concatenate([self._frames, np.empty_like(self._frames)])
         self._blstats[n] = obs["blstats"]  # copied: NLE reuses its arrays between steps
         self._messages[n] = obs["message"]
+        if self._frames is not None:
+            self._frames[n] = obs["tty_chars"].reshape(-1)
         self._n = n + 1
         self.episode.append(episode)
         self.step.append(step)
@@ -101,6 +114,10 @@ class StepRecorder:
 
     def table(self) -> pa.Table:
         blstats = self._blstats[: self._n].reshape(-1)
+        frames = {}
+        if self._frames is not None:  # one fixed-size binary value per step, straight from the buffer
+            frames["tty_chars"] = pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(TTY_SIZE), self._n, [None, pa.py_buffer(self._frames[: self._n].tobytes())])
         return pa.table(
             {
                 "episode": pa.array(self.episode, pa.int32()),
@@ -110,8 +127,9 @@ class StepRecorder:
                 "message": pa.array(self.messages, pa.string()),
                 "blstats": pa.FixedSizeListArray.from_arrays(pa.array(blstats, pa.int32()), BLSTATS_SIZE),
                 "done": pa.array(self.done, pa.bool_()),
+                **frames,
             },
-            schema=STEP_SCHEMA,
+            schema=FRAME_STEP_SCHEMA if frames else STEP_SCHEMA,
         )
 
 
