@@ -271,8 +271,11 @@ def models_import_gguf(
 
 
 def main() -> None:  # pragma: no cover - console entry
+    from pipeline.nethack.clock import preload
+
+    preload()  # NetHack's clock pinned in this process and the ones it starts (dvc, Prefect, sample-factory)
     app(sys.argv[1:])
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

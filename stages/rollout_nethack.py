@@ -22,8 +22,9 @@ from pipeline.stage import Out, Stage, StageContext, StageResult
 NAME = "rollout-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "rollout_nethack"],
-    code=["pipeline/nethack/play.py", "pipeline/nethack/env.py"],
+    params=["seed", "nethack", "rollout_nethack"],
+    code=["pipeline/nethack/play.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
+          "pipeline/nethack/clock.c"],
     outs=[Out("data/rollout_nethack", persist=True)],
     track="nethack",
 )
@@ -38,7 +39,7 @@ def collect_chunk(params: Params, index: int, policy: Any = None) -> StepRecorde
     cfg = params.rollout_nethack
     first = index * cfg.episodes_per_chunk
     episodes = list(range(first, min(first + cfg.episodes_per_chunk, cfg.episodes)))
-    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps)
+    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps, params.nethack.clock)
     recorder = StepRecorder()
     seeds = episode_seeds(params.seed, episodes)
     if policy is None:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 from nle import nethack
 
+from pipeline.nethack.clock import DEFAULT_CLOCK
 from pipeline.nethack.env import decode_message, make_env, seed_env
 
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
@@ -53,10 +54,12 @@ class EnvSpec:
     task: str
     extended_actions: bool = False
     max_episode_steps: int = 5000
+    clock: str = DEFAULT_CLOCK  # the date and time the game sees (pipeline.nethack.clock)
 
     def make(self):
         return make_env(
-            self.task, extended_actions=self.extended_actions, max_episode_steps=self.max_episode_steps
+            self.task, extended_actions=self.extended_actions, max_episode_steps=self.max_episode_steps,
+            clock=self.clock,
         )
 
 
