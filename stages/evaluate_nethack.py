@@ -28,7 +28,8 @@ from pipeline.stage import Out, Plot, Stage, StageContext, StageResult
 NAME = "evaluate-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants", "evaluate_nethack"],
+    params=["seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
+            "evaluate_nethack"],
     code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
           "pipeline/nethack/clock.c"],
     data=["data/rl_nethack"],
