@@ -385,8 +385,11 @@ SUMMARY = "curio_summary.json"
 CURVE = "curio_curve.json"  # [{env_steps, return}] over training, for the rl-nethack learning-curve plot
 
 
-def _summary_observer(path: Path, resumed_from: int):
-    """An AlgoObserver writing what the rl stage reports: env steps, FPS of this run, episode statistics."""
+def _summary_observer(path: Path, resumed_from: int, per_iteration: bool = False):
+    """An AlgoObserver writing what the rl stage reports: env steps, FPS of this run, episode statistics.
+
+    The learning curve gets a point per summary interval (seconds), or with ``per_iteration`` (deterministic
+    training) one per training iteration, so that two runs give the same curve."""
     import time
 
     from sample_factory.algo.runners.runner import AlgoObserver
@@ -401,13 +404,21 @@ def _summary_observer(path: Path, resumed_from: int):
             # The learning curve continues across resumes (the experiment dir is cleared when settings change).
             self.curve = json.loads(curve_path.read_text()) if curve_path.exists() else []
 
-        def extra_summaries(self, runner, policy_id, *_) -> None:
-            """Every summary interval: mean task return (true objective) of the recent episodes at these env steps
-            (sample-factory's own tensorboard tags appear only once 100 episodes have finished)."""
+        def add_point(self, runner) -> None:
+            """Mean task return (true objective) of the recent episodes at these env steps (sample-factory's own
+            tensorboard tags appear only once 100 episodes have finished)."""
             recent = runner.policy_avg_stats.get("true_objective", {})
             steps = int(runner.env_steps[0])
-            if policy_id == 0 and recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
+            if recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
                 self.curve.append({"env_steps": steps, "return": float(np.mean(recent[0]))})
+
+        def extra_summaries(self, runner, policy_id, *_) -> None:
+            if policy_id == 0 and not per_iteration:
+                self.add_point(runner)
+
+        def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+            if per_iteration:
+                self.add_point(runner)
 
         def on_stop(self, runner) -> None:
             atomic_write_json(curve_path, getattr(self, "curve", []))
@@ -546,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     experiment_dir = Path(cfg.train_dir) / cfg.experiment
     found = latest_checkpoint(experiment_dir)
     cfg, runner = make_runner(cfg)
-    runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0))
+    runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0,
+                                               per_iteration=cfg.nethack_deterministic))
     if cfg.intrinsic_reward in ONLINE_REWARDS and cfg.int_coef != 0:
         runner.register_observer(_online_annotation(cfg))
     status = runner.init()
