@@ -32,6 +32,7 @@ def run_once(params: Params, train_dir: Path, steps: int) -> dict:
     variant = RLNetHackVariant(ext_coef=0.1, int_coef=0.0, reward="none")
     args = sf_args(params, "extrinsic", variant, train_dir, train_dir / "no_reward_model")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    train_dir.mkdir(parents=True, exist_ok=True)
     log = train_dir / "train.log"
     with open(log, "w") as out:
         code = subprocess.run([sys.executable, "-m", "pipeline.nethack", *args, f"--train_for_env_steps={steps}"],

@@ -40,6 +40,15 @@ app.add_typer(llm_app, name="llm")
 models_app = typer.Typer(no_args_is_help=True, help="Local models")
 app.add_typer(models_app, name="models")
 
+
+@app.callback()
+def _start() -> None:
+    """Before any command: NetHack's clock pinned in this process and the ones it starts (dvc, Prefect,
+    sample-factory): the process starts over once with the library preloaded (pipeline/nethack/clock.py)."""
+    from pipeline.nethack.clock import preload
+
+    preload()
+
 ParamsOpt = Annotated[str, typer.Option("--params", "-p", help="params file")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-S", help="override: key.sub=value")]
 
@@ -271,9 +280,6 @@ def models_import_gguf(
 
 
 def main() -> None:  # pragma: no cover - console entry
-    from pipeline.nethack.clock import preload
-
-    preload()  # NetHack's clock pinned in this process and the ones it starts (dvc, Prefect, sample-factory)
     app(sys.argv[1:])
 
 
