@@ -77,3 +77,14 @@ def test_deterministic_training_twice_gives_identical_checkpoints(tmp_path):
             assert torch.equal(value, b["optimizer"]["state"][i][name]), (i, name)
     assert moments and not all(np.allclose(m["exp_avg"].numpy(), 0) for m in moments)  # it did train
     assert len(curves[0]) >= 2 and curves[0] == curves[1]  # a point per training iteration, the same in both
+
+
+def test_the_learning_preset_is_valid_params(tmp_path):
+    from pipeline.config import preset_overrides
+
+    overrides = preset_overrides(Path(__file__).resolve().parents[1] / "presets" / "nethack-learning.yaml")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    params = load_params(tmp_path / "params.yaml", overrides)
+    assert params.evaluate_nethack.episodes >= 64
+    assert set(params.evaluate_nethack.policies) == {"random", "motif", "extrinsic", "intrinsic"}
+    assert params.rl_nethack.timeout_s <= 90 * 60
