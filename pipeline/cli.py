@@ -19,10 +19,16 @@ a request to report it).
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv and sys.argv[0].endswith("/curio"):  # the console command: before the imports below, start over
+    from pipeline.nethack.clock import preload  # with NetHack's clock library preloaded (see _start)
+
+    preload()
+
 import functools
 import json
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Annotated, Any
