@@ -60,7 +60,7 @@ def test_deterministic_training_twice_gives_identical_checkpoints(tmp_path):
         params = load_params(tmp_path / "params.yaml", [
             *NETHACK_TINY, "rl_nethack.variants={extrinsic: {ext_coef: 0.1, int_coef: 0.0}}",
             "evaluate_nethack.policies=[random]", "rl_nethack.train_for_env_steps=1024",
-            "rl_nethack.deterministic=true", f"data_dir={tmp_path / run}"])
+            "rl_nethack.max_episode_steps=100", "rl_nethack.deterministic=true", f"data_dir={tmp_path / run}"])
         execute("rl-nethack", params)
         path, steps = latest_checkpoint(params.data_path("rl_nethack", "extrinsic"))
         assert steps >= 1024
