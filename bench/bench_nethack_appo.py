@@ -66,6 +66,9 @@ def run_once(params: Params, name: str, variant: RLNetHackVariant, reward_dir: P
 
 
 def main() -> None:
+    from pipeline.nethack.clock import preload
+
+    preload()  # NetHack's clock pinned (nethack.clock) here and in the processes started below
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40_000, help="env steps per run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per side")

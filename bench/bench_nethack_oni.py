@@ -60,6 +60,9 @@ def run_once(params: Params, name: str, variant: RLNetHackVariant, train_dir: Pa
 
 
 def main() -> None:
+    from pipeline.nethack.clock import preload
+
+    preload()  # NetHack's clock pinned (nethack.clock) here and in the processes started below
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120_000,
                         help="env steps per run (the annotator's start-up is a fixed cost: short runs understate FPS)")

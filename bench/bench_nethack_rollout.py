@@ -56,6 +56,9 @@ def collection(spec: EnvSpec, seeds: list[int], dataset: ChunkedDataset, part: i
 
 
 def main() -> None:
+    from pipeline.nethack.clock import preload
+
+    preload()  # NetHack's clock pinned (nethack.clock) here and in the processes started below
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=16, help="episodes per round (each side)")
     parser.add_argument("--rounds", type=int, default=3)

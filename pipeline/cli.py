@@ -19,10 +19,16 @@ a request to report it).
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv and sys.argv[0].endswith("/curio"):  # the console command: before the imports below, start over
+    from pipeline.nethack.clock import preload  # with NetHack's clock library preloaded (see _start
+
+    preload()
+
 import functools
 import json
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -41,6 +47,15 @@ llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")
 app.add_typer(llm_app, name="llm")
 models_app = typer.Typer(no_args_is_help=True, help="Local models")
 app.add_typer(models_app, name="models")
+
+
+@app.callback()
+def _start() -> None:
+    """Before any command: NetHack's clock pinned in this process and the ones it starts (dvc, Prefect,
+    sample-factory): the process starts over once with the library preloaded (pipeline/nethack/clock.py)."""
+    from pipeline.nethack.clock import preload
+
+    preload()
 
 ParamsOpt = Annotated[str, typer.Option("--params", "-p", help="params file")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-S", help="override: key.sub=value")]
@@ -271,4 +286,4 @@ def main() -> None:  # pragma: no cover - console entry
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

@@ -34,6 +34,7 @@ from pipeline.nethack.annotation import preference_goals, preference_templates
 from pipeline.nethack.config import (
     AnnotateNetHackConfig,
     EvaluateNetHackConfig,
+    NetHackConfig,
     PairsNetHackConfig,
     RLNetHackConfig,
     RolloutNetHackConfig,
@@ -85,6 +86,8 @@ class Params(Section, Locations):
                                               description="held-out success of each policy")
     eval_sweep: EvalSweepConfig = Field(default_factory=EvalSweepConfig,
         description="`curio eval-sweep`: checkpoints x splits x seeds, per group (not a DVC stage)")
+    nethack: NetHackConfig = Field(default_factory=NetHackConfig,
+                                   description="NetHack track: what every NLE game shares (its clock)")
     rollout_nethack: RolloutNetHackConfig = Field(default_factory=RolloutNetHackConfig,
         description="NetHack track (Motif / ONI): random-policy rollouts of NLE, message captions kept")
     annotate_nethack: AnnotateNetHackConfig = Field(default_factory=AnnotateNetHackConfig,

@@ -29,8 +29,10 @@ from pipeline.params import Params
 NAME = "evaluate-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants", "evaluate_nethack"],
-    code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py"],
+    params=["seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
+            "evaluate_nethack"],
+    code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
+          "pipeline/nethack/clock.c"],
     data=["data/rl_nethack"],
     outs=[Out("data/evaluate_nethack", persist=True)],
     plots=[
@@ -45,7 +47,8 @@ COLUMNS = ("return", "score", "depth", "length", "success")
 
 def evaluate_policy(params: Params, index: int, name: str) -> list[dict]:
     cfg = params.evaluate_nethack
-    spec = EnvSpec(params.rl_nethack.task, params.rl_nethack.extended_actions, cfg.max_episode_steps)
+    spec = EnvSpec(params.rl_nethack.task, params.rl_nethack.extended_actions, cfg.max_episode_steps,
+                   params.nethack.clock)
     episodes = list(range(cfg.episodes))
     seeds = [chunk_seed(params.seed, NAME, e) for e in episodes]
     if name == "random":

@@ -24,8 +24,9 @@ from pipeline.params import Params
 NAME = "rollout-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "rollout_nethack"],
-    code=["pipeline/nethack/play.py", "pipeline/nethack/env.py"],
+    params=["seed", "nethack", "rollout_nethack"],
+    code=["pipeline/nethack/play.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
+          "pipeline/nethack/clock.c"],
     outs=[Out("data/rollout_nethack", persist=True)],
     track="nethack",
 )
@@ -40,7 +41,7 @@ def collect_chunk(params: Params, index: int, policy: Any = None) -> StepRecorde
     cfg = params.rollout_nethack
     first = index * cfg.episodes_per_chunk
     episodes = list(range(first, min(first + cfg.episodes_per_chunk, cfg.episodes)))
-    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps, frames=True)
+    spec = EnvSpec(cfg.task, cfg.extended_actions, cfg.max_episode_steps, frames=True, clock=params.nethack.clock)
     recorder = StepRecorder(frames=True)
     seeds = episode_seeds(params.seed, episodes)
     if policy is None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.nethack import clock
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -19,6 +21,16 @@ SMALL = [
     "rl_text.rounds=2", "rl_text.tasks_per_round=4", "rl_text.trajectories_per_task=2", "rl_text.epochs=1",
     "evaluate_text.trajectories_per_task=1",
 ]
+
+
+def pytest_configure(config):
+    """NetHack's clock is pinned (nethack.clock) by a library loaded at process start: the test run starts over with
+    it (`make nethack-clock` builds it; without it every NetHack test fails with the one-line error saying so)."""
+    if not clock.preloaded() and clock.library_path().is_file():
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.stop_global_capturing()  # the run that starts over writes to the real stdout / stderr
+        clock.preload()
 
 
 def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None,
@@ -115,15 +127,6 @@ NETHACK_TINY = [
     "evaluate_nethack.policies=[random, motif]",
 ]
 
-
-# NetHack's first message of a game: its welcome, or, on the nights it has one, the notice that follows it (NetHack
-# reads the machine's clock: full moon +1 luck, new moon, Friday the 13th -1 luck)
-NETHACK_OPENINGS = ("Hello Agent", "You are lucky!  Full moon tonight.", "Be careful!  New moon tonight.",
-                    "Watch out!  Bad things can happen on Friday the 13th.")
-
-
-def nethack_opening(message: str) -> bool:
-    return any(opening in message for opening in NETHACK_OPENINGS)
 
 
 def nethack_params(root: Path, *overrides: str):

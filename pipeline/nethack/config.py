@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import Section
 from pipeline.llm.config import LLMConfig
@@ -16,6 +16,26 @@ NetHackTask = Literal[
     "staircase_continual", "staircase_lvl3_continual", "staircase_lvl4_continual",
     "oracle_continual", "oracle_sober_continual",
 ]
+
+
+class NetHackConfig(Section):
+    clock: str = Field(
+        "2000-01-03 12:00:00",
+        description="the date and time every NetHack game sees ('YYYY-MM-DD HH:MM:SS', the game's local time): "
+        "moon phase, Friday the 13th, night and shopkeeper names come from it; the default is a Monday noon, "
+        "no full or new moon (pipeline/nethack/clock.py)",
+    )
+
+    @field_validator("clock")
+    @classmethod
+    def _clock_format(cls, value: str) -> str:
+        from datetime import datetime
+
+        try:
+            datetime.strptime(value, "%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            raise ValueError(f"nethack.clock: {value!r} is not a date and time 'YYYY-MM-DD HH:MM:SS'") from None
+        return value
 
 
 class RolloutNetHackConfig(Section):
@@ -143,6 +163,9 @@ class RLNetHackConfig(Section):
     serial_mode: bool = Field(True, description="one process: fastest on 2 cores; false = sample-factory's "
                               "parallel runner")
     use_rnn: bool = Field(False, description="recurrent core (false: feed-forward, faster on CPU)")
+    deterministic: bool = Field(False, description="reproducible training: sample-factory's serial, synchronous "
+                                "mode (one worker, async_rl off) with torch's deterministic algorithms, so two "
+                                "runs give the same checkpoints; slower (bench/bench_nethack_deterministic.py)")
     timeout_s: int = Field(1200, ge=10, description="kill a variant's training after this long (it resumes)")
     extra_args: list[str] = Field([], description="more sample-factory arguments, e.g. ['--nonlinearity=relu']")
     oni: OniConfig = Field(default_factory=OniConfig,
@@ -174,9 +197,12 @@ class RLNetHackConfig(Section):
     def _variant_names(self) -> RLNetHackConfig:
         if self.batch_size % self.rollout:
             raise ValueError("rl_nethack.batch_size must be a multiple of rl_nethack.rollout")
-        for name in self.variants:
+        for name, variant in self.variants.items():
             if not name.replace("_", "").replace("-", "").isalnum() or name == "random":
                 raise ValueError(f"rl_nethack.variants: {name!r} is not a usable name (letters, digits, - _)")
+            if self.deterministic and variant.reward not in ("motif", "none") and variant.int_coef != 0:
+                raise ValueError(f"rl_nethack.deterministic: variant {name!r} uses an online reward, labelled while "
+                                 "it trains (not reproducible)")
         return self
 
 

@@ -19,6 +19,8 @@ from nle import nethack
 from nle.env.base import ASCII_ESC, ASCII_SPACE, SKIP_EXCEPTIONS
 from nle.env.tasks import TASK_ACTIONS, NetHackScore, NetHackStaircase
 
+from pipeline.nethack import clock as game_clock
+
 #: ONI's action set: the NLE task actions plus spells, potions, prayer, picking up and paying.
 EXTENDED_ACTIONS: tuple = (
     *TASK_ACTIONS,
@@ -229,10 +231,15 @@ def make_env(
     extended_actions: bool = False,
     max_episode_steps: int = 5000,
     observation_keys: Sequence[str] = OBSERVATION_KEYS,
+    clock: str = game_clock.DEFAULT_CLOCK,
 ) -> Score:
-    """A fresh NLE env of the named task (see ``TASK_NAMES``)."""
+    """A fresh NLE env of the named task (see ``TASK_NAMES``), its game clock pinned to ``clock``.
+
+    Raises ``clock.ClockError`` when the clock cannot be pinned in this process (see ``pipeline.nethack.clock``).
+    """
     if task not in TASKS:
         raise KeyError(f"unknown NetHack task {task!r} (known: {', '.join(TASK_NAMES)})")
+    game_clock.pin(clock)
     return TASKS[task].cls(
         extended_actions=extended_actions,
         max_episode_steps=max_episode_steps,
@@ -241,7 +248,9 @@ def make_env(
 
 
 def seed_env(env: Score, seed: int) -> None:
-    """Make the next episode of ``env`` reproducible from one integer (NetHack's core and display RNGs)."""
+    """Make the next episode of ``env`` reproducible from one integer: NetHack's core and display RNGs, with
+    NetHack's own reseeding from true randomness turned off. (nle 1.0 has no separate level-generator RNG; gym's
+    ``reset(seed=)`` seeds only gym's generator, which NetHack never reads.)"""
     core = seed & 0x7FFFFFFF
     env.seed(core, core ^ 0x5A5A5A5A, reseed=False)
 

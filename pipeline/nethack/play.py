@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 from nle import nethack
 
+from pipeline.nethack.clock import DEFAULT_CLOCK
 from pipeline.nethack.env import OBSERVATION_KEYS, decode_message, make_env, seed_env
 
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
@@ -59,12 +60,13 @@ class EnvSpec:
     extended_actions: bool = False
     max_episode_steps: int = 5000
     frames: bool = False  # observe tty_chars too (StepRecorder(frames=True) stores them)
+    clock: str = DEFAULT_CLOCK  # the date and time the game sees (pipeline.nethack.clock)
 
     def make(self):
         keys = (*OBSERVATION_KEYS, "tty_chars") if self.frames else OBSERVATION_KEYS
         return make_env(
             self.task, extended_actions=self.extended_actions, max_episode_steps=self.max_episode_steps,
-            observation_keys=keys,
+            observation_keys=keys, clock=self.clock,
         )
 
 

@@ -35,7 +35,8 @@ from torch import nn
 
 from pipeline.core.artifacts import atomic_write_json
 from pipeline.nethack import oni
-from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env
+from pipeline.nethack.clock import DEFAULT_CLOCK
+from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env, seed_env
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
 from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
 from pipeline.nethack.reward import load_reward_model
@@ -67,6 +68,11 @@ def add_nethack_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--nethack_task", default="score", choices=TASK_NAMES, help="Curio NetHack task name")
     p.add_argument("--nethack_extended_actions", default=False, type=str2bool, help="ONI's extended action set")
     p.add_argument("--nethack_max_episode_steps", default=5000, type=int, help="step cap of one episode")
+    p.add_argument("--nethack_clock", default=DEFAULT_CLOCK, type=str,
+                   help="the date and time the game sees, 'YYYY-MM-DD HH:MM:SS' (pipeline.nethack.clock)")
+    p.add_argument("--nethack_deterministic", default=False, type=str2bool,
+                   help="torch's deterministic algorithms (with --serial_mode, --async_rl=False and --seed: "
+                   "two runs give the same checkpoints)")
     p.add_argument("--crop_size", default=9, type=int, help="side of the character crop around the agent")
     p.add_argument("--reward_model_dir", default="", type=str, help="trained message reward model ('' = none)")
     p.add_argument("--ext_coef", default=1.0, type=float, help="weight of the task (extrinsic) reward")
@@ -167,6 +173,28 @@ class IntrinsicRewardWrapper(gym.Wrapper):
         return obs, total, terminated, truncated, info
 
 
+def episode_seed(seed: int, env_id: int, episode: int) -> int:
+    """NetHack's seed of a training env's ``episode``-th game, from the run's seed and the env's global index."""
+    return int(np.random.SeedSequence([seed, env_id, episode]).generate_state(1)[0])
+
+
+class SeededEpisodes(gym.Wrapper):
+    """Seeds NetHack's own RNGs (core and display, no reseeding) before every game of a training env, from the run
+    seed, the env's global index (worker × envs per worker + vector index) and the game's number.
+
+    sample-factory seeds an env through gym's ``reset(seed=)``, which NetHack never reads; without this, every
+    game starts from true randomness."""
+
+    def __init__(self, env: gym.Env, seed: int, env_id: int) -> None:
+        super().__init__(env)
+        self.base_seed, self.env_id, self.episode = seed, env_id, 0
+
+    def reset(self, **kwargs):
+        seed_env(self.env.unwrapped, episode_seed(self.base_seed, self.env_id, self.episode))
+        self.episode += 1
+        return self.env.reset(**kwargs)
+
+
 class PolicyView:
     """What the policy sees: the characters in a square around the agent and transformed bottom-line stats."""
 
@@ -231,7 +259,10 @@ def make_nethack_env(full_env_name: str, cfg: Any = None, env_config: Any = None
         cfg.nethack_task,
         extended_actions=cfg.nethack_extended_actions,
         max_episode_steps=cfg.nethack_max_episode_steps,
+        clock=getattr(cfg, "nethack_clock", DEFAULT_CLOCK),
     )
+    if cfg.seed is not None:
+        env = SeededEpisodes(env, cfg.seed, int((env_config or {}).get("env_id", 0)))
     kind = getattr(cfg, "intrinsic_reward", "motif")
     if kind == "none" and cfg.int_coef != 0:
         raise ValueError("--intrinsic_reward=none needs --int_coef=0")
@@ -353,8 +384,11 @@ SUMMARY = "curio_summary.json"
 CURVE = "curio_curve.json"  # [{env_steps, return}] over training, for the rl-nethack learning-curve plot
 
 
-def _summary_observer(path: Path, resumed_from: int):
-    """An AlgoObserver writing what the rl stage reports: env steps, FPS of this run, episode statistics."""
+def _summary_observer(path: Path, resumed_from: int, per_iteration: bool = False):
+    """An AlgoObserver writing what the rl stage reports: env steps, FPS of this run, episode statistics.
+
+    The learning curve gets a point per summary interval (seconds), or with ``per_iteration`` (deterministic
+    training) one per training iteration, so that two runs give the same curve."""
     import time
 
     from sample_factory.algo.runners.runner import AlgoObserver
@@ -367,13 +401,21 @@ def _summary_observer(path: Path, resumed_from: int):
             # The learning curve continues across resumes (the experiment dir is cleared when settings change).
             self.curve = json.loads(curve_path.read_text()) if curve_path.exists() else []
 
-        def extra_summaries(self, runner, policy_id, *_) -> None:
-            """Every summary interval: mean task return (true objective) of the recent episodes at these env steps
-            (sample-factory's own tensorboard tags appear only once 100 episodes have finished)."""
+        def add_point(self, runner) -> None:
+            """Mean task return (true objective) of the recent episodes at these env steps (sample-factory's own
+            tensorboard tags appear only once 100 episodes have finished)."""
             recent = runner.policy_avg_stats.get("true_objective", {})
             steps = int(runner.env_steps[0])
-            if policy_id == 0 and recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
+            if recent and len(recent[0]) and (not self.curve or self.curve[-1]["env_steps"] < steps):
                 self.curve.append({"env_steps": steps, "return": float(np.mean(recent[0]))})
+
+        def extra_summaries(self, runner, policy_id, *_) -> None:
+            if policy_id == 0 and not per_iteration:
+                self.add_point(runner)
+
+        def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+            if per_iteration:
+                self.add_point(runner)
 
         def on_stop(self, runner) -> None:
             atomic_write_json(curve_path, getattr(self, "curve", []))
@@ -503,10 +545,15 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent()
     register_components()
     cfg = parse_cfg(sys.argv[1:] if argv is None else argv)
+    if cfg.nethack_deterministic:
+        if not cfg.serial_mode or cfg.async_rl or cfg.seed is None:
+            raise SystemExit("--nethack_deterministic needs --serial_mode=True --async_rl=False and a --seed")
+        torch.use_deterministic_algorithms(True)
     experiment_dir = Path(cfg.train_dir) / cfg.experiment
     found = latest_checkpoint(experiment_dir)
     cfg, runner = make_runner(cfg)
-    runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0))
+    runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0,
+                                               per_iteration=cfg.nethack_deterministic))
     if cfg.intrinsic_reward in ONLINE_REWARDS and cfg.int_coef != 0:
         runner.register_observer(_online_annotation(cfg))
     status = runner.init()

@@ -45,10 +45,11 @@ from pipeline.params import Params
 NAME = "rl-nethack"
 STAGE = Stage(
     NAME,
-    params=["seed", "rl_nethack"],
+    params=["seed", "nethack", "rl_nethack"],
     code=[
         "pipeline/nethack/sf.py", "pipeline/nethack/intrinsic.py", "pipeline/nethack/oni.py",
-        "pipeline/nethack/env.py", "pipeline/nethack/reward.py",
+        "pipeline/nethack/env.py", "pipeline/nethack/reward.py", "pipeline/nethack/clock.py",
+        "pipeline/nethack/clock.c",
     ],
     data=["data/reward_model"],
     outs=[Out("data/rl_nethack", persist=True)],
@@ -75,6 +76,7 @@ def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Pat
         "nethack_task": cfg.task,
         "nethack_extended_actions": cfg.extended_actions,
         "nethack_max_episode_steps": cfg.max_episode_steps,
+        "nethack_clock": params.nethack.clock,
         "reward_model_dir": str(reward_dir) if uses_model else "",
         "ext_coef": variant.ext_coef,
         "int_coef": variant.int_coef,
@@ -93,6 +95,9 @@ def sf_args(params: Params, name: str, variant: RLNetHackVariant, train_dir: Pat
         "use_rnn": cfg.use_rnn,
         "intrinsic_reward": variant.reward if variant.int_coef != 0 else "none",
     }
+    if cfg.deterministic:
+        # One process, sampling and learning in turn: the order of everything is fixed by the seed, not by timing.
+        args.update(serial_mode=True, async_rl=False, num_workers=1, worker_num_splits=1, nethack_deterministic=True)
     if variant.reward in ONLINE_REWARDS and variant.int_coef != 0:
         oni = cfg.oni.model_dump(mode="json")
         args["oni_refresh_s"] = oni.pop("refresh_s")
@@ -212,7 +217,7 @@ def concurrent_variants(params: Params, cores: int | None = None) -> int:
     slicing costs little, and the last variant does not train alone while the other cores sit idle."""
     cfg = params.rl_nethack
     cores = cores or len(os.sched_getaffinity(0))
-    per_variant = 1 if cfg.serial_mode else cfg.num_workers + 1
+    per_variant = 1 if cfg.serial_mode or cfg.deterministic else cfg.num_workers + 1
     return max(1, min(len(cfg.variants), 2 * cores // per_variant))
 
 

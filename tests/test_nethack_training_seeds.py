@@ -1,0 +1,91 @@
+"""Reproducible NetHack training: envs seeded through NetHack's own RNGs per env and game, and
+``rl_nethack.deterministic`` giving the same checkpoints twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import NETHACK_TINY
+
+from pipeline.core.config import ConfigError
+from pipeline.core.stage import execute
+from pipeline.nethack.sf import CURVE, latest_checkpoint, make_nethack_env, parse_cfg
+from pipeline.params import Params, load_params
+from stages.rl.appo import sf_args
+
+
+def first_screens(seed: int | None, env_id: int, games: int = 3) -> list[bytes]:
+    argv = ["--experiment=x", "--nethack_max_episode_steps=20"] + ([f"--seed={seed}"] if seed is not None else [])
+    env = make_nethack_env("curio_nethack", parse_cfg(argv), {"env_id": env_id})
+    screens = []
+    for _ in range(games):
+        obs, _ = env.reset(seed=0)  # gym's seed, the same every time: NetHack never reads it
+        screens.append(obs["crop"].tobytes() + obs["blstats"].tobytes())
+    env.close()
+    return screens
+
+
+def test_training_envs_seed_every_game_from_the_seed_the_env_and_the_game():
+    games = first_screens(7, env_id=3)
+    assert games == first_screens(7, env_id=3)  # reproducible
+    assert len(set(games)) == 3  # each game of an env its own
+    assert first_screens(7, env_id=4)[0] != games[0]  # each env its own
+    assert first_screens(8, env_id=3)[0] != games[0]  # and the run's seed matters
+    unseeded = first_screens(None, env_id=3)
+    assert unseeded != first_screens(None, env_id=3)  # without a seed: true randomness, as sample-factory's own
+
+
+def test_deterministic_mode_is_serial_and_synchronous_and_rejects_online_rewards(tmp_path):
+    params = Params.model_validate({"rl_nethack": {"deterministic": True, "serial_mode": False, "num_workers": 2}})
+    args = sf_args(params, "motif", params.rl_nethack.variants["motif"], Path("/t"), Path("/r"))
+    for expected in ("--serial_mode=True", "--async_rl=False", "--num_workers=1", "--nethack_deterministic=True",
+                     "--seed=0"):
+        assert expected in args
+    default = Params()
+    assert not any(a.startswith(("--async_rl", "--nethack_deterministic")) for a in
+                   sf_args(default, "motif", default.rl_nethack.variants["motif"], Path("/t"), Path("/r")))
+    (tmp_path / "params.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError, match="rl_nethack.deterministic"):
+        load_params(tmp_path / "params.yaml", ["rl_nethack.deterministic=true", "rl_nethack.preset=oni"])
+
+
+@pytest.mark.slow  # two sample-factory trainings: ~1 min on a loaded 2-core machine
+def test_deterministic_training_twice_gives_identical_checkpoints(tmp_path):
+    (tmp_path / "params.yaml").write_text("{}\n")
+    states, curves = [], []
+    for run in ("a", "b"):
+        params = load_params(tmp_path / "params.yaml", [
+            *NETHACK_TINY, "rl_nethack.variants={extrinsic: {ext_coef: 0.1, int_coef: 0.0}}",
+            "evaluate_nethack.policies=[random]", "rl_nethack.train_for_env_steps=1024",
+            "rl_nethack.max_episode_steps=100", "rl_nethack.deterministic=true", f"data_dir={tmp_path / run}"])
+        execute("rl-nethack", params)
+        path, steps = latest_checkpoint(params.data_path("rl_nethack", "extrinsic"))
+        assert steps >= 1024
+        states.append(torch.load(path, map_location="cpu", weights_only=True))
+        curves.append(json.loads(params.data_path("rl_nethack", "extrinsic", CURVE).read_text()))
+    a, b = states
+    assert a["env_steps"] == b["env_steps"] and a["train_step"] == b["train_step"] > 0
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    moments = list(a["optimizer"]["state"].values())
+    for i, state in a["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][i][name]), (i, name)
+    assert moments and not all(np.allclose(m["exp_avg"].numpy(), 0) for m in moments)  # it did train
+    assert len(curves[0]) >= 2 and curves[0] == curves[1]  # a point per training iteration, the same in both
+
+
+def test_the_learning_preset_is_valid_params(tmp_path):
+    from pipeline.core.config import preset_overrides
+
+    overrides = preset_overrides(Path(__file__).resolve().parents[1] / "presets" / "nethack-learning.yaml")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    params = load_params(tmp_path / "params.yaml", overrides)
+    assert params.evaluate_nethack.episodes >= 64
+    assert set(params.evaluate_nethack.policies) == {"random", "motif", "extrinsic", "intrinsic"}
+    assert params.rl_nethack.timeout_s <= 90 * 60
