@@ -785,7 +785,9 @@ def _format_error(err: ValidationError) -> str:
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        from pipeline.suggest import unknown_key_hint
+
+        msg = "unknown key" + unknown_key_hint(Params, tuple(first["loc"]))
     extra = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     relative = re.match(r"([a-z_]\w*(?:\.\w+)*): ", msg)  # a section's validator naming a key inside it
     if relative and first["loc"]:

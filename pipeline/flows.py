@@ -97,22 +97,44 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     Without overrides it is ``dvc repro``: stages DVC considers current are skipped and each one run is
     ``dvc commit``ted, so ``dvc.lock`` stays consistent. Overrides never touch params.yaml (a DVC experiment is
     ``dvc exp run -S``): an overridden run writes its own outputs, data and metrics, to
-    ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look.
+    ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look, reading the unchanged outputs of upstream
+    stages it does not run from ``data/`` (:mod:`pipeline.flow_workspace`). A run that cannot be made (a bad
+    param, an unknown stage, an upstream the overrides change) ends Failed with one line, having created nothing.
     """
     from prefect.runtime import flow_run
+    from prefect.states import Failed
+
+    from pipeline.flow_workspace import Refused, describe, plan, workspace_overrides
+    from pipeline.params_check import NAME as PARAMS_CHECK
+    from pipeline.params_check import check as check_params
+    from pipeline.suggest import did_you_mean
 
     logger = get_run_logger()
-    params = _params(params_file, overrides)  # validate before anything runs
+
+    def refuse(message: str) -> Any:  # one line, nothing created, the run Failed (no traceback: not a bug)
+        logger.error("curio: %s", message)
+        return Failed(message=message)
+
+    try:
+        params = _params(params_file, overrides)  # validate before anything runs
+    except CurioError as e:
+        return refuse(str(e).strip().splitlines()[0])
     order = dag_order()
-    unknown = sorted(set(stages or []) - set(order))
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; known: {', '.join(order)}")
+    for name in stages or []:
+        if name not in order:
+            return refuse(f"unknown stage {name!r}{did_you_mean(name, order)}; known: {', '.join(order)}")
     tracked = not overrides
     if not tracked:
         root = Path(params.data_dir) / "prefect" / (flow_run.get_name() or "run")
-        overrides = {**overrides, "data_dir": str(root / "data"), "metrics_dir": str(root / "metrics")}
+        asked, overrides = params, workspace_overrides(overrides, root)
         params = _params(params_file, overrides)
-        logger.info("overrides: outputs go to %s (params.yaml and dvc.lock untouched)", root)
+        selected = [n for n in order if n in stages] if stages else [n for n in order if n != PARAMS_CHECK]
+        try:
+            workspace = plan(_params(params_file, None), asked, selected, root)
+        except Refused as e:
+            return refuse(str(e))
+        workspace.create()
+        logger.info("overrides: %s (params.yaml and dvc.lock untouched)", describe(workspace))
     summary: dict[str, str] = {}
     with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
@@ -122,6 +144,14 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
             if tracked and not force and stage_is_current(name):
                 logger.info("%s: up to date", name)
                 summary[name] = "up to date"
+                continue
+            if name == PARAMS_CHECK:  # its stamp is DVC's: an overridden run's params were checked above
+                if tracked:
+                    check_params(params_file)
+                    res = _dvc("commit", "--force", name)
+                    if res.returncode != 0:
+                        raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
+                summary[name] = "ran" if tracked else "checked"
                 continue
             logger.info("%s: running", name)
             sub = report_flow if name == "report" else STAGE_FLOWS[name]

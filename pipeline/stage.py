@@ -29,6 +29,8 @@ from pipeline.artifacts import atomic_write_json, dataset_hash, dir_hash, file_s
 from pipeline.cards import write_cards
 from pipeline.config import SHARED_KEYS, Params, ParamsSlice, slice_model, take_slice
 from pipeline.models.launch import use_processes
+from pipeline.params_check import NAME as PARAMS_CHECK
+from pipeline.params_check import STAMP as PARAMS_STAMP
 from pipeline.registry import STAGES
 from pipeline.runners import use_runner
 from pipeline.tracking import StageTracking, Tracker, git_tags
@@ -98,7 +100,8 @@ class Stage:
 
     def deps(self) -> list[str]:
         own = self.module.replace(".", "/") + ".py" if self.module else None
-        return [*([own] if own and own not in self.code else []), *self.code, *self.data]
+        checked = [] if self.name == PARAMS_CHECK else [PARAMS_STAMP]  # every param checked first (params_check)
+        return [*([own] if own and own not in self.code else []), *self.code, *self.data, *checked]
 
     def all_outs(self) -> list[Out]:
         """Every out of dvc.yaml's stage entry, in order: the declared outs, the metrics file, the plot data."""
@@ -124,7 +127,7 @@ def declared_stages() -> list[Stage]:
 
 def dag_order(found: list[Stage]) -> list[Stage]:
     """Dependency order (an out of one stage under a dep of another = an edge); ties by track, then name."""
-    tracks = ["text", "nethack", "summary"]
+    tracks = ["params", "text", "nethack", "summary"]
     owner = {o.path: s.name for s in found for o in [*s.all_outs(), *s.metrics, *(Out(p.path) for p in s.plots)]}
 
     def parents(s: Stage) -> set[str]:
@@ -176,7 +179,7 @@ def data_paths(params: Params, stage: Stage) -> tuple[list[Path], list[Path]]:
     def mapped(paths: list[str]) -> list[Path]:
         return [params.data_path(p.removeprefix("data/")) for p in paths if p.startswith("data/")]
 
-    return mapped(stage.deps()), mapped([o.path for o in stage.all_outs()])
+    return mapped([d for d in stage.deps() if d != PARAMS_STAMP]), mapped([o.path for o in stage.all_outs()])
 
 
 def digest(path: Path) -> str | None:

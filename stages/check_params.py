@@ -1,0 +1,18 @@
+"""check-params: every param checked before any stage runs (see pipeline/params_check.py)."""
+
+from __future__ import annotations
+
+from pipeline.config import Params
+from pipeline.params_check import NAME, STAMP
+from pipeline.stage import Out, Stage
+
+STAGE = Stage(
+    NAME,
+    params=list(Params.model_fields),
+    cmd="curio check-params",
+    code=["pipeline/params_check.py"],
+    outs=[Out(STAMP, persist=True, note="the same bytes whenever the params pass: no stage reruns for it")],
+    track="params",
+    doc=("Checks every param (pipeline/params_check.py) before DVC removes any stage's outputs: every stage depends "
+         "on its stamp, so a refused value costs nothing."),
+)
