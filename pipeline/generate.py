@@ -241,13 +241,21 @@ def same_params(text: str, expected: str) -> bool:
     the same help comments, however it is laid out. ``dvc exp run -S`` rewrites the file with ruamel.yaml (nulls
     left blank, flow lists as blocks, a comment above a key sometimes moved to the line before), and its experiment
     commits carry that file: it is not out of date for that."""
-    import json
-
     try:
         mine, theirs = yaml.safe_load(text), yaml.safe_load(expected)
     except yaml.YAMLError:
         return False
-    return json.dumps(mine) == json.dumps(theirs) and _comments(text) == _comments(expected)
+    return _same(mine, theirs) and _comments(text) == _comments(expected)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values, mappings with their keys in the same order (``2`` and ``2.0`` are the same number)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b or (isinstance(a, int | float) and isinstance(b, int | float)
+                                             and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
 
 
 def generate(root: Path = Path("."), check: bool = False, defaults: bool = False) -> list[Path]:
