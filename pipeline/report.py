@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from pipeline.artifacts import atomic_write_bytes, atomic_write_json
+from pipeline.report_meta import LEDGER_NOTE, run_section
 from pipeline.stage import Out, Stage
 
 STAGE = Stage(
@@ -122,9 +123,14 @@ def _number(v: str) -> Any:
 
 
 def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    """The figure as inline SVG, the same bytes for the same figure: no date in its metadata, and a fixed salt
+    for the ids matplotlib derives (clip paths, glyphs), which are otherwise random per process."""
+    import matplotlib
     import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "curio-report"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
 
     plt.close(fig)
     text = buf.getvalue()
@@ -199,8 +205,10 @@ def section(title: str, body: str) -> str:
     return f"<section><h2>{html.escape(title)}</h2>{body}</section>"
 
 
-def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str) -> str:
-    parts = []
+def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str,
+           run: str = "") -> str:
+    """The page; ``run``: the "Run" section's HTML (:func:`pipeline.report_meta.run_section`), first."""
+    parts = [run] if run else []
     heads = summaries(stages)
     for track, sections in heads.items():
         names = list(dict.fromkeys(n for values in sections.values() for n in values))
@@ -250,8 +258,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
     ledger = ledger_rows(stages)
     parts.append(section("LLM ledger", _table(
         ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
-        ledger) if ledger else "<p>No LLM backend was called (rule-based judge, oracle environment, embedding "
-        "annotator).</p>"))
+        ledger) + LEDGER_NOTE if ledger else
+        "<p>No LLM backend was called (rule-based judge, oracle environment, embedding annotator).</p>"))
 
     details = "".join(f"<details><summary>{html.escape(s)}</summary>"
                       + _table(["metric", "value"], [[k, v] for k, v in m.items()]) + "</details>"
@@ -261,7 +269,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
              "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
              "text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f0f3f7}"
              ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}img{max-width:100%}"
-             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}")
+             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}"
+             ".note{max-width:60em;color:#555;font-size:90%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
 
@@ -272,5 +281,6 @@ def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | Non
     stages = stage_metrics(root)
     write_summaries(root, stages)
     out = out or params.data_path("report.html")
-    atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})").encode())
+    page = render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})", run_section(params))
+    atomic_write_bytes(out, page.encode())
     return out
