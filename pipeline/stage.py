@@ -260,7 +260,7 @@ def _tracked(name: str, params: Params, stage: Stage, view: Any, tracker: Tracke
         tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
         for model in models:
             if model.exists():
-                tracker.log_artifact(model, f"models/{model.name}")
+                tracker.log_model(model, name, params.tracking.experiment)
                 tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
                                  f"models/{model.name}/MODEL_CARD.md")
     return result

@@ -125,6 +125,11 @@ class Calls:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.mlflow.log_text(text, artifact_file)
 
+    def log_model(self, path: str, stage: str, experiment: str) -> None:
+        from pipeline.mlflow_models import log_model
+
+        log_model(self.mlflow, path, stage, experiment)
+
 
 class Tracker:
     """What a stage sees: log metrics/artifacts; a no-op when tracking is disabled. ``send(name, args)`` makes
@@ -161,6 +166,12 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         if self._send is not None:
             self._send("log_text", [text, artifact_file])
+
+    def log_model(self, path: str | Path, stage: str, experiment: str) -> None:
+        """A trained model through MLflow's flavour for it, registered as ``EXPERIMENT-STAGE``
+        (:mod:`pipeline.mlflow_models`)."""
+        if self._send is not None and Path(path).exists():
+            self._send("log_model", [os.path.abspath(path), stage, experiment])
 
 
 class TrackingError(CurioError):
