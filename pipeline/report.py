@@ -8,7 +8,8 @@ The layout every stage follows (a new stage fits by doing the same):
 - ``metrics/plots/…``: the stage's plot data, git-tracked too, drawn by the top-level ``plots:`` of dvc.yaml
   (``dvc plots show`` / ``dvc plots diff``), which this report reads as well;
 - ``HEADLINES`` below: the few numbers of a stage that belong in its track's summary
-  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{policy: held-out success}``), the only files
+  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{"text": {policy: held-out success}}``, read
+  by ``dvc exp show`` as columns ``text.base``, ``text.sft``, …), the only files
   dvc.yaml declares as ``metrics``.
 
 ``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
@@ -71,15 +72,16 @@ def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str
 
 
 def write_summaries(metrics_root: Path, stages: dict[str, dict[str, Any]]) -> list[Path]:
-    """``metrics/TRACK_SECTION.json`` = ``{policy: value}`` for every HEADLINES line (``{}`` for one that has not
-    run yet, so the files DVC declares always exist). Flat files whose rows share policy-named columns keep
-    ``dvc metrics show`` narrow: the file name says what the number is."""
+    """``metrics/TRACK_SECTION.json`` = ``{track: {policy: value}}`` for every HEADLINES line (``{track: {}}`` for
+    one that has not run yet, so the files DVC declares always exist). Small files whose rows share policy-named
+    columns keep ``dvc metrics show`` narrow: the file name says what the number is, the column its track."""
     found = summaries(stages)
     written = []
     for track, rules in HEADLINES.items():
         for _, _, section in rules:
             path = metrics_root / f"{track}_{section}.json"
-            atomic_write_json(path, found.get(track, {}).get(section, {}))
+            # nested under the track, so `dvc exp show` / `dvc metrics show` name the column `text.sft`, not `sft`
+            atomic_write_json(path, {track: found.get(track, {}).get(section, {})})
             written.append(path)
     return written
 

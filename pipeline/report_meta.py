@@ -53,7 +53,8 @@ def stage_runs(params: Any) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def run_link(ui: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui}/#/experiments/{quote(str(experiment_id))}/runs/{quote(run_id)}"
+    """A run's page in MLflow's "Model training" view (the UI opens on its GenAI view unless told otherwise)."""
+    return f"{ui}/#/experiments/{quote(str(experiment_id))}/runs/{quote(run_id)}?workflowType=machine_learning"
 
 
 def _when(ms: int | None) -> str:

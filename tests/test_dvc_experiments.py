@@ -47,7 +47,7 @@ def test_exp_show_has_the_metrics_of_baseline_and_experiment(tmp_path):
     for row, episodes in ((baseline, 2), (named, 4)):
         metrics = _metrics(row)
         assert set(metrics) == {"metrics/text_success.json", "metrics/nethack_return.json"}  # summaries only
-        assert 0.0 <= metrics["metrics/text_success.json"]["base"] <= 1.0
+        assert 0.0 <= metrics["metrics/text_success.json"]["text"]["base"] <= 1.0  # a column `text.base`
         assert row["data"]["params"]["params.yaml"]["data"]["games"]["max_eval_tasks"] == episodes
     # The per-stage details travel with the experiment too: `dvc exp diff` reads them from its commit.
     diff = json.loads(_run(["dvc", "exp", "diff", "--json", "--all", "HEAD", "more-tasks"], project))

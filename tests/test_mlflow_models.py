@@ -31,7 +31,7 @@ def test_a_text_policy_is_a_registered_transformers_model_and_other_outputs_stay
     assert [(m.name, m.source_run_id, m.tags.get("curio.stage")) for m in models] == \
         [("sft", run.info.run_id, "train-sft")]
     versions = client.search_model_versions("name='curio-train-sft'")
-    assert [(v.version, v.run_id) for v in versions] == [("1", run.info.run_id)]
+    assert [(str(v.version), v.run_id) for v in versions] == [("1", run.info.run_id)]
     assert [f.path for f in client.list_artifacts(run.info.run_id, "models/adapter")] == \
         ["models/adapter/adapter_config.json"]
     mlflow.set_tracking_uri(uri)

@@ -61,6 +61,6 @@ def test_the_report_links_each_stage_to_its_mlflow_run(tmp_path):
     assert pages[0] == pages[1]
     page = pages[0].decode()
     for stage, run_id in ids.items():  # the latest finished run of each stage, never the failed one
-        assert f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}" in page
+        assert f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning" in page
     assert page.count("/runs/") == 3  # two stages and their parent pipeline run
     assert "aaaaaaaaaaaa" in page and "Every param is the schema's default" in page
