@@ -4,8 +4,8 @@ Overrides never touch params.yaml or DVC's outputs (a DVC experiment is ``dvc ex
 writes its own data and metrics under its own folder. A run of only some stages (``stages=["evaluate-text"]``)
 still needs their upstreams' outputs: each one a selected stage reads is linked from ``data/`` into the
 workspace when it is the output the overrides would have produced too, i.e. its stage reads none of the
-overridden keys and DVC holds it current (``dvc status``). Otherwise the run is refused in one line, before
-anything is created, saying which stage to add to ``stages``.
+overridden keys and DVC holds it current (``dvc status``). The others are named in one warning line that says
+which stages to add to ``stages`` (a selected stage may not read them: a scripted policy reads no model).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Refused(ValueError):
 class Workspace:
     root: Path
     links: dict[Path, Path] = field(default_factory=dict)  # link in the workspace -> the output in data/
+    missing: dict[str, str] = field(default_factory=dict)  # an upstream output it cannot read -> why
 
     def create(self) -> None:
         for link, target in self.links.items():
@@ -65,9 +66,13 @@ def overridden_keys(base: Params, overridden: Params, keys: list[str]) -> list[s
 
 def plan(base: Params, overridden: Params, selected: list[str], root: Path,
          dvc_yaml: Path = Path("dvc.yaml")) -> Workspace:
-    """The workspace of an overridden run of ``selected`` stages; raises :class:`Refused` (nothing created)."""
+    """The workspace of an overridden run of ``selected`` stages: the upstream outputs it can read from data/
+    (linked), and those it cannot (``missing``: an upstream the overrides change, or one DVC does not hold
+    current); raises :class:`Refused` when there is nothing to run."""
     from pipeline.stage import declaration
 
+    if not selected:
+        raise Refused("no stage to run")
     owners = _owners(dvc_yaml)
     ws = Workspace(root)
     for name in selected:
@@ -77,16 +82,13 @@ def plan(base: Params, overridden: Params, selected: list[str], root: Path,
             if owner is None or owner in selected or owner == PARAMS_CHECK:
                 continue
             changed = overridden_keys(base, overridden, declaration(owner).params)
-            with_owner = ", ".join(f'"{s}"' for s in [owner, *selected])
-            if changed:
-                raise Refused(f"{owner} reads overridden {', '.join(changed)}: its outputs in data/ do not hold "
-                              f"them; add it: stages=[{with_owner}]")
             source = base.data_path(dep.removeprefix("data/"))
-            if not source.exists() or not _current(owner):
-                raise Refused(f"{name} reads {dep}, which {owner} has not written for params.yaml "
-                              f"(`dvc status {owner}`): run `dvc repro {owner}` first, or add it: "
-                              f"stages=[{with_owner}]")
-            ws.links[root / "data" / dep.removeprefix("data/")] = source
+            if changed:
+                ws.missing[dep] = f"{owner} reads overridden {', '.join(changed)}"
+            elif not source.exists() or not _current(owner):
+                ws.missing[dep] = f"{owner} is not current for params.yaml (`dvc status {owner}`)"
+            else:
+                ws.links[root / "data" / dep.removeprefix("data/")] = source
     return ws
 
 
@@ -97,3 +99,12 @@ def workspace_overrides(overrides: dict, root: Path) -> dict:
 def describe(ws: Workspace) -> str:
     reads = ", ".join(sorted(os.path.relpath(t) for t in ws.links.values()))
     return f"outputs go to {ws.root}" + (f"; reads unchanged upstream outputs {reads}" if reads else "")
+
+
+def warning(ws: Workspace, selected: list[str]) -> str | None:
+    """One line on the upstream outputs the run cannot read, and how to include their stages."""
+    if not ws.missing:
+        return None
+    why = "; ".join(f"{dep} ({reason})" for dep, reason in ws.missing.items())
+    return (f"not available to this run: {why}. A stage that reads one fails; to run its stage too: "
+            f"stages={[*sorted({r.split(' ')[0] for r in ws.missing.values()}), *selected]}")

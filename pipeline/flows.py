@@ -73,8 +73,9 @@ def report_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | No
 
 def _publish(summary: dict[str, str], params: Params) -> None:
     """Prefect artifacts of a pipeline run: what ran, the headline numbers, a link to the report."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+    from prefect.artifacts import create_markdown_artifact
 
+    from pipeline.artifact_links import files_markdown
     from pipeline.report import stage_metrics, summaries
 
     lines = ["| stage | status |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary.items())]
@@ -83,10 +84,11 @@ def _publish(summary: dict[str, str], params: Params) -> None:
             lines += ["", f"**{track}: {name}**", "", "| policy | value |", "|---|---|",
                       *(f"| {p} | {v:.4g} |" for p, v in values.items())]
     create_markdown_artifact("\n".join(lines), key="pipeline-summary", description="stages run and headline numbers")
-    report = params.data_path("report.html").resolve()
+    report = params.data_path("report.html")
     if report.exists():
-        create_link_artifact(report.as_uri(), link_text=f"report ({report})", key="pipeline-report",
-                             description="one self-contained HTML page of the run")
+        create_markdown_artifact("The run's report, one self-contained HTML page:\n\n"
+                                 + files_markdown([report], Path(params.data_dir)), key="pipeline-report",
+                                 description="one self-contained HTML page of the run")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -104,7 +106,7 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     from prefect.runtime import flow_run
     from prefect.states import Failed
 
-    from pipeline.flow_workspace import Refused, describe, plan, workspace_overrides
+    from pipeline.flow_workspace import Refused, describe, plan, warning, workspace_overrides
     from pipeline.params_check import NAME as PARAMS_CHECK
     from pipeline.params_check import check as check_params
     from pipeline.suggest import did_you_mean
@@ -135,6 +137,8 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
             return refuse(str(e))
         workspace.create()
         logger.info("overrides: %s (params.yaml and dvc.lock untouched)", describe(workspace))
+        if (unread := warning(workspace, selected)) is not None:
+            logger.warning("%s", unread)
     summary: dict[str, str] = {}
     with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
@@ -311,10 +315,12 @@ def _publish_sweep(rows: list[dict], out: Path, plots: list[Path]) -> None:
     """The sweep as Prefect artifacts: a table (mean ± std over seeds) and the markdown with links to the files."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+    from pipeline.artifact_links import files_markdown
+
     table = [{k: round(v, 4) if isinstance(v, float) else v for k, v in a.items()} for a in aggregate_over_seeds(rows)]
     create_table_artifact(table, key="eval-sweep-table", description="mean and std over seeds per cell")
-    links = "\n".join(f"- [{p.name}]({p.resolve().as_uri()})" for p in [*plots, out / "results.parquet"])
-    create_markdown_artifact(results_markdown(rows) + "\nFiles:\n\n" + links + "\n", key="eval-sweep-results",
+    links = files_markdown([*plots, out / "results.parquet"], out.parent)
+    create_markdown_artifact(results_markdown(rows) + "\nFiles:\n\n" + links, key="eval-sweep-results",
                              description=f"results in {out.resolve()}")
 
 
