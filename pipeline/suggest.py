@@ -6,12 +6,17 @@ import difflib
 from collections.abc import Iterable
 
 
-def did_you_mean(name: str, known: Iterable[str], n: int = 3) -> str:
+def close(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known names closest to ``name`` (difflib's ratio at least 0.6, and within 0.15 of the best one)."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)
+    scored = [(r, k) for r, k in scored if r >= 0.6]
+    return [k for r, k in scored[:n] if r >= scored[0][0] - 0.15] if scored else []
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the closest known names, or ``""`` when none is close."""
-    close = difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
-    if not close:
-        return ""
-    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+    found = close(name, known)
+    return " (did you mean " + " or ".join(repr(c) for c in found) + "?)" if found else ""
 
 
 def unknown_key_hint(model: type, loc: tuple) -> str:
@@ -27,5 +32,5 @@ def unknown_key_hint(model: type, loc: tuple) -> str:
             return ""
         section = sub
     prefix = "".join(f"{p}." for p in loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=3, cutoff=0.6)
-    return " (did you mean " + " or ".join(repr(prefix + c) for c in close) + "?)" if close else ""
+    found = close(str(loc[-1]), section.model_fields)
+    return " (did you mean " + " or ".join(repr(prefix + c) for c in found) + "?)" if found else ""
