@@ -107,4 +107,4 @@ def warning(ws: Workspace, selected: list[str]) -> str | None:
         return None
     why = "; ".join(f"{dep} ({reason})" for dep, reason in ws.missing.items())
     return (f"not available to this run: {why}. A stage that reads one fails; to run its stage too: "
-            f"stages={[*sorted({r.split(' ')[0] for r in ws.missing.values()}), *selected]}")
+            f"stages={json.dumps([*sorted({r.split(' ')[0] for r in ws.missing.values()}), *selected])}")
