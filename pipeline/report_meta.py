@@ -19,8 +19,9 @@ DEFAULT_UI = "http://127.0.0.1:5000"
 
 
 def stage_runs(params: Any) -> tuple[list[dict[str, Any]], str | None]:
-    """The latest FINISHED MLflow run of each stage (``{stage, run_id, experiment_id, commit, dirty, end,
-    parent}``, in stage order) and the UI address; nothing when tracking is off or its store does not exist."""
+    """The latest FINISHED MLflow run of each stage on these params (``{stage, run_id, experiment_id, commit,
+    dirty, end, parent}``, in stage order) and the UI address; nothing when tracking is off or its store does
+    not exist."""
     from pipeline.tracking import tracking_uri
 
     if not params.tracking.enabled:
@@ -42,7 +43,8 @@ def stage_runs(params: Any) -> tuple[list[dict[str, Any]], str | None]:
     latest: dict[str, Any] = {}
     for run in runs:
         stage = run.data.tags.get("curio.stage")
-        if stage and stage not in latest:
+        # a run on other params (an overridden Prefect run, an experiment since undone) did not make these results
+        if stage and stage not in latest and run.data.tags.get("curio.params_hash") == _params_hash(params, stage):
             latest[stage] = run
     ui = uri.rstrip("/") if uri.startswith(("http://", "https://")) else DEFAULT_UI
     rows = [{"stage": stage, "run_id": r.info.run_id, "experiment_id": exp.experiment_id,
@@ -50,6 +52,13 @@ def stage_runs(params: Any) -> tuple[list[dict[str, Any]], str | None]:
              "end": r.info.end_time, "parent": r.data.tags.get("mlflow.parentRunId")}
             for stage, r in sorted(latest.items(), key=lambda kv: kv[1].info.end_time or 0)]
     return rows, ui
+
+
+def _params_hash(params: Any, stage: str) -> str | None:
+    """The params hash a stage's MLflow run carries when it ran on ``params`` (``pipeline.stage.execute``)."""
+    from pipeline.stage import STAGES, declaration
+
+    return params.section_hash(declaration(stage).params) if stage in STAGES else None
 
 
 def run_link(ui: str, experiment_id: str, run_id: str) -> str:

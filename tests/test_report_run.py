@@ -45,13 +45,20 @@ def test_the_report_links_each_stage_to_its_mlflow_run(tmp_path):
     client = MlflowClient(uri)
     exp = client.create_experiment("curio", artifact_location=(project / "mlartifacts").as_uri())
     parent = client.create_run(exp, run_name="dvc-repro").info.run_id
+    from pipeline.config import load_params
+    from pipeline.stage import declaration
+
+    params = load_params(project / "params.yaml")
     ids = {}
-    for stage, status in (("train-sft", "FINISHED"), ("evaluate-text", "FINISHED"), ("evaluate-text", "FAILED")):
+    for stage, status, ours in (("train-sft", "FINISHED", True), ("evaluate-text", "FINISHED", True),
+                                ("evaluate-text", "FAILED", True), ("evaluate-text", "FINISHED", False)):
+        # the last: a later run on other params (an overridden Prefect run), which did not make these results
+        digest = params.section_hash(declaration(stage).params) if ours else "0" * 64
         run = client.create_run(exp, run_name=stage, tags={"curio.stage": stage, "curio.git_commit": "a" * 40,
-                                                           "curio.git_dirty": "false",
+                                                           "curio.git_dirty": "false", "curio.params_hash": digest,
                                                            "mlflow.parentRunId": parent})
         client.set_terminated(run.info.run_id, status=status)
-        if status == "FINISHED":
+        if status == "FINISHED" and ours:
             ids[stage] = run.info.run_id
     del mlflow
     pages = []
@@ -60,7 +67,7 @@ def test_the_report_links_each_stage_to_its_mlflow_run(tmp_path):
         pages.append((project / "data" / "report.html").read_bytes())
     assert pages[0] == pages[1]
     page = pages[0].decode()
-    for stage, run_id in ids.items():  # the latest finished run of each stage, never the failed one
+    for run_id in ids.values():  # each stage's latest finished run on these params
         assert f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning" in page
     assert page.count("/runs/") == 3  # two stages and their parent pipeline run
     assert "aaaaaaaaaaaa" in page and "Every param is the schema's default" in page
