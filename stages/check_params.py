@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.config import Params
+from pipeline.config import SHARED_KEYS, Params
 from pipeline.params_check import NAME, STAMP
 from pipeline.stage import Out, Stage
 
 STAGE = Stage(
     NAME,
-    params=list(Params.model_fields),
+    params=[k for k in Params.model_fields if k not in SHARED_KEYS],  # every section (shared keys: all stages')
     cmd="curio check-params",
     code=["pipeline/params_check.py"],
     outs=[Out(STAMP, persist=True, note="the same bytes whenever the params pass: no stage reruns for it")],

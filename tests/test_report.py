@@ -106,4 +106,4 @@ def test_report_runs_after_every_stage_in_the_prefect_pipeline():
     from pipeline.stage import STAGES
 
     order = dag_order(REPO / "dvc.yaml")
-    assert order[-1] == "report" and set(order[:-1]) == set(STAGES)
+    assert order[0] == "check-params" and order[-1] == "report" and set(order[1:-1]) == set(STAGES)
