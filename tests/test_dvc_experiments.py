@@ -25,10 +25,11 @@ def _metrics(exp: dict) -> dict:
 def test_exp_show_has_the_metrics_of_baseline_and_experiment(tmp_path):
     project = make_project(tmp_path, SCRIPTED)
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    evaluate, report = spec["stages"]["evaluate-text"], spec["stages"]["report"]
-    evaluate["deps"] = [d for d in evaluate["deps"] if not d.startswith("data/")]
+    check, evaluate, report = (spec["stages"][n] for n in ("check-params", "evaluate-text", "report"))
+    evaluate["deps"] = [d for d in evaluate["deps"] if not d.startswith("data/") or d == "data/params.ok"]
     (project / "dvc.yaml").write_text(yaml.safe_dump(
-        {"stages": {"evaluate-text": evaluate, "report": report}, "plots": spec["plots"]}, sort_keys=False))
+        {"stages": {"check-params": check, "evaluate-text": evaluate, "report": report}, "plots": spec["plots"]},
+        sort_keys=False))
     (project / ".gitignore").write_text((REPO / ".gitignore").read_text())
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         _run(cmd, project)
@@ -47,7 +48,7 @@ def test_exp_show_has_the_metrics_of_baseline_and_experiment(tmp_path):
     for row, episodes in ((baseline, 2), (named, 4)):
         metrics = _metrics(row)
         assert set(metrics) == {"metrics/text_success.json", "metrics/nethack_return.json"}  # summaries only
-        assert 0.0 <= metrics["metrics/text_success.json"]["base"] <= 1.0
+        assert 0.0 <= metrics["metrics/text_success.json"]["text"]["base"] <= 1.0  # a column `text.base`
         assert row["data"]["params"]["params.yaml"]["data"]["games"]["max_eval_tasks"] == episodes
     # The per-stage details travel with the experiment too: `dvc exp diff` reads them from its commit.
     diff = json.loads(_run(["dvc", "exp", "diff", "--json", "--all", "HEAD", "more-tasks"], project))

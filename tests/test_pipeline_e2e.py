@@ -178,7 +178,8 @@ def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(
         status = json.loads(run("dvc", "status", "--json").stdout)
         for path, content in before.items():
             path.write_bytes(content)
-        return set(status)
+        # check-params reads every param: it reruns on any edit, and its unchanged stamp reruns nothing else
+        return set(status) - {"check-params"}
 
     def set_param(key: str, value) -> None:
         from pipeline.core.config import _set_dotted

@@ -86,10 +86,12 @@ def test_deployments_run_through_a_worker_and_leave_params_yaml_alone(tmp_path):
                                   stderr=subprocess.STDOUT, env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"})
 
         # = prefect deployment run NAME -p overrides='{…}' -p …; both queued at once, the worker runs them.
+        # The third, a typo of a stage name, is refused in one line and creates nothing.
         started = [_api(url, f"/deployments/{deployments[name]}/create_flow_run", {"parameters": parameters})["id"]
                    for name, parameters in (
                        ("pipeline/default", {"overrides": OVERRIDES, "stages": ["evaluate-text"]}),
-                       ("eval-sweep/default", {"overrides": OVERRIDES, "checkpoints": ["base"], "seeds": [0, 1]}))]
+                       ("eval-sweep/default", {"overrides": OVERRIDES, "checkpoints": ["base"], "seeds": [0, 1]}),
+                       ("pipeline/default", {"overrides": OVERRIDES, "stages": ["evalute-text"]}))]
         deadline = time.time() + 400
         while time.time() < deadline:
             states = [_api(url, f"/flow_runs/{i}")["state_type"] for i in started]
@@ -97,7 +99,10 @@ def test_deployments_run_through_a_worker_and_leave_params_yaml_alone(tmp_path):
                 break
             time.sleep(1)
 
-        runs = _api(url, "/flow_runs/filter", {})
+        refused = _api(url, f"/flow_runs/{started.pop()}")
+        assert refused["state_type"] == "FAILED"
+        assert refused["state"]["message"].startswith("unknown stage 'evalute-text' (did you mean 'evaluate-text'?)")
+        runs = [r for r in _api(url, "/flow_runs/filter", {}) if r["id"] != refused["id"]]
         assert {r["state_type"] for r in runs} == {"COMPLETED"}, [(r["name"], r["state_type"]) for r in runs]
         # Each stage of the pipeline is a named subflow run; each sweep cell a named task run.
         assert "evaluate-text seed=0" in {r["name"] for r in runs}
@@ -113,6 +118,7 @@ def test_deployments_run_through_a_worker_and_leave_params_yaml_alone(tmp_path):
         assert (project / "params.yaml").read_bytes() == before
         written = list((project / "data" / "prefect").glob("*/metrics/stages/evaluate-text.json"))
         assert len(written) == 1 and json.loads(written[0].read_text())["base/episodes"] == 2
+        assert len(list((project / "data" / "prefect").iterdir())) == 1  # nothing from the refused run
         assert not (project / "metrics").exists() and not (project / "data" / "evaluate_text").exists()
     finally:
         if worker is not None:

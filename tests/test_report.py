@@ -48,8 +48,9 @@ def test_report_renders_offline_in_headless_chromium(tmp_path):
     res = curio(["report"], cwd=project)
     page = Path(res.stdout.strip())
     assert page == project / "data" / "report.html"
-    assert json.loads((project / "metrics" / "text_success.json").read_text()) == {"base": 0.25, "sft": 0.5}
-    assert json.loads((project / "metrics" / "nethack_return.json").read_text()) == {"random": -1.5, "motif": 2.0}
+    assert json.loads((project / "metrics" / "text_success.json").read_text()) == {"text": {"base": 0.25, "sft": 0.5}}
+    assert json.loads((project / "metrics" / "nethack_return.json").read_text()) == \
+        {"nethack": {"random": -1.5, "motif": 2.0}}
     html = page.read_text()
     # Self-contained: no script, stylesheet or image fetched from anywhere.
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
@@ -105,4 +106,4 @@ def test_report_runs_after_every_stage_in_the_prefect_pipeline():
     from pipeline.core.stage import STAGES
 
     order = dag_order(REPO / "dvc.yaml")
-    assert order[-1] == "report" and set(order[:-1]) == set(STAGES)
+    assert order[0] == "check-params" and order[-1] == "report" and set(order[1:-1]) == set(STAGES)

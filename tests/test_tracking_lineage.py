@@ -1,6 +1,6 @@
 """MLflow: a training experiment, lineage on every stage run (git commit, params hash, input digests via
-log_input, output digests), trained models logged with a model card, artifacts inside the checkout that ran them
-(also in a copy whose mlflow.db came along)."""
+log_input, output digests), trained models logged through MLflow's flavours with a model card, artifacts inside
+the checkout that ran them (also in a copy whose mlflow.db came along)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,10 @@ def test_stage_runs_carry_lineage_and_models(tmp_path):
     card = client.download_artifacts(run.info.run_id, "models/reward_model/MODEL_CARD.md", str(tmp_path))
     text = Path(card).read_text()
     assert commit in text and "val_agreement" in text and "data/pairs_nethack" in text
-    assert any(f.path.startswith("models/reward_model/") and not f.path.endswith(".md")
-               for f in client.list_artifacts(run.info.run_id, "models/reward_model"))
+    # The model itself: a pytorch-flavoured MLflow Logged Model of the run, registered as curio-train-reward
+    logged = [m for m in client.search_logged_models([exp.experiment_id]) if m.source_run_id == run.info.run_id]
+    assert [m.name for m in logged] == ["reward_model"]
+    assert [v.run_id for v in client.search_model_versions("name='curio-train-reward'")] == [run.info.run_id]
     assert str(project / "mlartifacts") in run.info.artifact_uri
 
     # A copied checkout (mlflow.db included) logs into its own mlartifacts, never into the original's.

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from pipeline.core.artifacts import stable_hash
 from pipeline.core.errors import CurioError
+from pipeline.core.suggest import unknown_key_hint
 
 
 class ConfigError(ValueError, CurioError):
@@ -215,7 +216,7 @@ def _format_error(err: ValidationError) -> str:
     loc = ".".join(str(p) for p in first["loc"]) or "<root>"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + unknown_key_hint(params_schema(), tuple(first["loc"]))
     extra = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     relative = re.match(r"([a-z_]\w*(?:\.\w+)*): ", msg)  # a section's validator naming a key inside it
     if relative and first["loc"]:

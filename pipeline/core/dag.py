@@ -64,11 +64,16 @@ def branches(dvc_yaml: str | Path = "dvc.yaml") -> tuple[list[list[str]], list[s
     """Independent branches of the DAG and the tail that joins them.
 
     The tail is the run of last stages (in dependency order) each of which depends on every other stage not in
-    the tail (the report). What is left splits into connected components: the branches, which share no stage,
-    so each can run while another does. Each list is in dependency order; branches longest first.
+    the tail (the report). The head, stages every other stage depends on (the params check), belongs to no
+    branch: `dvc repro` of any branch runs it first. What is left splits into connected components: the
+    branches, which share no stage, so each can run while another does. Each list is in dependency order;
+    branches longest first.
     """
     parents = stage_parents(dvc_yaml)
     order = _order(parents)
+    head = {n for n in order if len(order) > 1 and all(n in ancestors(parents, m) for m in order if m != n)}
+    order = [n for n in order if n not in head]
+    parents = {n: ps - head for n, ps in parents.items() if n not in head}
     tail: list[str] = []
     for name in reversed(order):
         rest = set(order) - set(tail) - {name}

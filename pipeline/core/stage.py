@@ -34,6 +34,9 @@ from pipeline.core.runners import use_runner
 from pipeline.core.samples import log_samples
 from pipeline.core.tracking import StageTracking, Tracker, git_tags
 
+PARAMS_CHECK = "check-params"  # the DAG's first stage: every param checked before DVC removes any output
+PARAMS_STAMP = "data/params.ok"  # its out, a dep of every other stage (pipeline/params_check.py)
+
 #: ``CURIO_PARAMS_READS=FILE``: run each stage on the whole params, recording every key it reads, and append
 #: ``{"stage", "declared", "reads"}`` as one JSON line to FILE (what tests/test_stage_declarations.py checks).
 READS_ENV = "CURIO_PARAMS_READS"
@@ -74,6 +77,9 @@ class Stage:
     outs: list[Out] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     models: list[str] = field(default_factory=list)  # trained models under data_dir: MLflow models + card
+    # "module:function" loading one of ``models`` as a torch module, logged with MLflow's pytorch flavour (a
+    # Hugging Face directory needs none: the transformers flavour logs it from its files)
+    model_loader: str | None = None
     metrics: list[Out] = field(default_factory=list)  # dvc.yaml metrics (the report's summaries)
     track: str = "text"  # text | nethack | summary: groups dvc.yaml, breaks ties in its order
     doc: str = ""  # a comment above the stage in dvc.yaml
@@ -99,7 +105,8 @@ class Stage:
 
     def deps(self) -> list[str]:
         own = self.module.replace(".", "/") + ".py" if self.module else None
-        return [*([own] if own and own not in self.code else []), *self.code, *self.data]
+        checked = [] if self.name == PARAMS_CHECK else [PARAMS_STAMP]  # every param checked first (params_check)
+        return [*([own] if own and own not in self.code else []), *self.code, *self.data, *checked]
 
     def all_outs(self) -> list[Out]:
         """Every out of dvc.yaml's stage entry, in order: the declared outs, the metrics file, the plot data."""
@@ -110,7 +117,7 @@ class Stage:
 
 def dag_order(found: list[Stage]) -> list[Stage]:
     """Dependency order (an out of one stage under a dep of another = an edge); ties by track, then name."""
-    tracks = ["text", "nethack", "summary"]
+    tracks = ["params", "text", "nethack", "summary"]
     owner = {o.path: s.name for s in found for o in [*s.all_outs(), *s.metrics, *(Out(p.path) for p in s.plots)]}
 
     def parents(s: Stage) -> set[str]:
@@ -162,7 +169,7 @@ def data_paths(params: Any, stage: Stage) -> tuple[list[Path], list[Path]]:
     def mapped(paths: list[str]) -> list[Path]:
         return [params.data_path(p.removeprefix("data/")) for p in paths if p.startswith("data/")]
 
-    return mapped(stage.deps()), mapped([o.path for o in stage.all_outs()])
+    return mapped([d for d in stage.deps() if d != PARAMS_STAMP]), mapped([o.path for o in stage.all_outs()])
 
 
 def digest(path: Path) -> str | None:
@@ -244,7 +251,7 @@ def _tracked(name: str, params: Any, stage: Stage, view: Any, tracker: Tracker, 
         log_samples(tracker, outs)  # a few rows of each dataset written, as MLflow tables (pipeline/core/samples.py)
         for model in models:
             if model.exists():
-                tracker.log_artifact(model, f"models/{model.name}")
+                tracker.log_model(model, name, params.tracking.experiment, stage.model_loader)
                 tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
                                  f"models/{model.name}/MODEL_CARD.md")
     return result

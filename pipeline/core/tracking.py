@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CurioError
+from pipeline.core.mlflow_models import log_model
 
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
 # The tag MLflow 3's UI reads to pick an experiment's view; this value is its "model training" kind.
@@ -128,6 +129,9 @@ class Calls:
     def log_table(self, data: dict[str, list], artifact_file: str) -> None:
         self.mlflow.log_table(data=data, artifact_file=artifact_file)
 
+    def log_model(self, path: str, stage: str, experiment: str, loader: str | None = None) -> None:
+        log_model(self.mlflow, path, stage, experiment, loader)
+
 
 class Tracker:
     """What a stage sees: log metrics/artifacts; a no-op when tracking is disabled. ``send(name, args)`` makes
@@ -169,6 +173,12 @@ class Tracker:
         """A few rows as an MLflow table artifact (``mlflow.log_table``): columns of JSON-safe values."""
         if self._send is not None and data:
             self._send("log_table", [data, artifact_file])
+
+    def log_model(self, path: str | Path, stage: str, experiment: str, loader: str | None = None) -> None:
+        """A trained model through MLflow's flavour for it, registered as ``EXPERIMENT-STAGE``
+        (:mod:`pipeline.core.mlflow_models`); ``loader``: see ``Stage.model_loader``."""
+        if self._send is not None and Path(path).exists():
+            self._send("log_model", [os.path.abspath(path), stage, experiment, loader])
 
 
 class TrackingError(CurioError):
