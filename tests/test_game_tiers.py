@@ -111,3 +111,19 @@ def test_shown_candidates_is_a_pure_function_of_its_key():
     a = shown_candidates("c3", pool, 5, "k")
     assert a == shown_candidates("c3", pool, 5, "k") and len(a) == 5 and "c3" in a
     assert any(shown_candidates("c3", pool, 5, key) != a for key in ("k2", "k3", "k4"))
+
+
+def test_a_tiered_groups_metrics_are_valid_mlflow_names():
+    from mlflow.utils.validation import _validate_metric_name
+
+    from pipeline.tracking import Tracker
+
+    sent = []
+    Tracker(lambda name, args: sent.append(args)).log_metrics(
+        {"base/twenty_questions@shown4/success_rate": 0.5, "rl/bandit@means=0.8/0.2,budget=2/mean_turns": 3,
+         "dpo/success_rate": 0.25})
+    [[metrics, _]] = sent
+    assert metrics == {"base_twenty_questions:shown4_success_rate": 0.5,
+                       "rl_bandit:means:0.8_0.2:budget:2_mean_turns": 3.0, "dpo_success_rate": 0.25}
+    for name in metrics:
+        _validate_metric_name(name)  # raises on a name MLflow refuses
