@@ -10,7 +10,7 @@ from pipeline.config import load_params, preset_overrides
 from pipeline.policies import game_tasks, make_games
 
 PRESET = "presets/smollm2-learn.yaml"
-TOY = ["games.max_train_tasks=2", "games.max_eval_tasks=2", "rollout_text.trajectories_per_task=2",
+TOY = ["games.max_train_tasks=2", "games.max_eval_tasks=2", "rollout_text.trajectories_per_task=4",
        "rl_text.tasks_per_round=2", "rl_text.trajectories_per_task=2", "evaluate_text.trajectories_per_task=1",
        "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "tracking.enabled=false"]
 STAGES = ("rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo", "rl-text",

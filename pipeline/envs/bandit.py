@@ -64,6 +64,12 @@ class Bandit(TextGame):
         self.budget = self.tier["budget"]
         self.max_turns = self.budget + 1
 
+    def first_message(self, task: Task) -> str:
+        if not self.tier:
+            return super().first_message(task)
+        arms = task.agent.split(", ")
+        return f"Which arm do you pull first? Reply with one letter: {', '.join(arms[:-1])} or {arms[-1]}."
+
     def make_tasks(self, split: Split) -> list[Task]:
         rng = seeded(self.name, split)
         if self.tier:

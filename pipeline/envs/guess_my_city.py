@@ -222,8 +222,11 @@ class GuessMyCity(YesNoHostGame):
     # and the game ends after ``max_turns`` < candidates turns.
     tiers = {"shown4": {"candidates": 4, "max_turns": 3}, "shown6": {"candidates": 6, "max_turns": 4},
              "shown10": {"candidates": 10, "max_turns": 5}}
-    FIRST_SHOWN = ("You are trying to guess a {target}. It is one of these {n}: {candidates}. "
-                   "You have {max_turns} turns. Ask your first question!")
+    SYSTEM_SHOWN = ("We are playing a guessing game. I am thinking of one of the cities I list. Each turn, name "
+                    "one of them or ask a yes/no question about it. Write every reply as <Answer>your guess or "
+                    "question</Answer>.")
+    FIRST_SHOWN = ("The secret {target} is one of these {n}: {candidates}. You have {max_turns} turns. "
+                   "Which one is it?")
 
     def __init__(self, environment=None) -> None:
         super().__init__(environment)
@@ -242,6 +245,9 @@ class GuessMyCity(YesNoHostGame):
         if not self.tier:
             return list(self.kb.cities)
         return shown_candidates(task.env, list(self.kb.cities), self.tier["candidates"], type(self).name)
+
+    def system_prompt(self, task: Task) -> str:
+        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
 
     def first_message(self, task: Task) -> str:
         if not self.tier:

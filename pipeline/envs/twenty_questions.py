@@ -303,8 +303,11 @@ class TwentyQuestions(YesNoHostGame):
     # secret among them (as ArCHer's 10-word subset does), and the game ends after ``max_turns`` < candidates turns.
     tiers = {"shown4": {"candidates": 4, "max_turns": 3}, "shown6": {"candidates": 6, "max_turns": 4},
              "shown10": {"candidates": 10, "max_turns": 5}}
-    FIRST_SHOWN = ("You are trying to guess {article} {category}. It is one of these {n}: {candidates}. "
-                   "You have {max_turns} turns. Ask your first question!")
+    SYSTEM_SHOWN = ("We are playing a guessing game. I am thinking of one of the objects I list. Each turn, name "
+                    "one of them or ask a yes/no question about it. Write every reply as <Answer>your guess or "
+                    "question</Answer>.")
+    FIRST_SHOWN = ("The secret {category} is one of these {n}: {candidates}. You have {max_turns} turns. "
+                   "Which one is it?")
 
     @classmethod
     def check_tier(cls, tier: dict) -> dict:
@@ -332,6 +335,9 @@ class TwentyQuestions(YesNoHostGame):
 
     def prompt_fields(self, task: Task) -> dict:
         return {"max_turns": self.max_turns, "article": article(task.agent), "category": task.agent}
+
+    def system_prompt(self, task: Task) -> str:
+        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
 
     def first_message(self, task: Task) -> str:
         if not self.tier:
