@@ -138,6 +138,8 @@ def check_params(params: Params) -> None:
                 game_class(group)
             except KeyError:
                 raise ConfigError(f"params: {key}: unknown game group {group!r}") from None
+            except ValueError as e:  # a difficulty tier (GAME@TIER) the game cannot play
+                raise ConfigError(f"params: {key}: {group!r}: {e}") from None
     if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
         _check_model("policy.model", params.policy.model)
     if params.policy.backend == "openai":

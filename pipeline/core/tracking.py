@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,7 +148,9 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self._send is None:
             return
-        clean = {k.replace("/", "_"): float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        # MLflow's names take [\w.\- :] only: a tiered group's "@", "," and "=" become ":" (GAME:TIER)
+        clean = {re.sub(r"[^\w.\- :]", ":", k.replace("/", "_")): float(v) for k, v in metrics.items()
+                 if isinstance(v, int | float)}
         if clean:
             self._send("log_metrics", [clean, step])
 

@@ -41,8 +41,46 @@ class Bandit(TextGame):
     max_turns = budget + 1
     score_by_turns = False
 
+    # Difficulty tiers (``bandit@easy3``): every task has the arm means ``means`` (shuffled over the arm letters)
+    # and ``budget`` pulls; ``easy3`` is PAPRIKA's easy config (3 arms, 0.6 / 0.4 / 0.4: a third by chance).
+    tiers = {"easy3": {"means": [0.6, 0.4, 0.4], "budget": 4}, "easy2": {"means": [0.7, 0.3], "budget": 4}}
+
+    @classmethod
+    def check_tier(cls, tier: dict) -> dict:
+        unknown = set(tier) - {"means", "budget"}
+        if unknown:
+            raise ValueError(f"bandit tier: unknown key(s) {sorted(unknown)} (means, budget)")
+        means, budget = tier.get("means"), tier.get("budget")
+        if (not isinstance(means, list) or not 2 <= len(means) <= len(ARM_NAMES)
+                or not all(0 <= m <= 1 for m in means) or sorted(means)[-1] == sorted(means)[-2]):
+            raise ValueError(f"bandit tier: means must be 2..{len(ARM_NAMES)} chances in [0, 1] (/-separated) "
+                             f"with one best arm, got {means!r}")
+        if not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"bandit tier: budget must be a positive integer, got {budget!r}")
+        return {"means": [float(m) for m in means], "budget": budget}
+
+    def set_tier(self, spec: str) -> None:
+        super().set_tier(spec)
+        self.budget = self.tier["budget"]
+        self.max_turns = self.budget + 1
+
+    def first_message(self, task: Task) -> str:
+        if not self.tier:
+            return super().first_message(task)
+        arms = task.agent.split(", ")
+        return f"Which arm do you pull first? Reply with one letter: {', '.join(arms[:-1])} or {arms[-1]}."
+
     def make_tasks(self, split: Split) -> list[Task]:
         rng = seeded(self.name, split)
+        if self.tier:
+            n_tasks = self.config["tasks"][split]
+            tiered = []
+            for i in range(n_tasks):
+                means = list(self.tier["means"])
+                rng.shuffle(means)
+                tiered.append(Task(self.name, task_id(self.name, split, i), {"means": means},
+                                   ", ".join(ARM_NAMES[: len(means)]), "easy", split))
+            return tiered
         tasks = []
         for level in DIFFICULTIES:
             n_arms, gap = self.config["levels"][level]["arms"], self.config["levels"][level]["gap"]

@@ -70,8 +70,24 @@ class Game(ABC):
     #: ``policy.free_answers``: a reply without the tags is read as a move (its first line) instead of unparseable
     free_answers: bool = False
 
+    #: difficulty tiers: name -> game params that change the task (``games.groups`` entry ``GAME@TIER``; see
+    #: ``parse_tier``); a game without tiers takes none
+    tiers: ClassVar[dict[str, dict[str, Any]]] = {}
+
     def __init__(self, environment: Any = None) -> None:
         self.environment = environment  # an LLM backend for LLM-simulated environments; None = the program
+        self.tier: dict[str, Any] = {}  # the tier's params ({} = the game as it always was)
+
+    @classmethod
+    def check_tier(cls, tier: dict[str, Any]) -> dict[str, Any]:
+        """``tier`` checked (a ValueError in one line if the game cannot take it) and completed with defaults."""
+        raise ValueError(f"{cls.name} has no difficulty tiers")
+
+    def set_tier(self, spec: str) -> None:
+        """Play the tier ``spec`` (a name of ``tiers`` or ``key=value,...``): the task group is renamed
+        ``GAME@SPEC``, so its rows, task ids and metrics never mix with the untiered game's. Call before ``tasks``."""
+        self.tier = parse_tier(type(self), spec)
+        self.name = f"{type(self).name}@{spec}"
 
     @abstractmethod
     def tasks(self, split: Split) -> list[Task]:
@@ -171,8 +187,36 @@ def register(cls: type[Game]) -> type[Game]:
     return cls
 
 
+def parse_tier(cls: type[Game], spec: str) -> dict[str, Any]:
+    """The params of tier ``spec`` of game ``cls``: a named tier (``cls.tiers``) or ``key=value,...`` (integers,
+    floats, ``/``-separated float lists), checked by the game (ValueError in one line when it cannot be played)."""
+    if cls.check_tier.__func__ is Game.check_tier.__func__:
+        raise ValueError(f"{cls.name} has no difficulty tiers")
+    if spec in cls.tiers:
+        return cls.check_tier(dict(cls.tiers[spec]))
+    if "=" not in spec:
+        named = ", ".join(cls.tiers) or "none"
+        raise ValueError(f"{cls.name} has no tier {spec!r} (named tiers: {named}; or key=value,...)")
+    tier: dict[str, Any] = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        try:
+            parsed = [float(v) for v in value.split("/")] if "/" in value else (
+                int(value) if value.lstrip("-").isdigit() else float(value))
+        except ValueError:
+            raise ValueError(f"{cls.name} tier {spec!r}: {key}={value!r} is not a number") from None
+        tier[key.strip()] = parsed
+    return cls.check_tier(tier)
+
+
 def game_class(name: str) -> type[Game]:
-    """The game class named ``name``; imports ``pipeline.envs.<name>`` on first use."""
+    """The game class named ``name``; imports ``pipeline.envs.<name>`` on first use. A tiered group
+    (``GAME@TIER``) names its game's class, and its tier is checked (ValueError when the game cannot play it)."""
+    name, _, tier = name.partition("@")
+    if tier:
+        cls = game_class(name)
+        parse_tier(cls, tier)
+        return cls
     if name not in _REGISTRY:
         try:
             importlib.import_module(f"pipeline.envs.{name}")
@@ -184,4 +228,8 @@ def game_class(name: str) -> type[Game]:
 
 
 def make_game(name: str, environment: Any = None) -> Game:
-    return game_class(name)(environment=environment)
+    """The game of task group ``name``: ``GAME`` or ``GAME@TIER`` (a difficulty tier, see ``Game.set_tier``)."""
+    game = game_class(name)(environment=environment)
+    if "@" in name:
+        game.set_tier(name.partition("@")[2])
+    return game

@@ -49,6 +49,31 @@ def seeded(*parts: object) -> random.Random:
     return random.Random(":".join(str(p) for p in parts))
 
 
+def shown_candidates(secret: str, pool: list[str] | tuple[str, ...], n: int, key: str) -> list[str]:
+    """A difficulty tier's candidate list: ``secret`` and ``n - 1`` others of ``pool``, in an order that does not
+    give the secret away; a pure function of (``key``, ``secret``, ``n``), so every run shows the same list."""
+    rng = seeded(key, n, secret)
+    others = rng.sample(sorted(set(pool) - {secret}), n - 1)
+    shown = [*others, secret]
+    rng.shuffle(shown)
+    return shown
+
+
+def check_shown_tier(game: str, tier: dict[str, Any], most: int) -> dict[str, Any]:
+    """A shown-candidates tier (``candidates``: list length, ``max_turns``: turn limit) checked: the turn limit must
+    stay below the number of candidates, so naming them one by one cannot win."""
+    unknown = set(tier) - {"candidates", "max_turns"}
+    if unknown:
+        raise ValueError(f"{game} tier: unknown key(s) {sorted(unknown)} (candidates, max_turns)")
+    n, turns = tier.get("candidates"), tier.get("max_turns")
+    if not isinstance(n, int) or not 2 <= n <= most:
+        raise ValueError(f"{game} tier: candidates must be an integer in 2..{most}, got {n!r}")
+    if not isinstance(turns, int) or not 1 <= turns < n:
+        raise ValueError(f"{game} tier: max_turns must be an integer in 1..{n - 1} (below candidates={n}, so "
+                         f"listing every candidate cannot win), got {turns!r}")
+    return {"candidates": n, "max_turns": turns}
+
+
 def task_id(group: str, split: Split, index: int) -> str:
     return f"{group}-{split}-{index:04d}"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, load_json, seeded, task_id
+from pipeline.envs.gamekit import Episode, check_shown_tier, load_json, seeded, shown_candidates, task_id
 from pipeline.envs.llm_host import YesNoHostGame
 
 Predicate = tuple[str, Any]  # (kind, argument), e.g. ("continent", ("Europe",)) or ("capital", None)
@@ -218,9 +218,42 @@ class GuessMyCity(YesNoHostGame):
     # An LLM host (``environment`` set, see pipeline.envs.llm_host) replies in the oracle's words.
     host_reply_keys = {"Yes": "yes", "No": "no", "Goal reached": "solved"}
 
+    # Difficulty tiers (``guess_my_city@shown4``): the opening lists ``candidates`` cities, the secret among them,
+    # and the game ends after ``max_turns`` < candidates turns.
+    tiers = {"shown4": {"candidates": 4, "max_turns": 3}, "shown6": {"candidates": 6, "max_turns": 4},
+             "shown10": {"candidates": 10, "max_turns": 5}}
+    SYSTEM_SHOWN = ("We are playing a guessing game. I am thinking of one of the cities I list. Each turn, name "
+                    "one of them or ask a yes/no question about it. Write every reply as <Answer>your guess or "
+                    "question</Answer>.")
+    FIRST_SHOWN = ("The secret {target} is one of these {n}: {candidates}. You have {max_turns} turns. "
+                   "Which one is it?")
+
     def __init__(self, environment=None) -> None:
         super().__init__(environment)
         self.kb = knowledge_base()
+
+    @classmethod
+    def check_tier(cls, tier: dict) -> dict:
+        return check_shown_tier(cls.name, tier, 20)
+
+    def set_tier(self, spec: str) -> None:
+        super().set_tier(spec)
+        self.max_turns = self.tier["max_turns"]
+
+    def shown(self, task: Task) -> list[str]:
+        """The cities a tiered task lists (the secret among them); every city untiered."""
+        if not self.tier:
+            return list(self.kb.cities)
+        return shown_candidates(task.env, list(self.kb.cities), self.tier["candidates"], type(self).name)
+
+    def system_prompt(self, task: Task) -> str:
+        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
+
+    def first_message(self, task: Task) -> str:
+        if not self.tier:
+            return super().first_message(task)
+        shown = self.shown(task)
+        return self.FIRST_SHOWN.format(**self.prompt_fields(task), n=len(shown), candidates=", ".join(shown))
 
     @property
     def question_bank(self) -> list[str]:
@@ -228,7 +261,7 @@ class GuessMyCity(YesNoHostGame):
 
     def make_tasks(self, split: Split) -> list[Task]:
         names = sorted(self.kb.cities)
-        seeded(self.name, "split").shuffle(names)
+        seeded(type(self).name, "split").shuffle(names)  # a tier keeps the game's split of secrets
         n_eval = self.config["eval_tasks"]
         chosen = names[:n_eval] if split == "eval" else names[n_eval:]
         bands = self.config["difficulty_population"]
@@ -275,7 +308,8 @@ class GuessMyCity(YesNoHostGame):
             if rng.random() < 0.5:
                 return rng.choice(self.question_bank)
             return guess.format(name=rng.choice(list(self.kb.cities)))
-        left = set(self.candidates(history)) or set(self.kb.cities)
+        shown = set(self.shown(task))
+        left = set(self.candidates(history)) & shown or shown
         asked = {q for q, _ in history}
         yes_sets = scripted_questions()
 

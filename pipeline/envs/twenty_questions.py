@@ -20,7 +20,7 @@ import re
 from typing import Literal
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, load_json
+from pipeline.envs.gamekit import Episode, check_shown_tier, load_json, shown_candidates
 from pipeline.envs.llm_host import YesNoHostGame
 
 KB_FILE = "twenty_questions.json"
@@ -299,6 +299,31 @@ class TwentyQuestions(YesNoHostGame):
     name = "twenty_questions"
     max_turns = 20
     env_kind = "program"
+    # Difficulty tiers (``twenty_questions@shown4``): the opening lists ``candidates`` objects of the category, the
+    # secret among them (as ArCHer's 10-word subset does), and the game ends after ``max_turns`` < candidates turns.
+    tiers = {"shown4": {"candidates": 4, "max_turns": 3}, "shown6": {"candidates": 6, "max_turns": 4},
+             "shown10": {"candidates": 10, "max_turns": 5}}
+    SYSTEM_SHOWN = ("We are playing a guessing game. I am thinking of one of the objects I list. Each turn, name "
+                    "one of them or ask a yes/no question about it. Write every reply as <Answer>your guess or "
+                    "question</Answer>.")
+    FIRST_SHOWN = ("The secret {category} is one of these {n}: {candidates}. You have {max_turns} turns. "
+                   "Which one is it?")
+
+    @classmethod
+    def check_tier(cls, tier: dict) -> dict:
+        smallest = min(len(knowledge_base().members(c)) for c in knowledge_base().categories)
+        return check_shown_tier(cls.name, tier, smallest)
+
+    def set_tier(self, spec: str) -> None:
+        super().set_tier(spec)
+        self.max_turns = self.tier["max_turns"]
+
+    def shown(self, task: Task) -> list[str]:
+        """The candidates a tiered task lists (the secret among them); every object of the category untiered."""
+        members = knowledge_base().members(knowledge_base().category_of[task.env])
+        if not self.tier:
+            return list(members)
+        return shown_candidates(task.env, members, self.tier["candidates"], type(self).name)
 
     def make_tasks(self, split: Split) -> list[Task]:
         kb = knowledge_base()
@@ -310,6 +335,15 @@ class TwentyQuestions(YesNoHostGame):
 
     def prompt_fields(self, task: Task) -> dict:
         return {"max_turns": self.max_turns, "article": article(task.agent), "category": task.agent}
+
+    def system_prompt(self, task: Task) -> str:
+        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
+
+    def first_message(self, task: Task) -> str:
+        if not self.tier:
+            return super().first_message(task)
+        shown = self.shown(task)
+        return self.FIRST_SHOWN.format(**self.prompt_fields(task), n=len(shown), candidates=", ".join(shown))
 
     def reset(self, task: Task, rng: random.Random) -> Episode:
         return Episode(task=task)
@@ -333,10 +367,11 @@ class TwentyQuestions(YesNoHostGame):
         """
         kb = knowledge_base()
         # An LLM host can contradict itself and rule everything out; then start over from the whole category.
-        candidates = kb.consistent(task.agent, history) or list(kb.members(task.agent))
+        shown = self.shown(task)
+        candidates = [o for o in kb.consistent(task.agent, history) if o in shown] or shown
         if rng.random() < noise:
             guessed = {kb.match_object(q) for q, _ in history}
-            ruled_out = [o for o in kb.members(task.agent) if o not in candidates and o not in guessed]
+            ruled_out = [o for o in shown if o not in candidates and o not in guessed]
             kind = rng.random()
             if ruled_out and kind < 0.35:
                 return kb.guess(rng.choice(ruled_out))

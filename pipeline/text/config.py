@@ -72,7 +72,8 @@ class BootstrapConfig(Section):
 
 
 class GamesConfig(Section):
-    groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played")
+    groups: list[str] = Field(["twenty_questions"], min_length=1, description="task groups played; GAME@TIER "
+                              "plays a difficulty tier (e.g. twenty_questions@shown4: 4 candidates shown, 3 turns)")
     max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
     max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of each group's train tasks carved "

@@ -137,10 +137,10 @@ class Candidate:
 
 def knowledge_base_candidates(game: Game, task: Task) -> ConsistentCandidates:
     """Which secrets of ``task``'s knowledge base agree with a (question, reply) history."""
-    if game.name == "twenty_questions":
+    if type(game).name == "twenty_questions":
         kb = knowledge_base()
         return lambda history: kb.consistent(task.agent, list(history))
-    if game.name == "guess_my_city":
+    if type(game).name == "guess_my_city":
         return lambda history: game.candidates(list(history))  # type: ignore[attr-defined]
     raise ValueError(f"the rules 'exact' judge needs a knowledge base ({', '.join(EXACT_GROUPS)}), not {game.name}")
 

