@@ -131,6 +131,9 @@ def check_params(params: Params) -> None:
     imports, and the hub is probed (2 s at most, once) only for a model id that is neither a local path nor
     in the Hugging Face cache.
     """
+    for key, where in (("data_dir", params.data_dir), ("metrics_dir", params.metrics_dir)):
+        if where and Path(where).exists() and not Path(where).is_dir():
+            raise ConfigError(f"params: {key}: {where!r} is a file, not a directory")
     for key, groups in (("games.groups", params.games.groups), ("games.eval_groups", params.games.eval_groups),
                         ("eval_sweep.groups", params.eval_sweep.groups)):
         for group in groups or []:

@@ -19,7 +19,7 @@ from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
 from pipeline.params import Params
-from pipeline.text.policies import policy_path
+from pipeline.text.policies import require_policy
 
 NAME = "reflogprobs"
 STAGE = Stage(
@@ -55,7 +55,7 @@ def reference_chunk(params: Params, state: tuple, _index: int, pairs: list[dict]
 def run(params: Params, ctx: StageContext) -> StageResult:
     src = params.data_path("pairs_text", "preferences")
     out = params.data_path("reflogprobs")
-    ref_path = policy_path(params, params.train_policy.dpo.init)
+    ref_path = require_policy(params, params.train_policy.dpo.init)
     pairs = read_rows(src)
     chunks = [pairs[i : i + PAIRS_PER_CHUNK] for i in range(0, len(pairs), PAIRS_PER_CHUNK)]
     run_chunked(

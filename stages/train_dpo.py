@@ -15,7 +15,7 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.params import Params
-from pipeline.text.policies import policy_path
+from pipeline.text.policies import require_policy
 from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-dpo"
@@ -32,7 +32,7 @@ STAGE = Stage(
 
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.train_policy
-    init = policy_path(params, cfg.dpo.init)
+    init = require_policy(params, cfg.dpo.init)
     out = params.data_path("train_policy", "dpo")
     src = params.data_path("reflogprobs")
     manifest = read_manifest(src) or {}

@@ -12,7 +12,7 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.params import Params
-from pipeline.text.policies import policy_path
+from pipeline.text.policies import require_policy
 from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-sft"
@@ -31,7 +31,7 @@ STAGE = Stage(
 
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.train_policy
-    base = policy_path(params, "base")
+    base = require_policy(params, "base")
     out = params.data_path("train_policy", "sft")
     src = params.data_path("pairs_text", "sft")
     key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(base))

@@ -156,6 +156,8 @@ PARAM_CASES = [
     (["-S", "annotate_text.judge.max_attempts=0"], "annotate_text.judge.max_attempts"),
     (["-S", "train_policy.dpo.loss_type=simpo"], "train_policy.dpo.loss_type"),
     (["-S", "games.groups"], "override"),
+    (["-S", "data_dir=params.yaml"], "data_dir"),
+    (["-S", "metrics_dir=params.yaml"], "metrics_dir"),
 ]
 
 
@@ -182,6 +184,20 @@ def test_bad_params_file_is_refused(project, content, needle):
 def test_missing_params_file_and_unknown_stage(project):
     assert_one_line(run(["params", "--params", "nope.yaml"]), 2, "nope.yaml not found")
     assert_one_line(run(["stage", "no-such-stage"]), 2, "unknown stage")
+
+
+@pytest.mark.parametrize(("stage", "needed"), [("reflogprobs", "train-sft"), ("train-dpo", "train-sft"),
+                                                ("rl-text", "train-dpo")])
+def test_a_policy_not_trained_yet_names_its_stage_for_a_real_model_too(project, stage, needed):
+    """policy.model naming a real Hugging Face directory: the sft / dpo policies are still stage outputs, and a
+    stage that needs one before it exists names the stage to run (not a loader's traceback)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    real = project / "real-model"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=64, n_positions=32)).save_pretrained(real)
+    before = tree_digest(project / "data")
+    assert_one_line(run(["stage", stage, "-S", f"policy.model={real}"]), 2, f"run {needed} first")
+    assert tree_digest(project / "data") == before
 
 
 def test_a_hub_id_in_the_local_cache_is_accepted(project, monkeypatch):

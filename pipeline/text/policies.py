@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.core.config import ParamsSlice
+from pipeline.core.errors import InputError
 from pipeline.envs.base import Game, Split, Task, format_note, make_game
 from pipeline.llm import make_backend, make_environment
 from pipeline.llm.base import ChatBackend
@@ -32,6 +33,21 @@ def policy_path(params: ParamsSlice, name: str) -> str:
     return paths.get(name, name)
 
 
+#: The stage that writes each named policy (the built-in base: bootstrap; a real ``policy.model`` base is the
+#: model itself).
+POLICY_STAGES = {"base": "bootstrap", "sft": "train-sft", "dpo": "train-dpo", "rl": "rl-text"}
+
+
+def require_policy(params: ParamsSlice, name: str) -> str:
+    """``policy_path``, checked: a named policy its stage has not written yet is an InputError (exit 2) naming that
+    stage, for the built-in model and a real ``policy.model`` alike (not a loader's traceback half-way)."""
+    path = policy_path(params, name)
+    written_by_stage = name in ("sft", "dpo", "rl") or (name == "base" and is_builtin(params.policy.model))
+    if written_by_stage and not Path(path).exists():
+        raise InputError(f"policy {name!r} not found at {path}: run {POLICY_STAGES[name]} first")
+    return path
+
+
 def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int | None = None,
                         groups: list[str] | None = None) -> ChatBackend:
     """A chat backend serving the named policy (hf by default; vllm / openai when ``policy.backend`` says so).
@@ -42,8 +58,7 @@ def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int 
     if params.policy.backend == "hf":
         from pipeline.llm.hf import HFBackend  # torch and transformers: only for an hf policy
 
-        if not Path(path).exists() and name_or_path in {"base", "sft", "dpo", "rl"} and is_builtin(params.policy.model):
-            raise FileNotFoundError(f"policy {name_or_path!r} not found at {path}: run its stage first")
+        require_policy(params, name_or_path)
         backend = HFBackend(path, device=params.policy.device,
                             batch_size=batch_size or params.rollout_text.batch_size)
         from pipeline.text.critic import is_chai_model, load_reranked  # torch, as above

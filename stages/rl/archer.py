@@ -53,7 +53,7 @@ from pipeline.models.launch import launched_stage
 from pipeline.params import Params
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, policy_path
+from pipeline.text.policies import game_tasks, make_games, require_policy
 from stages.rl.text import NAME, STAGE
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     """
     cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
     out = params.data_path("rl_text")
-    init = policy_path(params, "dpo")
+    init = require_policy(params, "dpo")
     device = params.policy.device
     accelerator = None
     if world_size() > 1:

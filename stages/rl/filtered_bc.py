@@ -23,7 +23,7 @@ from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, policy_path
+from pipeline.text.policies import game_tasks, make_games, require_policy
 from stages.rl.text import NAME, STAGE
 
 
@@ -37,7 +37,7 @@ def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_text
     out = params.data_path("rl_text")
-    init = policy_path(params, "dpo")
+    init = require_policy(params, "dpo")
     key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
     rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": init_hash})
     # Round models and SFT checkpoints of other params or another init are stale: never resumed.
