@@ -84,6 +84,28 @@ def per_difficulty(total: int) -> dict[str, int]:
     return {level: base + (i < extra) for i, level in enumerate(DIFFICULTIES)}
 
 
+class ShownCandidates:
+    """The shown-candidates tiers of a guessing game (``GAME@shownN``): the opening lists the game's ``shown(task)``
+    candidates, the secret among them, and asks which one it is; the game ends after the tier's ``max_turns``.
+    Mixed in before the game's base class; the game gives ``SYSTEM_SHOWN``, ``FIRST_SHOWN`` and ``shown``."""
+
+    SYSTEM_SHOWN: str
+    FIRST_SHOWN: str
+
+    def set_tier(self, spec: str) -> None:
+        super().set_tier(spec)  # type: ignore[misc]
+        self.max_turns = self.tier["max_turns"]
+
+    def system_prompt(self, task: Any) -> str:
+        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)  # type: ignore[misc]
+
+    def first_message(self, task: Any) -> str:
+        if not self.tier:
+            return super().first_message(task)  # type: ignore[misc]
+        shown = self.shown(task)
+        return self.FIRST_SHOWN.format(**self.prompt_fields(task), n=len(shown), candidates=", ".join(shown))
+
+
 @dataclass
 class Episode:
     """What every game state tracks; games subclass it with their own fields."""

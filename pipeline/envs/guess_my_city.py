@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, check_shown_tier, load_json, seeded, shown_candidates, task_id
+from pipeline.envs.gamekit import (
+    Episode,
+    ShownCandidates,
+    check_shown_tier,
+    load_json,
+    seeded,
+    shown_candidates,
+    task_id,
+)
 from pipeline.envs.llm_host import YesNoHostGame
 
 Predicate = tuple[str, Any]  # (kind, argument), e.g. ("continent", ("Europe",)) or ("capital", None)
@@ -212,7 +220,7 @@ class CityState(Episode):
 
 
 @register
-class GuessMyCity(YesNoHostGame):
+class GuessMyCity(ShownCandidates, YesNoHostGame):
     name = "guess_my_city"
     max_turns = 20
     # An LLM host (``environment`` set, see pipeline.envs.llm_host) replies in the oracle's words.
@@ -236,24 +244,11 @@ class GuessMyCity(YesNoHostGame):
     def check_tier(cls, tier: dict) -> dict:
         return check_shown_tier(cls.name, tier, 20)
 
-    def set_tier(self, spec: str) -> None:
-        super().set_tier(spec)
-        self.max_turns = self.tier["max_turns"]
-
     def shown(self, task: Task) -> list[str]:
         """The cities a tiered task lists (the secret among them); every city untiered."""
         if not self.tier:
             return list(self.kb.cities)
         return shown_candidates(task.env, list(self.kb.cities), self.tier["candidates"], type(self).name)
-
-    def system_prompt(self, task: Task) -> str:
-        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
-
-    def first_message(self, task: Task) -> str:
-        if not self.tier:
-            return super().first_message(task)
-        shown = self.shown(task)
-        return self.FIRST_SHOWN.format(**self.prompt_fields(task), n=len(shown), candidates=", ".join(shown))
 
     @property
     def question_bank(self) -> list[str]:

@@ -20,7 +20,7 @@ import re
 from typing import Literal
 
 from pipeline.envs.base import Split, StepResult, Task, register
-from pipeline.envs.gamekit import Episode, check_shown_tier, load_json, shown_candidates
+from pipeline.envs.gamekit import Episode, ShownCandidates, check_shown_tier, load_json, shown_candidates
 from pipeline.envs.llm_host import YesNoHostGame
 
 KB_FILE = "twenty_questions.json"
@@ -292,7 +292,7 @@ def difficulty(name: str) -> str:
 
 
 @register
-class TwentyQuestions(YesNoHostGame):
+class TwentyQuestions(ShownCandidates, YesNoHostGame):
     """Find the secret object of a known category with yes/no questions; the host is the knowledge base
     (or an LLM when ``environment`` is set: see ``pipeline.envs.llm_host``)."""
 
@@ -314,10 +314,6 @@ class TwentyQuestions(YesNoHostGame):
         smallest = min(len(knowledge_base().members(c)) for c in knowledge_base().categories)
         return check_shown_tier(cls.name, tier, smallest)
 
-    def set_tier(self, spec: str) -> None:
-        super().set_tier(spec)
-        self.max_turns = self.tier["max_turns"]
-
     def shown(self, task: Task) -> list[str]:
         """The candidates a tiered task lists (the secret among them); every object of the category untiered."""
         members = knowledge_base().members(knowledge_base().category_of[task.env])
@@ -335,15 +331,6 @@ class TwentyQuestions(YesNoHostGame):
 
     def prompt_fields(self, task: Task) -> dict:
         return {"max_turns": self.max_turns, "article": article(task.agent), "category": task.agent}
-
-    def system_prompt(self, task: Task) -> str:
-        return self.SYSTEM_SHOWN if self.tier else super().system_prompt(task)
-
-    def first_message(self, task: Task) -> str:
-        if not self.tier:
-            return super().first_message(task)
-        shown = self.shown(task)
-        return self.FIRST_SHOWN.format(**self.prompt_fields(task), n=len(shown), candidates=", ".join(shown))
 
     def reset(self, task: Task, rng: random.Random) -> Episode:
         return Episode(task=task)
