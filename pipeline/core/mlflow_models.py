@@ -70,7 +70,9 @@ def log_model(mlflow: Any, path: str, stage: str, experiment: str, loader: str |
     elif kind == "pytorch":
         model = load_module(loader, directory)
         info = mlflow.pytorch.log_model(
-            model, name=name, registered_model_name=registered_name(experiment, stage),
+            # "pickle": MLflow's classic torch format (torch.save of the module, as on Databricks); its default "pt2"
+            # traces forward() and so needs an example input, which a loader cannot give for every model
+            model, name=name, registered_model_name=registered_name(experiment, stage), serialization_format="pickle",
             pip_requirements=_pins("torch"), tags={"curio.stage": stage}, model_type="reward-model")
     else:
         mlflow.log_artifacts(str(directory), artifact_path=f"models/{directory.name}")

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pipeline.core.artifacts import atomic_write_bytes
 from pipeline.core.config import ConfigError, _set_dotted
 from pipeline.core.dag import ancestors, dag_order, stage_parents
-from pipeline.core.stage import execute
+from pipeline.core.stage import PARAMS_CHECK, execute
 from pipeline.envs.base import game_class
 
 TARGET = "evaluate-text"
@@ -53,9 +53,10 @@ def logo_params(params: BaseModel, group: str, pool: list[str] | None = None,
 
 
 def stages_for(target: str = TARGET, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
-    """``target`` and every stage it depends on (an out of one stage that is a dep of another), in DAG order."""
+    """``target`` and every stage it depends on (an out of one stage that is a dep of another), in DAG order;
+    not check-params, DVC's guard of its outputs (params given here were checked when they loaded)."""
     needed = ancestors(stage_parents(dvc_yaml), target) | {target}
-    return [n for n in dag_order(dvc_yaml) if n in needed]
+    return [n for n in dag_order(dvc_yaml) if n in needed and n != PARAMS_CHECK]
 
 
 def run_logo(params: BaseModel, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
