@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 if sys.argv and sys.argv[0].endswith("/curio"):  # the console command: before the imports below, start over
-    from pipeline.nethack.clock import preload  # with NetHack's clock library preloaded (see _start
+    from pipeline.nethack.clock import preload  # with NetHack's clock library preloaded (see _start)
 
     preload()
 

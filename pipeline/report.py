@@ -35,9 +35,6 @@ from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
 from pipeline.core.stage import Out, Stage
 from pipeline.report_meta import LEDGER_NOTE, run_section
 
-#: The datasets the report's pages show (pipeline/viewer.PAGES) and the reward model's message table.
-VIEWED = ["rollout_text", "annotate_text", "pairs_text", "reflogprobs", "rl_text", "evaluate_text", "rollout_nethack",
-          "annotate_nethack", "evaluate_nethack", "reward_model"]
 STAGE = Stage(
     "report",
     params=[],

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.core.artifacts import atomic_write_bytes, part_files, read_manifest
 from pipeline.core.samples import clean, frame_text, sample_indices
@@ -68,8 +69,6 @@ def _parts(path: Path) -> list[tuple[Path, int]]:
 
 def sample_table(path: Path, cap: int, columns: list[str] | None = None) -> tuple[pa.Table, int]:
     """(the rows ``sample_indices(n, cap)`` of a dataset, n): each part read once and only its picked rows kept."""
-    import pyarrow.parquet as pq
-
     parts = _parts(path)
     n = sum(rows for _, rows in parts)
     picked = np.asarray(sample_indices(n, cap), dtype=np.int64)
@@ -216,8 +215,6 @@ def episode_frames(path: Path, episodes: list[int]) -> dict[tuple[int, int], byt
     """``{(episode, step): tty_chars}`` of the first ``STEP_CAP`` steps of ``episodes`` (read part by part: the
     frames of the other episodes are never kept)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     out: dict[tuple[int, int], bytes] = {}
     for file, _ in _parts(path):
         t = pq.read_table(file, columns=["episode", "step", "tty_chars"])
@@ -275,8 +272,6 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
     kind = spec.kind
     columns = COLUMNS_SHOWN[kind]
     if kind == "nethack-steps":
-        import pyarrow.parquet as pq
-
         has_frames = "tty_chars" in pq.read_schema(_parts(path)[0][0]).names
         table, _ = sample_table(path, 1 << 62, ["episode", "step", "action", "reward", "message"])
         n = table.num_rows
@@ -297,8 +292,6 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
                      if r_tilde is not None else
                      "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward).")
     else:
-        import pyarrow.parquet as pq
-
         if "state" in pq.read_schema(_parts(path)[0][0]).names:  # ArCHer's transitions: whole episodes sampled
             every = transitions_to_episodes(sample_table(path, 1 << 62)[0])
             raw = [every[i] for i in sample_indices(len(every), ROW_CAP[kind])]
