@@ -60,18 +60,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_command(python: str, gguf: Path, port: int, n_ctx: int = 2048) -> list[str]:
-    """The one command that serves ``gguf`` on 127.0.0.1:``port`` (as the README gives it)."""
+def server_command(python: str, gguf: Path, port: int, n_ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
+    """The one command that serves ``gguf`` on 127.0.0.1:``port`` (as the README gives it), plus ``extra``
+    server options (e.g. ``--n_threads 2``)."""
     return [
         python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL_ALIAS,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), *extra,
     ]  # fmt: skip
 
 
 class LlamaServer:
     """``python -m llama_cpp.server`` on a free loopback port; ``close`` stops it."""
 
-    def __init__(self, gguf: Path | None = None, n_ctx: int = 2048, start_timeout_s: float = 300.0) -> None:
+    def __init__(self, gguf: Path | None = None, n_ctx: int = 2048, start_timeout_s: float = 300.0,
+                 extra: tuple[str, ...] = ()) -> None:
         self.gguf = gguf or smollm2_gguf()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -80,7 +82,7 @@ class LlamaServer:
         # Its log (model loading, one line per request) goes to a file: a pipe nobody reads would block it.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            server_command(server_python(), self.gguf, self.port, n_ctx), stdout=self.log, stderr=subprocess.STDOUT
+            server_command(server_python(), self.gguf, self.port, n_ctx, extra), stdout=self.log, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + start_timeout_s
         while True:

@@ -1,0 +1,186 @@
+"""Real-model speed: SmolLM2-135M playing the tiers batched in the hf backend, against llama.cpp and the machine.
+
+    OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset presets/smollm2-learn.yaml] [--no-llama]
+
+1. **The machine's limit.** torch's fp32 matmul throughput measured here (GFLOP/s, the best of the shapes the
+   model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token (2 × the
+   weights a token passes through, the tied LM head included, + attention over the mean context):
+   limit tokens/s = throughput ÷ FLOPs per token.
+2. **Curio's hf backend.** Multi-turn batched play (``play_episodes``, the preset's rollout sampling, its tiers'
+   train tasks, KV cache kept across turns) at each ``--batch`` with as many episodes: tokens processed per
+   second (prompt tokens run through the model + generated) and generated per second.
+3. **llama.cpp's server** (the same model as its GGUF, ``make server``) driven directly with the openai client
+   at the same concurrency, on the same requests: every turn's conversation as the hf run played it, turn by turn,
+   with the same ``max_tokens``; its own ``usage`` counts the tokens.
+
+Prints processed tokens/s ÷ the limit (goal ≥ 0.5 at batch ≥ 32) and hf ÷ llama.cpp (goal ≥ 1: not slower),
+both for tokens processed per second and for requests (turns) completed per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def matmul_gflops(shapes: list[tuple[int, int, int]], seconds: float = 1.0) -> dict[tuple[int, int, int], float]:
+    """fp32 GFLOP/s of ``a @ b`` for each (m, k, n), each run for about ``seconds``."""
+    out = {}
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        for _ in range(3):
+            a @ b
+        reps, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < seconds:
+            a @ b
+            reps += 1
+        out[(m, k, n)] = 2 * m * k * n * reps / elapsed / 1e9
+    return out
+
+
+def flops_per_token(config, context: float) -> float:
+    """2 × weights a token passes through (attention and MLP of every layer, the LM head) + attention scores
+    and values over ``context`` earlier tokens (2 × 2 × context × heads × head_dim per layer)."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    head_dim = h // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    per_layer = h * h + 2 * h * kv + h * h + 3 * h * inter  # q, k, v, o; gate, up, down
+    weights = layers * per_layer + h * config.vocab_size
+    return 2 * weights + layers * 4 * context * config.num_attention_heads * head_dim
+
+
+def hf_play(params, batch: int):
+    """Multi-turn play of ``batch`` episodes in one batch; (seconds, backend, rows, requests per turn)."""
+    from pipeline.llm import sampling_from_config
+    from pipeline.text.play import play_episodes
+    from pipeline.text.policies import game_tasks, load_policy_backend, make_games
+
+    games = make_games(params)
+    pool = [(g, t) for g in games for t in game_tasks(params, g, "train")]
+    jobs = [(g, t, i // len(pool)) for i, (g, t) in enumerate(pool[i % len(pool)] for i in range(batch))]
+    backend = load_policy_backend(params, "base", batch_size=batch)
+    sampling = sampling_from_config(params.rollout_text)
+    backend.generate([[{"role": "user", "content": "Hi"}]], sampling)  # load and warm up, not timed
+    backend.prompt_tokens = backend.generated_tokens = 0
+    t0 = time.perf_counter()
+    rows = play_episodes(backend, jobs, sampling, seed=0, max_format_retries=params.rollout_text.max_format_retries)
+    return time.perf_counter() - t0, backend, rows, sampling
+
+
+def turn_requests(rows: list[dict]) -> list[list[list[dict]]]:
+    """Per turn, the conversations the policy answered (each episode's prefix up to that assistant turn)."""
+    turns: list[list[list[dict]]] = []
+    for row in rows:
+        conv = [dict(m) for m in row["conversation"]]
+        t = 0
+        for i, m in enumerate(conv):
+            if m["role"] == "assistant":
+                if len(turns) <= t:
+                    turns.append([])
+                turns[t].append(conv[:i])
+                t += 1
+    return turns
+
+
+def llama_replay(server, turns, sampling, concurrency: int) -> dict:
+    """Every turn's requests, turn by turn, ``concurrency`` in flight; seconds and the server's usage totals."""
+    from openai import AsyncOpenAI
+
+    async def run() -> dict:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=600)
+        sem = asyncio.Semaphore(concurrency)
+        totals = {"prompt": 0, "completion": 0, "requests": 0}
+
+        async def one(conversation):
+            async with sem:
+                r = await client.chat.completions.create(
+                    model=server.model, messages=conversation, max_tokens=sampling.max_tokens,
+                    temperature=sampling.temperature, top_p=sampling.top_p, seed=0,
+                    extra_body={"min_p": sampling.min_p})
+                totals["prompt"] += r.usage.prompt_tokens
+                totals["completion"] += r.usage.completion_tokens
+                totals["requests"] += 1
+
+        await one(turns[0][0])  # warm up, not counted
+        totals.update(prompt=0, completion=0, requests=0)
+        t0 = time.perf_counter()
+        for batch in turns:
+            await asyncio.gather(*(one(c) for c in batch))
+        totals["seconds"] = time.perf_counter() - t0
+        await client.close()
+        return totals
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="presets/smollm2-learn.yaml")
+    ap.add_argument("--batch", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp (when `make server` has not run)")
+    args = ap.parse_args()
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from transformers import AutoConfig
+
+    from pipeline.core.config import preset_overrides
+    from pipeline.models.gguf import resolve_model
+    from pipeline.params import load_params
+
+    params = load_params("params.yaml", [*preset_overrides(args.preset), "tracking.enabled=false"])
+    config = AutoConfig.from_pretrained(resolve_model(params.policy.model))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    h, inter = config.hidden_size, config.intermediate_size
+    shapes = [(m, k, n) for m in (32, 512, 4096) for k, n in ((h, inter), (inter, h), (h, h))] + [(1024, 1024, 1024)]
+    gflops = matmul_gflops(shapes)
+    for shape, g in gflops.items():
+        print(f"matmul {shape[0]:>5} x {shape[1]:>5} x {shape[2]:>5}: {g:7.1f} GFLOP/s")
+    peak = max(gflops.values())
+    server = None
+    if not args.no_llama:
+        from llama_server import LlamaServer
+
+        threads = str(torch.get_num_threads())  # llama.cpp's default is half the cores: give it what torch has
+        server = LlamaServer(extra=("--n_threads", threads, "--n_threads_batch", threads))
+    try:
+        for batch in args.batch:
+            seconds, backend, rows, sampling = hf_play(params, batch)
+            turns = turn_requests(rows)
+            requests = sum(len(t) for t in turns)
+            processed = backend.prompt_tokens + backend.generated_tokens
+            final = sum(len(backend.encode([r["conversation"]])[0]) for r in rows) / len(rows)
+            fpt = flops_per_token(config, context=final / 2)
+            limit = peak * 1e9 / fpt
+            print(f"\nbatch {batch}: {len(rows)} episodes, {requests} turns, {final:.0f} tokens per finished "
+                  f"conversation; {fpt / 1e6:.0f} MFLOP per token -> limit {limit:,.0f} tokens/s at {peak:.0f} GFLOP/s")
+            print(f"  hf       {seconds:7.1f} s  processed {processed / seconds:8.1f} tok/s "
+                  f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: {backend.generated_tokens / seconds:.1f}"
+                  f" tok/s)  {requests / seconds:.2f} turns/s")
+            print(f"  hf / machine limit (processed tokens/s): {processed / seconds / limit:.2f}   (goal >= 0.5)")
+            if server is not None:
+                r = llama_replay(server, turns, sampling, batch)
+                lp = (r["prompt"] + r["completion"]) / r["seconds"]
+                print(f"  llama.cpp {r['seconds']:6.1f} s  processed {lp:8.1f} tok/s (prompt {r['prompt']}, generated "
+                      f"{r['completion']}: {r['completion'] / r['seconds']:.1f} tok/s)  "
+                      f"{r['requests'] / r['seconds']:.2f} turns/s")
+                print(f"  hf / llama.cpp: turns/s {requests / seconds / (r['requests'] / r['seconds']):.2f}, "
+                      f"processed tok/s {processed / seconds / lp:.2f}, generated tok/s "
+                      f"{backend.generated_tokens / seconds / (r['completion'] / r['seconds']):.2f}   (goal >= 1)")
+    finally:
+        if server is not None:
+            server.close()
+
+
+if __name__ == "__main__":
+    main()
