@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.errors import InputError
+from pipeline.core.errors import DiskFull, InputError, disk_full
 from pipeline.core.registry import OUTS, STAGES
 
 SCHEMA_VERSION = 1
@@ -75,8 +75,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a full disk, a kill: the old file stays whole, the half-written temp goes
+    except BaseException as e:  # a full disk, a kill: the old file stays whole, the half-written temp goes
         tmp.unlink(missing_ok=True)
+        if isinstance(e, Exception) and disk_full(e) is not None:
+            raise DiskFull.at(path) from e
         raise
     _fsync_dir(path.parent)
 
@@ -222,8 +224,10 @@ class ChunkedDataset:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-        except BaseException:  # e.g. a full disk: no half part is left (a rerun would drop it anyway)
+        except BaseException as e:  # e.g. a full disk: no half part is left (a rerun would drop it anyway)
             tmp.unlink(missing_ok=True)
+            if isinstance(e, Exception) and disk_full(e) is not None:
+                raise DiskFull.at(final) from e
             raise
         _fsync_dir(self.path)
         self.parts[index] = PartInfo(file=name, rows=table.num_rows, sha256=file_sha256(final),

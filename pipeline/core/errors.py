@@ -33,10 +33,10 @@ class ServerUnavailable(CurioError):
     exit_code = 3
 
 
-class DiskFull(CurioError):
+class DiskFull(CurioError, OSError):
     """A write failed for want of space (ENOSPC / EDQUOT). Whatever was being written is not trusted (temp files,
     staging directories and unfinished checkpoints are dropped or ignored): after freeing space, the rerun resumes
-    from the finished parts and checkpoints."""
+    from the finished parts and checkpoints. Also an OSError, as the error it stands for."""
 
     @classmethod
     def at(cls, where: object | None = None) -> DiskFull:
