@@ -37,7 +37,8 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.core.config import ConfigError, parse_override, preset_overrides
-from pipeline.core.errors import CurioError
+from pipeline.core.errors import CurioError, disk_full
+from pipeline.core.locks import WAIT_ENV, hold
 from pipeline.core.registry import STAGES
 from pipeline.params import load_params
 
@@ -60,6 +61,13 @@ def _start() -> None:
 
 ParamsOpt = Annotated[str, typer.Option("--params", "-p", help="params file")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-S", help="override: key.sub=value")]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="when another run is writing the same outputs, wait for it "
+                                       "(default: refuse at once, naming it; also $CURIO_WAIT=1)")]
+
+
+def _wait(wait: bool) -> None:
+    if wait:  # read by pipeline.core.locks wherever a stage runs in this process (and in the ones it starts)
+        os.environ[WAIT_ENV] = "1"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -84,7 +92,9 @@ def boundary(command: Callable[..., Any]) -> Callable[..., Any]:
             fail(_one_line(e), e.exit_code)
         except FileNotFoundError as e:  # a missing input: the message names it (and the stage to run)
             fail(_one_line(e))
-        except Exception:  # noqa: BLE001 - the bug path: full traceback, then the hint
+        except Exception as e:  # noqa: BLE001 - the bug path: full traceback, then the hint
+            if (full := disk_full(e)) is not None:  # a full disk, however a library wrapped it: one line
+                fail(_one_line(full), full.exit_code)
             traceback.print_exc()
             typer.echo(BUG_HINT, err=True)
             raise typer.Exit(1) from None
@@ -111,9 +121,10 @@ def _stage_names() -> str:
 @app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")
 @boundary
 def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
-          params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+          params: ParamsOpt = "params.yaml", set_: SetOpt = None, wait: WaitOpt = False) -> None:
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
+    _wait(wait)
     if name not in STAGES:
         from pipeline.core.suggest import did_you_mean
 
@@ -125,13 +136,16 @@ def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", 
 @app.command()
 @boundary
 def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
-             force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False) -> None:
-    """Run the whole DAG as a Prefect flow (same stages as `dvc repro`)."""
-    from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
+             force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False,
+             wait: WaitOpt = False) -> None:
+    """Run the whole DAG as a Prefect flow (same stages as `dvc repro`); one pipeline at a time per data_dir."""
+    _wait(wait)
+    p = _load(params, set_)
+    with hold(p.data_dir, ["pipeline"], "curio pipeline"):  # each stage also holds its outputs' locks
+        from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
 
-    _load(params, set_)
-    overrides = dict(parse_override(o) for o in set_ or [])
-    summary = pipeline_flow(params_file=params, overrides=overrides or None, force=force)
+        overrides = dict(parse_override(o) for o in set_ or [])
+        summary = pipeline_flow(params_file=params, overrides=overrides or None, force=force)
     typer.echo(json.dumps(summary, indent=2))
 
 

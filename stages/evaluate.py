@@ -19,9 +19,15 @@ from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_path
+from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "evaluate-text"
+
+
+def _needs(params: Params) -> list[str]:
+    return policy_deps(params, *params.evaluate_text.policies)  # the policies it evaluates
+
+
 STAGE = Stage(
     NAME,
     params=[
@@ -30,6 +36,7 @@ STAGE = Stage(
     ],
     code=["pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/text/critic.py", "pipeline/envs"],
     data=["data/bootstrap", "data/train_policy/sft", "data/train_policy/dpo", "data/rl_text"],
+    needs=_needs,
     outs=[Out("data/evaluate_text", persist=True)],
     plots=[
         Plot("metrics/plots/eval.json", "Text evaluation, held-out success", x="success_rate", y="policy",

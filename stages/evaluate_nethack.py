@@ -27,6 +27,13 @@ from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_ran
 from pipeline.params import Params
 
 NAME = "evaluate-nethack"
+
+
+def _needs(params: Params) -> list[str]:
+    """The trained agents, when a policy other than the random one is evaluated."""
+    return ["data/rl_nethack"] if any(p != "random" for p in params.evaluate_nethack.policies) else []
+
+
 STAGE = Stage(
     NAME,
     params=["seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
@@ -34,6 +41,7 @@ STAGE = Stage(
     code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
           "pipeline/nethack/clock.c"],
     data=["data/rl_nethack"],
+    needs=_needs,
     outs=[Out("data/evaluate_nethack", persist=True)],
     plots=[
         Plot("metrics/plots/evaluate-nethack.csv", "NetHack evaluation, mean return", x="return", y="policy",

@@ -31,9 +31,16 @@ from pipeline.llm import sampling_from_config
 from pipeline.params import Params
 from pipeline.text.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
 from pipeline.text.play import PROMPT_MESSAGES, task_from_row
-from pipeline.text.policies import load_policy_backend, make_games, policy_path
+from pipeline.text.policies import load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "pairs-text"
+
+
+def _needs(params: Params) -> list[str]:
+    # the base policy continues the conversations of the multi-turn strategy only
+    return ["data/annotate_text", *(policy_deps(params, "base") if params.pairs_text.strategy == "multiturn" else [])]
+
+
 STAGE = Stage(
     NAME,
     params=[
@@ -46,6 +53,7 @@ STAGE = Stage(
         "pipeline/text/prompts/multiturn_judge.yaml",
     ],
     data=["data/annotate_text", "data/bootstrap"],
+    needs=_needs,
     outs=[Out("data/pairs_text")],
     notes={"data/bootstrap": "strategy multiturn samples candidate turns from the base policy"},
 )

@@ -19,14 +19,21 @@ from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sequence_logps, tokenize_pair
 from pipeline.params import Params
-from pipeline.text.policies import require_policy
+from pipeline.text.policies import policy_deps, require_policy
 
 NAME = "reflogprobs"
+
+
+def _needs(params: Params) -> list[str]:
+    return ["data/pairs_text", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # the reference
+
+
 STAGE = Stage(
     NAME,
     params=["policy", "reflogprobs", "train_policy.dpo.init"],  # scoring is deterministic: no seed
     code=["pipeline/models/training.py", "pipeline/models/chat.py"],
     data=["data/pairs_text", "data/bootstrap", "data/train_policy/sft"],
+    needs=_needs,
     outs=[Out("data/reflogprobs", persist=True)],
     notes={"data/bootstrap": "the reference when train_policy.dpo.init is base",
            "data/train_policy/sft": "the reference when train_policy.dpo.init is sft (the default)"},

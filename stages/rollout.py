@@ -31,15 +31,22 @@ from pipeline.llm.environment import environment_accounting, environment_metrics
 from pipeline.params import Params
 from pipeline.text.curriculum import UCBCurriculum
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_path
+from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "rollout-text"
 # Training stages read the training groups only: changing games.eval_groups / max_eval_tasks reruns nothing here.
+
+
+def _needs(params: Params) -> list[str]:
+    return policy_deps(params, "base")  # the policy it plays
+
+
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"],
     code=["pipeline/text/play.py", "pipeline/envs"],
     data=["data/bootstrap"],
+    needs=_needs,
     outs=[Out("data/rollout_text", persist=True)],
 )
 

@@ -15,15 +15,22 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import dpo_train
 from pipeline.params import Params
-from pipeline.text.policies import require_policy
+from pipeline.text.policies import policy_deps, require_policy
 from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-dpo"
+
+
+def _needs(params: Params) -> list[str]:
+    return ["data/reflogprobs", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # its init
+
+
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"],
     code=["stages/train.py", "pipeline/models/training.py"],
     data=["data/reflogprobs", "data/bootstrap", "data/train_policy/sft"],
+    needs=_needs,
     outs=[Out("data/train_policy/dpo", persist=True)],
     plots=[Plot("metrics/plots/dpo_loss.json", "DPO loss", x="step", y="loss")],
     models=["train_policy/dpo"],

@@ -12,15 +12,22 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.params import Params
-from pipeline.text.policies import require_policy
+from pipeline.text.policies import policy_deps, require_policy
 from stages.train import finish, phase_metrics, write_loss_plot
 
 NAME = "train-sft"
+
+
+def _needs(params: Params) -> list[str]:
+    return ["data/pairs_text", *policy_deps(params, "base", served=False)]  # trained from the base policy
+
+
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"],
     code=["stages/train.py", "pipeline/models/training.py", "pipeline/models/chat.py"],
     data=["data/pairs_text", "data/bootstrap"],
+    needs=_needs,
     outs=[Out("data/train_policy/sft", persist=True)],
     plots=[Plot("metrics/plots/sft_loss.json", "SFT loss", x="step", y="loss")],
     models=["train_policy/sft"],

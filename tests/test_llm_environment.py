@@ -152,6 +152,7 @@ def _rollout(params, monkeypatch):
     from pipeline.core.stage import execute
 
     monkeypatch.setattr(stages.rollout, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
+    monkeypatch.setattr(stages.rollout.STAGE, "needs", lambda params: [])  # the policy replaced: no input read
     result = execute("rollout-text", params)
     return result.metrics, read_rows(params.data_path("rollout_text"))
 
@@ -232,6 +233,7 @@ def test_evaluate_text_reports_one_environment_ledger_over_all_policies(server, 
 
     monkeypatch.setenv("CURIO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(stages.evaluate, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
+    monkeypatch.setattr(stages.evaluate.STAGE, "needs", lambda params: [])  # the policies replaced: no input read
     params = load_params(
         REPO / "params.yaml",
         {

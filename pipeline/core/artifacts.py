@@ -28,8 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.errors import InputError
-from pipeline.core.registry import STAGES
+from pipeline.core.errors import DiskFull, InputError, disk_full
+from pipeline.core.registry import OUTS, STAGES
 
 SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
@@ -69,11 +69,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a fsynced temp file and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # a full disk, a kill: the old file stays whole, the half-written temp goes
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, Exception) and disk_full(e) is not None:
+            raise DiskFull.at(path) from e
+        raise
     _fsync_dir(path.parent)
 
 
@@ -103,7 +109,14 @@ def schema_text(schema: pa.Schema) -> str:
 
 
 def producing_stage(path: str | Path) -> str | None:
-    """The dvc.yaml stage whose output holds ``path`` (``data/annotate_text`` → ``annotate-text``)."""
+    """The dvc.yaml stage whose output holds ``path`` (``data/annotate_text`` → ``annotate-text``,
+    ``DATA_DIR/train_policy/sft/model.safetensors`` → ``train-sft``): the declared outputs first (the registry's
+    ``OUTS``, longest match), then a folder named after a stage."""
+    parts = [p.lstrip(".").removesuffix(".next") for p in Path(path).parts]
+    joined = "/" + "/".join(parts) + "/"
+    for out in sorted(OUTS, key=len, reverse=True):
+        if f"/{out}/" in joined:
+            return OUTS[out]
     for part in reversed(Path(path).parts):
         name = part.lstrip(".").removesuffix(".next").replace("_", "-")
         if name in STAGES:
@@ -205,11 +218,17 @@ class ChunkedDataset:
         name = f"part-{index:05d}.parquet"
         final = self.path / name
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        # zstd where a column repeats across rows (NetHack's tty frames: ~6x smaller than snappy's 64 KiB blocks)
-        pq.write_table(table, tmp, compression="zstd" if "tty_chars" in table.column_names else "snappy")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            # zstd where a column repeats across rows (NetHack's tty frames: ~6x smaller than snappy's 64 KiB blocks)
+            pq.write_table(table, tmp, compression="zstd" if "tty_chars" in table.column_names else "snappy")
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException as e:  # e.g. a full disk: no half part is left (a rerun would drop it anyway)
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, Exception) and disk_full(e) is not None:
+                raise DiskFull.at(final) from e
+            raise
         _fsync_dir(self.path)
         self.parts[index] = PartInfo(file=name, rows=table.num_rows, sha256=file_sha256(final),
                                      schema=schema_text(pq.read_schema(final)))  # as Parquet stores it
@@ -393,8 +412,12 @@ def save_model_dir(directory: str | Path, write: Callable[[Path], None]) -> None
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    write(staging)
-    write_model_manifest(staging)
+    try:
+        write(staging)
+        write_model_manifest(staging)
+    except BaseException:  # e.g. a full disk: the half-written model goes, the previous one stays whole
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     old = directory.with_name(f".{directory.name}.old")
     if old.exists():
         shutil.rmtree(old)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pipeline.core.artifacts import atomic_write_bytes
+
 KEY_FILE = "KEY"  # in a checkpoint directory: the run key its checkpoints were written under
 DONE_FILE = "DONE"  # in a finished model directory: the run key it was trained under
 
@@ -30,7 +32,7 @@ def keyed_dir(root: Path, key: str, marker: str = KEY_FILE) -> Path:
     if root.exists() and (not path.exists() or path.read_text() != key):
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
-    path.write_text(key)
+    atomic_write_bytes(path, key.encode())  # whole or absent, even on a full disk
     return root
 
 
@@ -41,4 +43,4 @@ def finished(model_dir: Path, key: str) -> bool:
 
 
 def mark_finished(model_dir: Path, key: str) -> None:
-    (model_dir / DONE_FILE).write_text(key)
+    atomic_write_bytes(model_dir / DONE_FILE, key.encode())  # a half-written DONE never counts

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,9 +26,19 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.core.artifacts import atomic_write_json, dataset_hash, dir_hash, file_sha256, read_manifest
+from pipeline.core.artifacts import (
+    MANIFEST,
+    atomic_write_json,
+    dataset_hash,
+    dir_hash,
+    file_sha256,
+    producing_stage,
+    read_manifest,
+)
 from pipeline.core.cards import write_cards
 from pipeline.core.config import SHARED_KEYS, ParamsSlice, slice_model, take_slice
+from pipeline.core.errors import InputError
+from pipeline.core.locks import hold
 from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
 from pipeline.core.runners import use_runner
@@ -85,6 +96,10 @@ class Stage:
     doc: str = ""  # a comment above the stage in dvc.yaml
     notes: dict[str, str] = field(default_factory=dict)  # dep path -> a comment beside it in dvc.yaml
     cmd: str = ""  # default: curio stage NAME (with a metrics file metrics/stages/NAME.json)
+    # the ``data`` deps a run reads, given its params slice (default: all of them): each must exist before ``run``
+    # starts, else the stage fails at once naming the stage to run first (e.g. data/bootstrap is read only for the
+    # built-in policy; evaluate-text reads the policies it evaluates)
+    needs: Callable[[Any], list[str]] | None = None
     module: str = ""  # the module that declares it (where ``Stage(...)`` is called, unless given)
 
     def __post_init__(self) -> None:
@@ -107,6 +122,14 @@ class Stage:
         own = self.module.replace(".", "/") + ".py" if self.module else None
         checked = [] if self.name == PARAMS_CHECK else [PARAMS_STAMP]  # every param checked first (params_check)
         return [*([own] if own and own not in self.code else []), *self.code, *self.data, *checked]
+
+    def needed(self, view: Any) -> list[str]:
+        """The declared data deps this run reads (:attr:`needs`), in declaration order."""
+        wanted = set(self.needs(view)) if self.needs is not None else set(self.data)
+        unknown = wanted - set(self.data)
+        if unknown:
+            raise ValueError(f"stage {self.name}: needs {sorted(unknown)}, which it does not declare in data")
+        return [d for d in self.data if d in wanted]
 
     def all_outs(self) -> list[Out]:
         """Every out of dvc.yaml's stage entry, in order: the declared outs, the metrics file, the plot data."""
@@ -186,6 +209,29 @@ def digests(paths: list[Path]) -> dict[str, str]:
     return {str(p): d for p in paths if (d := digest(p)) is not None}
 
 
+def require_inputs(params: Any, stage: Stage, view: Any) -> None:
+    """Each data dep the run reads exists (a dataset: complete), else one InputError (exit 2) naming the stage that
+    writes each missing one: before any work, for the built-in policy and a real ``policy.model`` alike."""
+    missing: list[str] = []
+    for dep in stage.needed(view):
+        path = params.data_path(dep.removeprefix("data/"))
+        writer = producing_stage(dep)
+        if not path.exists():
+            missing.append(f"{path} missing: run {writer} first (`curio stage {writer}`)" if writer
+                           else f"{path} missing: run the stage that writes it first")
+            continue
+        if not (path.is_dir() and (path / MANIFEST).exists()):
+            continue  # a model directory or a file: the stage verifies it when it loads it
+        rerun = f"rerun `curio stage {writer}`" if writer else "rerun the stage that writes it"
+        manifest = read_manifest(path)
+        if manifest is None:
+            raise InputError(f"{path}: its manifest is unreadable; {rerun}")
+        if manifest.get("complete") is not True:
+            raise InputError(f"{path}: no complete dataset; {rerun}")
+    if missing:
+        raise InputError(f"{stage.name}: " + "; ".join(missing))
+
+
 def model_card(name: str, model: Path, lineage: dict, metrics: dict, params: dict) -> str:
     rows = "\n".join(f"| {k} | {v} |" for k, v in metrics.items())
     inputs = "\n".join(f"- `{p}`: `{d}`" for p, d in lineage["inputs"].items()) or "- (none)"
@@ -204,11 +250,22 @@ def execute(name: str, params: Any) -> StageResult:
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
     ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
-    # MLflow loads in the tracking process (pipeline.core.tracking) while this one imports the stage's module
-    with StageTracking(params.tracking.experiment, params.tracking.enabled, params.tracking.artifact_root,
-                       params.tracking.uri) as tracking:
+    # one writer per output (pipeline.core.locks): the stage's name first, so a second run of it is refused at
+    # once, then its outputs once its declaration is loaded
+    with hold(params.data_dir, [f"stage-{name}"], f"stage {name}"), \
+            StageTracking(params.tracking.experiment, params.tracking.enabled, params.tracking.artifact_root,
+                          params.tracking.uri) as tracking:
+        # MLflow loads in the tracking process (pipeline.core.tracking) while this one imports the stage's module
         stage = declaration(name)
         view: Any = stage.slice(params)
+        require_inputs(params, stage, view)
+        return _locked(name, params, stage, view, tracking)
+
+
+def _locked(name: str, params: Any, stage: Stage, view: Any, tracking: StageTracking) -> StageResult:
+    """The stage run, holding the locks of its outputs under ``data_dir``."""
+    outs = [o.path.removeprefix("data/") for o in stage.all_outs() if o.path.startswith("data/")]
+    with hold(params.data_dir, outs, f"stage {name}"):
         picked = {k: v for k, v in view.model_dump(mode="json").items() if k not in SHARED_KEYS}
         params_hash = params.section_hash(stage.params)
         git = git_tags() if params.tracking.enabled else {}

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import CurioError
+from pipeline.core.errors import CurioError, DiskFull, disk_full
 from pipeline.core.mlflow_models import log_model
 
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
@@ -188,6 +188,10 @@ class TrackingError(CurioError):
     """The tracking process failed (its error is on stderr above): a store or server MLflow cannot use."""
 
 
+#: The tracking process's exit status when MLflow's store or artifact root ran out of space (the stage process then
+#: raises :class:`DiskFull`: one line, exit 2).
+DISK_FULL_EXIT = 28  # ENOSPC
+
 #: ``CURIO_TRACKING_PROCESS=0``: make a stage's MLflow calls in the stage process itself, as one call after
 #: another (what ``bench/bench_tracking.py`` compares with the tracking process).
 PROCESS_ENV = "CURIO_TRACKING_PROCESS"
@@ -249,7 +253,10 @@ class StageTracking:
         proc, self.proc = self.proc, None
         with contextlib.suppress(BrokenPipeError, OSError):
             proc.stdin.close()  # type: ignore[union-attr]
-        if proc.wait() != 0 and check:
+        code = proc.wait()
+        if code == DISK_FULL_EXIT and check:
+            raise DiskFull.at("MLflow's store or artifacts (tracking.uri / tracking.artifact_root)")
+        if code != 0 and check:
             raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
                                 "MLFLOW_TRACKING_URI and that the store or server is reachable")
 
@@ -318,10 +325,12 @@ def _serve(lines: Iterator[str]) -> int:
         handler.abort("KILLED")
         return 0
     except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
-        logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
+        full = disk_full(e) is not None  # the stage process says it in one line (DiskFull)
+        if not full:
+            logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
         with contextlib.suppress(Exception):
             handler.abort("FAILED")
-        return 1
+        return DISK_FULL_EXIT if full else 1
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ A batch in which no request reached the server (connection errors after the back
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -26,12 +27,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.core.errors import ServerUnavailable
+from pipeline.core.errors import DiskFull, ServerUnavailable, disk_full
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.ledger import Ledger
 
@@ -100,6 +101,8 @@ class ResponseCache:
         try:
             self._create()
         except sqlite3.DatabaseError as e:
+            if disk_full(e) is not None:  # a full disk is not a corrupt cache: keep the file, say so
+                raise DiskFull.at(self.path) from e
             self._move_aside(e)
             self._create()
 
@@ -175,18 +178,12 @@ class ResponseCache:
             return
         now = time.time()
         rows = [(k, g.text, g.error, now) for k, g in items.items()]
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as conn:
             conn.executemany(
                 "INSERT INTO failures VALUES (?, 1, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
                 " attempts = attempts + 1, text = excluded.text, error = excluded.error, updated = excluded.updated",
                 rows,
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def put_many(self, items: dict[str, Generation]) -> None:
         """Store successful generations (their failure records are cleared); existing keys are left as they are."""
@@ -204,14 +201,27 @@ class ResponseCache:
         ]
         if not rows:
             return
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as conn:
             conn.executemany("INSERT OR IGNORE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
             conn.executemany("DELETE FROM failures WHERE key = ?", [(r[0],) for r in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, rolled back on any failure; a full disk is :class:`DiskFull` naming the cache
+        (what was committed before stays, nothing half-written counts: SQLite's journal sees to it)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as e:
+            if disk_full(e) is not None:
+                raise DiskFull.at(self.path) from e
             raise
 
     def __len__(self) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +43,20 @@ class _TrackerCallback(TrainerCallback):
 
 
 def _last_checkpoint(path: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(str(path)) if path.is_dir() else None
+    """The newest *complete* ``checkpoint-N`` under ``path``. The Trainer writes a checkpoint in place and its
+    ``trainer_state.json`` last, so a checkpoint without a readable one was cut short (a kill, a full disk): it is
+    removed, never resumed from, and the one before it is used."""
+    if not path.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in path.iterdir()
+                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    for _, ckpt in reversed(found):
+        try:
+            json.loads((ckpt / "trainer_state.json").read_bytes())
+            return str(ckpt)
+        except (OSError, ValueError):
+            shutil.rmtree(ckpt, ignore_errors=True)
+    return None
 
 
 def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ratio: float, seed: int,

@@ -36,6 +36,18 @@ def policy_path(params: ParamsSlice, name: str) -> str:
 #: The stage that writes each named policy (the built-in base: bootstrap; a real ``policy.model`` base is the
 #: model itself).
 POLICY_STAGES = {"base": "bootstrap", "sft": "train-sft", "dpo": "train-dpo", "rl": "rl-text"}
+#: The dvc.yaml data dep holding each named policy a stage writes.
+POLICY_DEPS = {"base": "data/bootstrap", "sft": "data/train_policy/sft", "dpo": "data/train_policy/dpo",
+               "rl": "data/rl_text"}
+
+
+def policy_deps(params: ParamsSlice, *names: str, served: bool = True) -> list[str]:
+    """The data deps holding the named policies (a stage's ``needs``, :class:`pipeline.core.stage.Stage`): the
+    base policy only when it is the built-in model (a real ``policy.model`` is the model itself), and, for a
+    policy ``served`` by its backend (not trained from), none for the scripted backend, which loads no weights."""
+    if served and params.policy.backend == "scripted":
+        return []
+    return [POLICY_DEPS[n] for n in names if n in POLICY_DEPS and (n != "base" or is_builtin(params.policy.model))]
 
 
 def require_policy(params: ParamsSlice, name: str) -> str:

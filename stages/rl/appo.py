@@ -43,6 +43,14 @@ from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpo
 from pipeline.params import Params
 
 NAME = "rl-nethack"
+
+
+def _needs(params: Params) -> list[str]:
+    """The reward model, when a variant's intrinsic reward is Motif's."""
+    motif = any(v.reward == "motif" and v.int_coef != 0 for v in params.rl_nethack.variants.values())
+    return ["data/reward_model"] if motif else []
+
+
 STAGE = Stage(
     NAME,
     params=["seed", "nethack", "rl_nethack"],
@@ -52,6 +60,7 @@ STAGE = Stage(
         "pipeline/nethack/clock.c",
     ],
     data=["data/reward_model"],
+    needs=_needs,
     outs=[Out("data/rl_nethack", persist=True)],
     plots=[
         Plot("metrics/plots/rl-nethack.json", "NetHack APPO, episode return over env steps", x="env_steps", y="return",

@@ -39,7 +39,14 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from pipeline.core.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.core.artifacts import (
+    ChunkedDataset,
+    atomic_write_bytes,
+    atomic_write_json,
+    chunk_seed,
+    dir_hash,
+    read_rows,
+)
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.config import ConfigError
 from pipeline.core.errors import CurioError
@@ -439,7 +446,7 @@ def save_round(state_dir: Path, r: int, policy, tokenizer, critic: DoubleCritic,
     final = state_dir / f"round-{r:03d}"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    (final / "DONE").write_text("ok")
+    atomic_write_bytes(final / "DONE", b"ok")  # whole or absent, even on a full disk
     for old in state_dir.glob("round-*"):
         if old != final:
             shutil.rmtree(old)

@@ -14,7 +14,14 @@ import random
 import shutil
 from pathlib import Path
 
-from pipeline.core.artifacts import ChunkedDataset, atomic_write_json, chunk_seed, dir_hash, read_rows
+from pipeline.core.artifacts import (
+    ChunkedDataset,
+    atomic_write_bytes,
+    atomic_write_json,
+    chunk_seed,
+    dir_hash,
+    read_rows,
+)
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
@@ -75,7 +82,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         stats = summarize(read_part(rollouts, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
         tiny.save(model, tokenizer, round_dir)
-        (round_dir / "DONE").write_text("ok")
+        atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
         shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
         current = round_dir
     final = out / "model"

@@ -16,8 +16,15 @@ import shutil
 
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.params import Params
+from pipeline.text.policies import policy_deps
 
 NAME = "rl-text"
+
+
+def _needs(params: Params) -> list[str]:
+    return policy_deps(params, "dpo", served=False)  # every algorithm starts from the DPO policy
+
+
 STAGE = Stage(
     NAME,
     params=[
@@ -28,6 +35,7 @@ STAGE = Stage(
         "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py", "pipeline/envs",
     ],
     data=["data/train_policy/sft", "data/train_policy/dpo"],
+    needs=_needs,
     outs=[Out("data/rl_text", persist=True)],
     plots=[
         Plot("metrics/plots/rl_rounds.json",
