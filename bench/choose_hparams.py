@@ -106,7 +106,7 @@ def main() -> None:
         results.append(report(f"{policy} (the run's)", val_rows(params, policy, args.k), groups))
         results[-1]["seconds"] = round(time.perf_counter() - t0, 1)
     axes = [(key, values.split(",")) for key, _, values in (g.partition("=") for g in args.grid)]
-    for combo in itertools.product(*(values for _, values in axes)):
+    for combo in itertools.product(*(values for _, values in axes)) if axes else ():
         sets = [f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
         label = " ".join(sets)
         work = args.out / args.stage / ("_".join(sets).replace("/", "-"))

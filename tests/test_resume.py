@@ -7,6 +7,7 @@ trained nothing; rl-text resumed (and left behind) the SFT checkpoints of a kill
 import shutil
 
 import pytest
+import torch
 
 from pipeline.core.artifacts import read_rows
 from pipeline.core.checkpoints import finished, keyed_dir, mark_finished, run_key
@@ -107,3 +108,28 @@ def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, t
     plot.unlink()
     assert stage_module("train-sft").run(params, StageContext()).metrics == {}  # finished: nothing trained
     assert plot.read_text() == curve
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_filtered_bc_clones_into_lora_adapters_only_when_asked(bootstrapped, tmp_path, monkeypatch, lora):
+    """rl_text.lora: the round's cloning trains train_policy.lora's adapters (GPT-2: c_attn), merged, and leaves
+    every other weight as DPO left it; without it every weight trains (the built-in default)."""
+    from safetensors.torch import load_file
+
+    import stages.rl.filtered_bc as fbc
+
+    init = tmp_path / "data" / "train_policy" / "dpo"
+    shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", init)
+    scripted = read_rows(bootstrapped[0] / "data" / "bootstrap" / "scripted")[:4]
+    monkeypatch.setattr(fbc, "top_fraction", lambda rows, fraction: scripted)
+    run = ["games.max_train_tasks=2", "rl_text.rounds=1", "rl_text.tasks_per_round=1", "rollout_text.max_new_tokens=8",
+           "rl_text.trajectories_per_task=1", "rl_text.epochs=1", "rl_text.batch_size=2", "rl_text.lr=0.01",
+           f"rl_text.lora={str(lora).lower()}"]
+    stage_module("rl-text").run(params_at(tmp_path, *run), StageContext())
+    before = load_file(init / "model.safetensors")
+    after = load_file(tmp_path / "data" / "rl_text" / "model" / "model.safetensors")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    if lora:  # the adapters' target only, merged into its weights (its biases untouched)
+        assert changed and all(k.endswith(".c_attn.weight") for k in changed), sorted(changed)
+    else:
+        assert any(".mlp." in k for k in changed), sorted(changed)

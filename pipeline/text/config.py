@@ -227,6 +227,9 @@ class RLTextConfig(Section):
     lr: float = Field(1e-4, gt=0, description="filtered_bc")
     epochs: float = Field(2.0, gt=0, description="filtered_bc")
     batch_size: int = Field(16, ge=1, description="filtered_bc")
+    lora: bool = Field(False, description="filtered_bc: clone into LoRA adapters (train_policy.lora's rank, alpha "
+                       "and modules; merged after each round) instead of every weight, as train-sft and train-dpo "
+                       "train: a full fine-tune at an adapter's learning rate can undo what they taught")
     critic: CriticConfig = Field(default_factory=CriticConfig,
                                  description="archer and chai: utterance-level double critic with a Polyak target")
     archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")

@@ -77,7 +77,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             model, _, _ = sft_train(
                 model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
                 lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
-                prefix=f"rl_round_{r}",
+                prefix=f"rl_round_{r}", lora=params.train_policy.lora if cfg.lora else None,
             )
         stats = summarize(read_part(rollouts, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)

@@ -29,6 +29,7 @@ STAGE = Stage(
     NAME,
     params=[
         "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
+        "train_policy.lora",  # filtered_bc's adapters with rl_text.lora
     ],
     code=[
         "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/text/critic.py",
