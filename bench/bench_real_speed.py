@@ -1,6 +1,6 @@
 """Real-model speed: SmolLM2-135M playing the tiers batched in the hf backend, against llama.cpp and the machine.
 
-    OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset presets/smollm2-learn.yaml] [--no-llama]
+    OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset PRESET] [--no-llama]
 
 1. **The machine's limit.** torch's fp32 matmul throughput measured here (GFLOP/s, the best of the shapes the
    model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token (2 × the
@@ -165,7 +165,8 @@ def main() -> None:
             print(f"\nbatch {batch}: {len(rows)} episodes, {requests} turns, {final:.0f} tokens per finished "
                   f"conversation; {fpt / 1e6:.0f} MFLOP per token -> limit {limit:,.0f} tokens/s at {peak:.0f} GFLOP/s")
             print(f"  hf       {seconds:7.1f} s  processed {processed / seconds:8.1f} tok/s "
-                  f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: {backend.generated_tokens / seconds:.1f}"
+                  f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: "
+                  f"{backend.generated_tokens / seconds:.1f}"
                   f" tok/s)  {requests / seconds:.2f} turns/s")
             print(f"  hf / machine limit (processed tokens/s): {processed / seconds / limit:.2f}   (goal >= 0.5)")
             if server is not None:

@@ -82,7 +82,8 @@ class LlamaServer:
         # Its log (model loading, one line per request) goes to a file: a pipe nobody reads would block it.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            server_command(server_python(), self.gguf, self.port, n_ctx, extra), stdout=self.log, stderr=subprocess.STDOUT
+            server_command(server_python(), self.gguf, self.port, n_ctx, extra), stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + start_timeout_s
         while True:

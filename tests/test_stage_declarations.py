@@ -130,7 +130,8 @@ def test_an_undeclared_read_fails_the_stage_loudly(tmp_path, monkeypatch):
 
     declared = module.STAGE
     monkeypatch.setattr(module, "STAGE", Stage(declared.name, params=["seed"], data=declared.data,
-                                               outs=declared.outs, track=declared.track))
+                                               outs=declared.outs, track=declared.track,
+                                               needs=lambda view: []))  # its inputs are absent: reads come first
     params = load_params(REPO / "params.yaml", ["tracking.enabled=false", f"data_dir={tmp_path / 'data'}"])
     with pytest.raises(UndeclaredParamError, match="pairs-nethack reads params key 'pairs_nethack'"):
         execute("pairs-nethack", params)
@@ -179,3 +180,4 @@ OTHER_BRANCH = {("pairs-text", key): "pairs_text.strategy=multiturn (samples can
                 for key in ("policy", "rollout_text.temperature", "rollout_text.top_p", "rollout_text.min_p",
                             "rollout_text.max_new_tokens", "rollout_text.max_format_retries",
                             "rollout_text.batch_size", "rollout_text.environment")}
+OTHER_BRANCH[("rl-text", "train_policy.lora")] = "rl_text.lora=true (filtered BC clones into LoRA adapters)"

@@ -43,6 +43,7 @@ def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
 
 def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rl_text
+    lora = params.train_policy.lora if cfg.lora else None
     out = params.data_path("rl_text")
     init = require_policy(params, "dpo")
     key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
@@ -77,7 +78,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             model, _, _ = sft_train(
                 model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
                 lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
-                prefix=f"rl_round_{r}", lora=params.train_policy.lora if cfg.lora else None,
+                prefix=f"rl_round_{r}", lora=lora,
             )
         stats = summarize(read_part(rollouts, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
