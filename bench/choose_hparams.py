@@ -16,8 +16,9 @@ Prints val success ± standard error pooled over the groups and per group, mean 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,21 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from choose_tiers import score  # noqa: E402 - success ± s.e. and mean turns on wins, as the tiers were chosen
+
 #: what a stage remakes (relative to data/), and the policy it trains
 REDO = {
     "train-sft": (("train_policy/sft", "reflogprobs", "train_policy/dpo", "rl_text", "evaluate_text"), "sft"),
     "train-dpo": (("train_policy/dpo", "rl_text", "evaluate_text"), "dpo"),
     "rl-text": (("rl_text", "evaluate_text"), "rl"),
 }
-
-
-def score(rows: list[dict]) -> dict:
-    """Success ± binomial standard error, mean turns on wins, episodes."""
-    n = len(rows)
-    wins = [r for r in rows if r["success"]]
-    p = len(wins) / n if n else 0.0
-    return {"episodes": n, "success_rate": p, "se": math.sqrt(p * (1 - p) / n) if n else 0.0,
-            "mean_turns_wins": sum(r["turns"] for r in wins) / len(wins) if wins else float("nan")}
 
 
 def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") -> None:
@@ -86,9 +80,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.grid and not args.stage:
         ap.error("--grid needs --stage")
-
-    import itertools
-    import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")
     from pipeline.core.config import preset_overrides
