@@ -38,4 +38,5 @@ OUTS: dict[str, str] = {
     "reward_model": "train-reward",
     "rl_nethack": "rl-nethack",
     "evaluate_nethack": "evaluate-nethack",
+    "evaluate_nethack_replays": "evaluate-nethack",
 }
