@@ -135,6 +135,7 @@ def test_embedding_annotator_is_the_default(chain):
             assert (r["label"], r["raw"]) == ("TIE", "")  # no call for identical captions
         else:
             assert r["raw"].startswith("similarity")
+        assert (r["attempts"], r["cached"], r["tokens_in"], r["tokens_out"]) == (0, None, 0, 0)  # no LLM request
     metrics = json.loads((chain.metrics_path("stages") / "annotate-nethack.json").read_text())
     assert metrics["labels/unknown"] == 0 and metrics["pairs"] == 600
 
@@ -167,7 +168,8 @@ def test_annotate_rerun_asks_only_the_unknown_rows(chain, tmp_path):
     before = read_table(out).to_pylist()
     unknown = [r for r in before if r["label"] == "UNKNOWN"]
     assert unknown and first.metrics["labels/unknown"] == len(unknown)
-    assert all("[retry]" in r["raw"] for r in unknown)  # one retry turn was tried
+    assert all("[retry]" in r["raw"] and r["attempts"] == 2 for r in unknown)  # one retry turn was tried
+    assert {r["attempts"] for r in before if r["label"] != "UNKNOWN"} <= {0, 1, 2}
 
     judge = FakeJudge()
     second = run_annotate(params, judge)
@@ -178,6 +180,8 @@ def test_annotate_rerun_asks_only_the_unknown_rows(chain, tmp_path):
         assert a["pair"] == b["pair"]
         if b["label"] != "UNKNOWN":
             assert a == b  # answered rows untouched
+        else:
+            assert a["attempts"] >= 1 and a["cached"] is False  # what the rerun paid for it
 
 
 class FakeLabeller(ChatBackend):
@@ -218,6 +222,9 @@ def test_oni_labels_mode_labels_each_caption_once_and_derives_pair_preferences(c
         expected = "TIE" if first == second else ("FIRST" if first == "helpful" else "SECOND")
         assert r["label"] == expected
     assert {r["label"] for r in rows} >= {"TIE", "FIRST", "SECOND"}
+    # each caption's request is billed to the first pair of its chunk that shows it: the rows sum to the requests
+    assert sum(r["attempts"] for r in rows) == sum(len(b) for b in labeller.batches)
+    assert any(r["cached"] for r in rows) and any(r["cached"] is False for r in rows)
 
 
 def test_pairs_drop_unknown_and_keep_ties_as_half(tmp_path):
