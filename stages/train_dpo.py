@@ -111,6 +111,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 upstream={"pairs": dataset_hash(src), "policy": dir_hash(out)})
     scored = read_table(margins, ["implicit_margin", "prefers_chosen"]).to_pydict()
     n = max(1, len(scored["implicit_margin"]))
-    metrics |= {"dpo/mean_implicit_margin": sum(scored["implicit_margin"]) / n,
+    metrics |= {"dpo/pairs_scored": len(scored["implicit_margin"]),
+                "dpo/mean_implicit_margin": sum(scored["implicit_margin"]) / n,
                 "dpo/implicit_accuracy": sum(scored["prefers_chosen"]) / n}
     return StageResult(metrics=metrics, outputs=[str(out), str(margins)])

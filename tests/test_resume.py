@@ -197,3 +197,4 @@ def test_train_dpo_scores_every_pair_with_the_trained_policy_and_resumes_the_sco
     assert any(abs(r["implicit_margin"]) > 1e-3 for r in rows)  # training moved the policy off its reference
     assert metrics["dpo/mean_implicit_margin"] == pytest.approx(sum(r["implicit_margin"] for r in rows) / 12)
     assert metrics["dpo/implicit_accuracy"] == sum(r["prefers_chosen"] for r in rows) / 12
+    assert metrics["dpo/pairs_scored"] == 12
