@@ -332,7 +332,7 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             if margins is not None:
                 for row, i in zip(rows, sample_indices(n, ROW_CAP[kind]), strict=True):  # the rows sample_table took
                     row.update(pair=i, **margins.get(i, {}))
-                columns += ["implicit_margin", "prefers_chosen"]
+                columns[2:2] = ["implicit_margin", "prefers_chosen"]  # beside the pair's name: in view
                 filters.append("prefers_chosen")
             notes.append(("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
                           "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, "

@@ -442,6 +442,7 @@ def test_paprika_pairs_with_reference_log_probs(tmp_path):
                     params_hash="h", upstream={"pairs": pairs_hash})
         [shown] = page_data(spec, tmp_path / "reflogprobs", tmp_path)["rows"]
         assert ("implicit_margin" in shown) == joined
+        assert ("implicit_margin" in page_data(spec, tmp_path / "reflogprobs", tmp_path)["columns"]) == joined
     assert shown["implicit_margin"] == pytest.approx(0.125) and shown["prefers_chosen"]  # 0.1 · (0.5 + 0.75)
 
 
