@@ -196,7 +196,7 @@ def dedup(server: FakeServer, steps: int, cache_root: Path) -> None:
         f"ONI labelling of all {len(messages)} steps: {elapsed:.2f} s,"
         f" server requests {server.stats()['requests']},"
         f" ledger requests {m['requests']} unique {m['unique_requests']} sent {m['sent']};"
-        f" UNKNOWN {sum(lab == 'UNKNOWN' for lab, _ in labels)}"
+        f" UNKNOWN {sum(a.label == 'UNKNOWN' for a in labels)}"
     )
     print("(UNKNOWNs: by design a third of the fake server's label answers cannot be parsed)")
 

@@ -80,7 +80,7 @@ def annotate_run(urls: list[str], servers: list[FakeServer], concurrency: int, n
     cpu, srv = client_cpu_s(backend) - cpu, sum(process_cpu_s(s.proc.pid) for s in servers) - srv
     backend.close()
     sent = sum(s.stats()["requests"] for s in servers)
-    assert sent == n and all(label == "FIRST" for label, _ in labels), (sent, labels[:3])
+    assert sent == n and all(a.label == "FIRST" for a in labels), (sent, labels[:3])
     return {"rate": n / wall, "cpu_ms": cpu / sent * 1000, "srv_ms": srv / sent * 1000, "wall": wall}
 
 

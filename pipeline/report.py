@@ -237,6 +237,15 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
             + _table(["policy", "success rate", "standard error", "episodes", "mean turns"], rows)))
     if deeper := _deeper_tables(episodes or []):
         parts.append(section("Text track: held-out success, one level deeper", deeper))
+    dpo = stages.get("train-dpo", {})
+    if "dpo/mean_implicit_margin" in dpo:
+        parts.append(section("Text track: the DPO policy on its pairs", _table(
+            ["pairs", "mean implicit reward margin", "implicit reward prefers chosen"],
+            [[dpo.get("dpo/pairs_scored", ""), dpo["dpo/mean_implicit_margin"], dpo["dpo/implicit_accuracy"]]])
+            + "<p class='note'>β·[(log π − log π<sub>ref</sub>)(chosen) − (log π − log π<sub>ref</sub>)(rejected)] of "
+              "the trained policy on every pair it trained on (log-probs summed over the assistant tokens, as "
+              "reflogprobs sums them; data/train_policy/dpo_margins); the second column is the share of pairs whose "
+              "margin is > 0. The pairs page shows each pair's.</p>"))
 
     nh = stages.get("evaluate-nethack", {})
     agents = [m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))]

@@ -2,15 +2,16 @@
 
 ``curio report`` (and the report stage) writes ``report_pages/STAGE.html`` beside the report for every dataset
 present: text episodes (rollout-text, evaluate-text, rl-text), preference pairs (pairs-text, with reflogprobs'
-reference log-probabilities when present), annotations (annotate-text, annotate-nethack) and NetHack episodes
-(rollout-nethack replays of the tty frames; evaluate-nethack's per-episode summaries). Each page embeds its rows
-as JSON with its own script and style: no server, no network, nothing fetched.
+reference log-probabilities and train-dpo's implicit reward margins when present), annotations (annotate-text,
+annotate-nethack, with each row's attempts, cache hit and tokens) and NetHack episodes (rollout-nethack replays of
+the tty frames; evaluate-nethack's per-episode summaries with the replays it kept). Each page embeds its rows as JSON
+with its own script and style: no server, no network, nothing fetched.
 
 A page holds at most ``ROW_CAP[kind]`` rows: above that, an evenly spaced sample (rows ``⌊i·n/cap⌋``, the same
 every time) that the page says it is, with the line that opens the full dataset with ``datasets``. Long texts are
 cut at ``TEXT_CAP`` characters (marked). Pages are byte-deterministic: no timestamps, no random ids, sorted keys.
-State lives in the URL fragment (``#group=wordle&policy=base&row=3&step=12``), so a link opens one episode at one
-step, and a test can drive a page without clicking.
+State lives in the URL fragment (``#group=wordle&policy=base&sort=-turns&row=3&step=12``), so a link opens one
+episode at one step, and a test can drive a page without clicking.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.core.artifacts import atomic_write_bytes, part_files, read_manifest
+from pipeline.core.artifacts import atomic_write_bytes, dataset_hash, part_files, read_manifest
 from pipeline.core.samples import clean, frame_text, sample_indices
 
 PAGES_DIR = "report_pages"  # beside report.html
@@ -37,6 +39,9 @@ ROW_CAP = {"episodes": 1500, "pairs": 1000, "annotations-text": 1000, "annotatio
 STEP_CAP = 2000  # steps of one NetHack episode replayed on a page
 KEYFRAME = 64  # a full tty frame every KEYFRAME steps, changed runs of characters in between
 COUNT_EXPONENT = 3.0  # β of r̃(m) / N_ep(m)^β (pipeline.nethack.intrinsic), the default of rl_nethack's variants
+MARGINS = "train_policy/dpo_margins"  # train-dpo's scores of the pairs of data/reflogprobs
+REPLAYS = "evaluate_nethack_replays"  # evaluate-nethack's recorded steps
+USAGE = ("attempts", "cached", "tokens_in", "tokens_out")  # an annotation's cost (pipeline.llm.ledger.Usage)
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,17 @@ def pair_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def pair_margins(data_dir: Path, pairs: Path) -> dict[int, dict] | None:
+    """train-dpo's scores of the pairs by pair index (their row in ``pairs``), when it scored these very pairs."""
+    path = data_dir / MARGINS
+    manifest = read_manifest(path) or {}
+    if not manifest.get("complete") or manifest.get("upstream", {}).get("pairs") != dataset_hash(pairs):
+        return None
+    return {r.pop("pair"): r for r in sample_table(path, 1 << 62, ["pair", "policy_chosen_logps",
+                                                                  "policy_rejected_logps", "implicit_margin",
+                                                                  "prefers_chosen"])[0].to_pylist()}
+
+
 def annotation_text_rows(rows: list[dict], llm_judge: bool) -> list[dict]:
     """Episodes with the judge's label and raw reply; the prompt an LLM judge is sent, rebuilt from the row
     (``pipeline.text.judge.judge_messages``, what the judge calls)."""
@@ -189,6 +205,12 @@ def annotation_nethack_rows(rows: list[dict], mode: str | None, goal: str, templ
     return out
 
 
+def usage_of(r: dict, prefix: str = "") -> dict:
+    """A row's annotation cost (``attempts``, ``cached``, ``tokens_in``, ``tokens_out``) under the page's names; empty
+    for a dataset written before the stage kept it."""
+    return {k: clean(r[prefix + k]) for k in USAGE if prefix + k in r}
+
+
 def frame_deltas(frames: list[bytes]) -> list[Any]:
     """Frames as a full frame every ``KEYFRAME`` steps and, between, ``[[offset, text], …]`` of the runs of
     characters that changed since the previous frame (runs closer than 8 characters merged)."""
@@ -211,14 +233,14 @@ def frame_deltas(frames: list[bytes]) -> list[Any]:
     return out
 
 
-def episode_frames(path: Path, episodes: list[int]) -> dict[tuple[int, int], bytes]:
-    """``{(episode, step): tty_chars}`` of the first ``STEP_CAP`` steps of ``episodes`` (read part by part: the
-    frames of the other episodes are never kept)."""
-    import pyarrow.compute as pc
+def episode_frames(path: Path, episodes: list[int], policy: str | None = None) -> dict[tuple[int, int], bytes]:
+    """``{(episode, step): tty_chars}`` of the first ``STEP_CAP`` steps of ``episodes`` (of ``policy``'s, in a dataset
+    of several policies' steps; read part by part: the frames of the other episodes are never kept)."""
     out: dict[tuple[int, int], bytes] = {}
     for file, _ in _parts(path):
-        t = pq.read_table(file, columns=["episode", "step", "tty_chars"])
-        t = t.filter(pc.and_(pc.is_in(t["episode"], pa.array(episodes, pa.int32())), pc.less(t["step"], STEP_CAP)))
+        t = pq.read_table(file, columns=["episode", "step", "tty_chars", *(["policy"] if policy is not None else [])])
+        keep = pc.and_(pc.is_in(t["episode"], pa.array(episodes, pa.int32())), pc.less(t["step"], STEP_CAP))
+        t = t.filter(keep if policy is None else pc.and_(keep, pc.equal(t["policy"], policy)))
         out.update(zip(zip(t["episode"].to_pylist(), t["step"].to_pylist(), strict=True), t["tty_chars"].to_pylist(),
                        strict=True))
     return out
@@ -270,15 +292,14 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
     """What one page embeds: its rows (sampled), the filters, the notes."""
     notes: list[str] = []
     kind = spec.kind
-    columns = COLUMNS_SHOWN[kind]
+    columns, filters = list(COLUMNS_SHOWN[kind]), list(FILTERS[kind])
     if kind == "nethack-steps":
         has_frames = "tty_chars" in pq.read_schema(_parts(path)[0][0]).names
         table, _ = sample_table(path, 1 << 62, ["episode", "step", "action", "reward", "message"])
         n = table.num_rows
         episodes = sorted(set(table["episode"].to_pylist()))
         chosen = [episodes[i] for i in sample_indices(len(episodes), ROW_CAP[kind])]
-        table_path = data_dir / "reward_model" / "message_rewards.json"
-        r_tilde = json.loads(table_path.read_text()) if table_path.exists() else None
+        r_tilde = message_rewards(data_dir)
         rows = nethack_step_episodes(table, chosen, r_tilde, episode_frames(path, chosen) if has_frames else {})
         total, shown = len(episodes), len(chosen)
         notes.append(f"{n} steps of {total} episodes; the page replays {shown} of them (evenly spaced episode "
@@ -286,11 +307,7 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
         if not has_frames:
             notes.append("This dataset has no tty_chars column (written before rollout-nethack stored frames): "
                          "messages and rewards only; rerun rollout-nethack for the replay.")
-        notes.append("Intrinsic reward: r̃(m), the trained reward model's normalised output for the step's message "
-                     "(data/reward_model/message_rewards.json), and r̃(m) / N_ep(m)^3, its count-decayed episodic "
-                     "value without a threshold (pipeline/nethack/intrinsic.py); extrinsic: the task reward."
-                     if r_tilde is not None else
-                     "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward).")
+        notes.append(INTRINSIC_NOTE if r_tilde is not None else NO_INTRINSIC_NOTE)
     else:
         if "state" in pq.read_schema(_parts(path)[0][0]).names:  # ArCHer's transitions: whole episodes sampled
             every = transitions_to_episodes(sample_table(path, 1 << 62)[0])
@@ -309,21 +326,34 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             paprika = bool(raw) and "chosen_turns" in raw[0]
             if paprika:
                 columns = ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
-            notes.append("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
-                         "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, the "
-                         "rejected one failed or took longer; the turns each used (and whether the rejected one "
-                         "succeeded) made the pair." if paprika else
-                         "Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
-                         "each candidate turn (its judged continuations) that made the pair."
+            margins = pair_margins(data_dir, path) if path.name == "reflogprobs" else None
+            if rows and "ref_margin" in rows[0]:
+                columns.append("ref_margin")
+            if margins is not None:
+                for row, i in zip(rows, sample_indices(n, ROW_CAP[kind]), strict=True):  # the rows sample_table took
+                    row.update(pair=i, **margins.get(i, {}))
+                columns[2:2] = ["implicit_margin", "prefers_chosen"]  # beside the pair's name: in view
+                filters.append("prefers_chosen")
+            notes.append(("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
+                          "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, "
+                          "the rejected one failed or took longer; the turns each used (and whether the rejected one "
+                          "succeeded) made the pair." if paprika else
+                          "Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
+                          "each candidate turn (its judged continuations) that made the pair.")
                          + (" Reference log-probs: summed over the assistant turn's tokens (reflogprobs); "
-                            "margin = chosen − rejected." if path.name == "reflogprobs" else
+                            "ref margin = chosen − rejected." if path.name == "reflogprobs" else
                             " Reference log-probs appear once reflogprobs has run.")
-                         + " The trained policy's implicit reward margin β·[(log π − log π_ref)(chosen) − "
-                           "(…)(rejected)] is not shown: it needs a forward pass of the DPO model over every pair.")
+                         + (f" Implicit reward margin: β·[(log π − log π_ref)(chosen) − (log π − log π_ref)"
+                            f"(rejected)] of the policy train-dpo trained{_beta(params)}, log-probs summed as "
+                            f"reflogprobs sums them ({MARGINS}); prefers_chosen: the margin is > 0."
+                            if margins is not None else
+                            " The trained policy's implicit reward margin appears once train-dpo has run."))
         elif kind == "annotations-text":
             judge = getattr(getattr(params, "annotate_text", None), "judge", None)
             llm = judge is not None and getattr(judge, "backend", "rules") != "rules"
             rows = annotation_text_rows(raw, llm)
+            for row, r in zip(rows, raw, strict=True):
+                row.update(usage_of(r, "judge_"))
             notes.append("Prompt sent: rebuilt from the row with the judge's own prompt builder."
                          if llm else "Judge: the rules check (the game's program, exact match of the final guess): "
                          "no prompt is sent.")
@@ -334,17 +364,25 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             llm = backend != "embedding"
             rows = annotation_nethack_rows(raw, mode, getattr(cfg, "goal", "defaultgoal"),
                                            getattr(cfg, "template", "default"), llm)
+            for row, r in zip(rows, raw, strict=True):
+                row.update(usage_of(r))
             notes.append(f"Prompt sent: rebuilt with the annotator's own prompt builder ({mode} mode)." if llm else
                          "Annotator: the embedding model (the caption closer to the goal text wins; no LLM, no "
                          "prompt): the raw reply holds both similarities.")
         else:
             rows = [{k: clean(v) for k, v in r.items()} for r in raw]
         if kind.startswith("annotations"):
-            notes.append("Attempts, cache hits and cost are kept per stage, not per row: see the stage's LLM ledger "
-                         "in the report (requests, cache hits, tokens in / out).")
+            if rows and "attempts" in rows[0]:
+                columns += list(USAGE)
+                filters.append("cached")
+                notes.append(USAGE_NOTE)
+            elif rows:
+                notes.append(f"This dataset has no per-row cost columns (written before {spec.stage} kept them): "
+                             f"rerun {spec.stage} for them; the report's LLM ledger has the stage's totals.")
         if kind == "nethack-episodes":
-            notes.append("evaluate-nethack stores one summary row per episode, not its frames: replays are on the "
-                         "rollout-nethack page.")
+            notes.append(attach_replays(rows, data_dir))
+            columns.append("replayed")
+            filters.append("replayed")
         if shown < n:
             notes.insert(0, f"Showing {shown} of {n} rows: an evenly spaced sample (rows ⌊i·{n}/{shown}⌋), the "
                             "same each time the report is written.")
@@ -352,7 +390,56 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             notes.insert(0, f"All {n} rows.")
     return {"kind": kind, "stage": spec.stage, "about": spec.about, "dataset": str(path), "rows": rows,
             "total": total, "shown": shown, "notes": notes, "load": load_snippet(path),
-            "filters": FILTERS[kind], "columns": columns}
+            "filters": filters, "columns": columns}
+
+
+INTRINSIC_NOTE = ("Intrinsic reward: r̃(m), the trained reward model's normalised output for the step's message "
+                  "(data/reward_model/message_rewards.json), and r̃(m) / N_ep(m)^3, its count-decayed episodic value "
+                  "without a threshold (pipeline/nethack/intrinsic.py); extrinsic: the task reward.")
+NO_INTRINSIC_NOTE = "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward)."
+USAGE_NOTE = ("Cost per row, as the stage's LLM ledger counts it (its rows sum to the ledger of the run that wrote "
+              "them): attempts = sends to the backend, its retries and a retry turn included (0: none of its own); "
+              "cached = answered without a send (the response cache, or the same request in the same batch: paid "
+              "nothing), empty when no LLM was asked (a program, the embedding model, a rule); tokens in / out of "
+              "the sends.")
+
+
+def _beta(params: Any) -> str:
+    beta = getattr(getattr(getattr(params, "train_policy", None), "dpo", None), "beta", None)
+    return f" (β = {beta})" if beta is not None else ""
+
+
+def message_rewards(data_dir: Path) -> dict[str, float] | None:
+    """train-reward's r̃ of every message it scored, if it has run."""
+    path = data_dir / "reward_model" / "message_rewards.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def attach_replays(rows: list[dict], data_dir: Path) -> str:
+    """Give the evaluation episodes evaluate-nethack kept the steps of (``data/evaluate_nethack_replays``) their
+    replay (``row["replay"]``, at most ``ROW_CAP["nethack-steps"]`` of them); returns the page's note on them."""
+    path = data_dir / REPLAYS
+    for row in rows:
+        row["replayed"] = "no"
+    manifest = read_manifest(path) or {}
+    if not manifest.get("complete") or not manifest.get("rows"):
+        return ("No replays: evaluate-nethack wrote none (evaluate_nethack.replay_episodes = 0, or a dataset written "
+                "before it kept them: rerun evaluate-nethack).")
+    steps = sample_table(path, 1 << 62, ["policy", "episode", "step", "action", "reward", "message"])[0]
+    shown = {(r["policy"], r["episode"]): r for r in rows}
+    kept = sorted(set(zip(steps["policy"].to_pylist(), steps["episode"].to_pylist(), strict=True)) & set(shown))
+    chosen = [kept[i] for i in sample_indices(len(kept), ROW_CAP["nethack-steps"])]
+    r_tilde = message_rewards(data_dir)
+    for policy in dict.fromkeys(p for p, _ in chosen):
+        episodes = [e for p, e in chosen if p == policy]
+        mine = steps.filter(pc.equal(steps["policy"], policy))
+        for replay in nethack_step_episodes(mine, episodes, r_tilde, episode_frames(path, episodes, policy)):
+            row = shown[(policy, replay["episode"])]
+            row.update(replayed="yes", replay=replay)
+    return (f"Replays: {len(chosen)} of the {len(kept)} episodes evaluate-nethack kept every step of ({REPLAYS}: "
+            "each policy's first evaluate_nethack.replay_episodes episodes, the same seeds for every policy, so "
+            f"the agents can be compared on one game), each up to its first {STEP_CAP} steps; filter replayed = yes. "
+            + (INTRINSIC_NOTE if r_tilde is not None else NO_INTRINSIC_NOTE))
 
 
 FILTERS: dict[str, list[str]] = {

@@ -2,7 +2,9 @@
 
 The judge is a backend chosen in params (``annotate_text.judge``): ``rules`` = the game's program check
 (exact match of the final guess), or any LLM backend with the trajectory-judge prompt. Output:
-``data/annotate_text`` — the rollout rows plus ``judge_label`` and ``judge_raw``. Judged in chunks, so a
+``data/annotate_text`` — the rollout rows plus ``judge_label``, ``judge_raw`` and what asking cost
+(``judge_attempts``, ``judge_cached``, ``judge_tokens_in`` / ``judge_tokens_out``: ``pipeline.llm.ledger.Usage``, in
+the run that wrote the row; a program's verdict costs nothing and ``judge_cached`` is null). Judged in chunks, so a
 rerun after a kill (or with the response cache warm) repeats no call; a rerun asks again for the UNKNOWN
 verdicts only (each request at most ``judge.max_attempts`` times over all runs).
 """
@@ -19,7 +21,7 @@ from pipeline.core.artifacts import ChunkedDataset, dataset_hash, read_table, re
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.params import Params
-from pipeline.text.judge import JudgeItem, make_judge
+from pipeline.text.judge import JudgeItem, Verdict, make_judge
 
 NAME = "annotate-text"
 STAGE = Stage(
@@ -31,6 +33,15 @@ STAGE = Stage(
     notes={"pipeline/text/judge.py": "the judge's code and prompt: editing either re-judges"},
 )
 ROWS_PER_CHUNK = 1024
+ROW_SCHEMA_VERSION = 2  # 2: the judge's usage columns
+VERDICT_FIELDS = [
+    pa.field("judge_label", pa.string()),
+    pa.field("judge_raw", pa.string()),
+    pa.field("judge_attempts", pa.int32()),  # sends, retries included; 0 = none of its own
+    pa.field("judge_cached", pa.bool_()),  # answered without a send (cache, or the same request in the batch)
+    pa.field("judge_tokens_in", pa.int64()),
+    pa.field("judge_tokens_out", pa.int64()),
+]
 
 
 def judge_items(rows: list[dict]) -> list[JudgeItem]:
@@ -46,11 +57,19 @@ def judge_items(rows: list[dict]) -> list[JudgeItem]:
     ]
 
 
+def verdict_columns(verdicts: list[Verdict]) -> dict[str, list]:
+    return {"judge_label": [v.label for v in verdicts], "judge_raw": [v.raw for v in verdicts],
+            "judge_attempts": [v.usage.attempts for v in verdicts], "judge_cached": [v.usage.cached for v in verdicts],
+            "judge_tokens_in": [v.usage.tokens_in for v in verdicts],
+            "judge_tokens_out": [v.usage.tokens_out for v in verdicts]}
+
+
 def judge_chunk(judge: Any, _index: int, part: pa.Table) -> pa.Table:
-    """One chunk of rollout rows with the judge's label and raw answer appended."""
-    verdicts = judge.judge(judge_items(part.to_pylist()))
-    part = part.append_column("judge_label", pa.array([v.label for v in verdicts], pa.string()))
-    return part.append_column("judge_raw", pa.array([v.raw for v in verdicts], pa.string()))
+    """One chunk of rollout rows with the judge's label, raw answer and usage appended."""
+    columns = verdict_columns(judge.judge(judge_items(part.to_pylist())))
+    for field in VERDICT_FIELDS:
+        part = part.append_column(field, pa.array(columns[field.name], field.type))
+    return part
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -62,16 +81,14 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     slices = [table.slice(i * ROWS_PER_CHUNK, ROWS_PER_CHUNK) for i in range(num_chunks)]
 
     def rejudge(part: pa.Table, rows: list[int]) -> pa.Table:
-        verdicts = judge.judge(judge_items(part.take(rows).to_pylist()))
-        return replace_rows(part, rows, {"judge_label": [v.label for v in verdicts],
-                                         "judge_raw": [v.raw for v in verdicts]})
+        return replace_rows(part, rows, verdict_columns(judge.judge(judge_items(part.take(rows).to_pylist()))))
 
     params_hash, upstream = params.section_hash(STAGE.params), {"rollout_text": dataset_hash(src)}
     # A rerun asks again for the UNKNOWN verdicts of finished parts (bounded by judge.max_attempts per request).
-    redone = redo_rows(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), "judge_label", "UNKNOWN",
-                       rejudge)
+    redone = redo_rows(ChunkedDataset(out, params_hash=params_hash, upstream=upstream,
+                                      schema_version=ROW_SCHEMA_VERSION), "judge_label", "UNKNOWN", rejudge)
     run_chunked(out, num_chunks=num_chunks, make_chunk=ChunkJob(run=judge_chunk, inputs=slices, load=load),
-                params_hash=params_hash, upstream=upstream, desc="judging")
+                params_hash=params_hash, upstream=upstream, desc="judging", schema_version=ROW_SCHEMA_VERSION)
     labels = read_table(out, ["judge_label", "success"]).to_pylist()
     n = max(1, len(labels))
     metrics = {

@@ -9,8 +9,9 @@ is its last ``context_steps`` messages (``pipeline.nethack.captions``). The anno
 - ``labels`` (ONI): each distinct caption is labelled helpful / unhelpful once; a pair's preference follows
   from its two labels (helpful beats unhelpful, equal labels tie, an UNKNOWN label makes the pair UNKNOWN).
 
-Output: ``data/annotate_nethack`` — chunked Parquet, one row per pair with the raw answer. Resume: finished
-chunks are kept; on a rerun only the rows still UNKNOWN in them are asked again.
+Output: ``data/annotate_nethack`` — chunked Parquet, one row per pair with the raw answer and what its requests cost
+(``attempts``, ``cached``, ``tokens_in`` / ``tokens_out``: ``pipeline.llm.ledger.Usage``, in the run that wrote the
+row). Resume: finished chunks are kept; on a rerun only the rows still UNKNOWN in them are asked again.
 
     curio stage annotate-nethack -S annotate_nethack.goal=gold
 """
@@ -30,7 +31,7 @@ from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, re
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import make_backend, sampling_from_config
-from pipeline.nethack.annotation import annotate_preferences, label_messages
+from pipeline.nethack.annotation import Annotation, annotate_preferences, label_messages
 from pipeline.nethack.captions import window_captions
 from pipeline.nethack.config import AnnotateNetHackConfig
 from pipeline.params import Params
@@ -45,6 +46,13 @@ STAGE = Stage(
     track="nethack",
 )
 
+USAGE_FIELDS = [  # what the pair's requests cost (pipeline.llm.ledger.Usage); labels mode: both captions' requests
+    pa.field("attempts", pa.int32()),  # sends, retries included; 0 = none of its own
+    pa.field("cached", pa.bool_()),  # answered without a send (cache, or the same request in the batch); null: no
+    # request (the embedding annotator, identical captions)
+    pa.field("tokens_in", pa.int64()),
+    pa.field("tokens_out", pa.int64()),
+]
 SCHEMA = pa.schema(
     [
         pa.field("pair", pa.int64()),
@@ -56,12 +64,14 @@ SCHEMA = pa.schema(
         pa.field("caption_second", pa.string()),
         pa.field("label", pa.string()),  # FIRST / SECOND / TIE / UNKNOWN
         pa.field("raw", pa.string()),  # the answer; embedding: similarities; labels mode: JSON of both labels
+        *USAGE_FIELDS,
     ]
 )
+ROW_SCHEMA_VERSION = 2  # 2: the usage columns
 
 
-def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(label, raw) for caption pairs, by the configured mode."""
+def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, str]]) -> list[Annotation]:
+    """(label, raw, usage) for caption pairs, by the configured mode."""
     sampling = sampling_from_config(cfg.annotator)
     if cfg.mode == "preferences":
         return list(annotate_preferences(
@@ -70,17 +80,25 @@ def annotate(backend: Any, cfg: AnnotateNetHackConfig, pairs: list[tuple[str, st
     captions = list(dict.fromkeys(c for pair in pairs for c in pair))
     labelled = label_messages(backend, captions, sampling, goal=cfg.goal, threshold=cfg.label_threshold)
     label_of = dict(zip(captions, labelled, strict=True))
-    out = []
+    out, billed = [], set()
     for a, b in pairs:
-        (la, ra), (lb, rb) = label_of[a], label_of[b]
+        (la, ra, ua), (lb, rb, ub) = label_of[a], label_of[b]
         if "UNKNOWN" in (la, lb):
             label = "UNKNOWN"
         elif la == lb:
             label = "TIE"
         else:
             label = "FIRST" if la == "helpful" else "SECOND"
-        out.append((label, json.dumps({"first": [la, ra], "second": [lb, rb]})))
+        # a caption is asked once: its request is the first pair's that shows it, the later ones share it
+        usage = (ua if a not in billed else ua.shared()) + (ub if b not in billed and b != a else ub.shared())
+        billed.update((a, b))
+        out.append(Annotation(label, json.dumps({"first": [la, ra], "second": [lb, rb]}), usage))
     return out
+
+
+def usage_columns(answers: list[Annotation]) -> dict[str, list]:
+    return {"attempts": [a.usage.attempts for a in answers], "cached": [a.usage.cached for a in answers],
+            "tokens_in": [a.usage.tokens_in for a in answers], "tokens_out": [a.usage.tokens_out for a in answers]}
 
 
 def pair_indices(params: Params, index: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +116,8 @@ def redo_unknown(ds: ChunkedDataset, backend: Any, cfg: AnnotateNetHackConfig) -
     def fix(table: pa.Table, rows: list[int]) -> pa.Table:
         first, second = table["caption_first"].to_pylist(), table["caption_second"].to_pylist()
         answers = annotate(backend, cfg, [(first[i], second[i]) for i in rows])
-        return replace_rows(table, rows, {"label": [a[0] for a in answers], "raw": [a[1] for a in answers]})
+        return replace_rows(table, rows, {"label": [a.label for a in answers], "raw": [a.raw for a in answers],
+                                          **usage_columns(answers)})
 
     return redo_rows(ds, "label", "UNKNOWN", fix, SCHEMA)
 
@@ -133,8 +152,10 @@ def annotate_chunk(cfg: AnnotateNetHackConfig, backend: Any, _index: int, pairs:
     """One chunk: the annotator's (label, raw) for each pair of captions."""
     first, second = pairs["caption_first"].to_pylist(), pairs["caption_second"].to_pylist()
     answers = annotate(backend, cfg, list(zip(first, second, strict=True)))
-    pairs = pairs.append_column("label", pa.array([label for label, _ in answers], pa.string()))
-    return pairs.append_column("raw", pa.array([raw for _, raw in answers], pa.string()))
+    columns = {"label": [a.label for a in answers], "raw": [a.raw for a in answers], **usage_columns(answers)}
+    for name, values in columns.items():
+        pairs = pairs.append_column(SCHEMA.field(name), pa.array(values, SCHEMA.field(name).type))
+    return pairs
 
 
 def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
@@ -158,7 +179,8 @@ def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
 
     params_hash = params.section_hash(STAGE.params)
     upstream = {"rollouts": dataset_hash(rollouts)}
-    redone = redo_unknown(ChunkedDataset(out, params_hash=params_hash, upstream=upstream), backend, cfg)
+    redone = redo_unknown(ChunkedDataset(out, params_hash=params_hash, upstream=upstream,
+                                         schema_version=ROW_SCHEMA_VERSION), backend, cfg)
     run_chunked(
         out,
         num_chunks=len(chunks),
@@ -167,6 +189,7 @@ def run(params: Params, ctx: StageContext, backend: Any = None) -> StageResult:
         upstream=upstream,
         schema=SCHEMA,
         desc="annotate-nethack chunks",
+        schema_version=ROW_SCHEMA_VERSION,
     )
     counts = Counter(read_table(out, ["label"])["label"].to_pylist())
     total = sum(counts.values())

@@ -7,7 +7,10 @@ on ``parallel_envs`` envs at once (one batched network call per step) and sample
 torch RNG, so the numbers are reproducible.
 
 Output: ``data/evaluate_nethack`` — chunked Parquet, one row per episode, one part per policy (resumable);
-``metrics/plots/evaluate-nethack.csv`` (means per policy, for ``dvc plots``) and ``metrics/plots/evaluate-nethack.png``.
+``data/evaluate_nethack_replays`` — every step of each policy's first ``replay_episodes`` episodes with its terminal
+frame (``pipeline.nethack.play.REPLAY_STEP_SCHEMA``, recorded as rollout-nethack records its steps), one part per
+policy beside the episodes' (the report's replay page draws them); ``metrics/plots/evaluate-nethack.csv`` (means per
+policy, for ``dvc plots``) and ``metrics/plots/evaluate-nethack.png``.
 
     curio stage evaluate-nethack -S evaluate_nethack.episodes=32
 """
@@ -18,12 +21,13 @@ import csv
 from functools import partial
 
 import numpy as np
+import pyarrow as pa
 
-from pipeline.core.artifacts import chunk_seed, file_sha256, read_table
+from pipeline.core.artifacts import chunk_seed, file_sha256, read_manifest, read_table
 from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
-from pipeline.nethack.play import EPISODE_SCHEMA, EnvSpec, play_policy, play_random
+from pipeline.nethack.play import EPISODE_SCHEMA, REPLAY_STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
 from pipeline.params import Params
 
 NAME = "evaluate-nethack"
@@ -42,7 +46,7 @@ STAGE = Stage(
           "pipeline/nethack/clock.c"],
     data=["data/rl_nethack"],
     needs=_needs,
-    outs=[Out("data/evaluate_nethack", persist=True)],
+    outs=[Out("data/evaluate_nethack", persist=True), Out("data/evaluate_nethack_replays", persist=True)],
     plots=[
         Plot("metrics/plots/evaluate-nethack.csv", "NetHack evaluation, mean return", x="return", y="policy",
              template="bar_horizontal"),
@@ -53,14 +57,22 @@ STAGE = Stage(
 COLUMNS = ("return", "score", "depth", "length", "success")
 
 
-def evaluate_policy(params: Params, index: int, name: str) -> list[dict]:
+def evaluate_policy(params: Params, index: int, name: str) -> tuple[list[dict], pa.Table]:
+    """One policy's episode summaries, and the recorded steps of its first ``replay_episodes`` episodes."""
     cfg = params.evaluate_nethack
+    replays = min(cfg.replay_episodes, cfg.episodes)
     spec = EnvSpec(params.rl_nethack.task, params.rl_nethack.extended_actions, cfg.max_episode_steps,
-                   params.nethack.clock)
+                   frames=replays > 0, clock=params.nethack.clock)
     episodes = list(range(cfg.episodes))
     seeds = [chunk_seed(params.seed, NAME, e) for e in episodes]
+    recorder = StepRecorder(frames=True)
+
+    def record(episode: int, *step) -> None:
+        if episode < replays:
+            recorder.add(episode, *step)
+
     if name == "random":
-        summaries = play_random(spec, episodes, seeds)
+        summaries = play_random(spec, episodes, seeds, on_step=record)
     else:
         import torch
 
@@ -68,8 +80,12 @@ def evaluate_policy(params: Params, index: int, name: str) -> list[dict]:
 
         torch.manual_seed(chunk_seed(params.seed, NAME, -1 - index))
         policy = TrainedPolicy(params.data_path("rl_nethack", name), deterministic=cfg.deterministic)
-        summaries = play_policy(spec, policy, episodes, seeds, parallel_envs=cfg.parallel_envs)
-    return [s.row(name) for s in summaries]
+        summaries = play_policy(spec, policy, episodes, seeds, parallel_envs=cfg.parallel_envs, on_step=record)
+    steps = recorder.table()
+    # the steps of one policy are recorded as they come (parallel envs interleave them): episode by episode here
+    steps = steps.sort_by([("episode", "ascending"), ("step", "ascending")])
+    steps = steps.add_column(0, "policy", pa.array([name] * steps.num_rows, pa.string()))
+    return [s.row(name) for s in summaries], steps.cast(REPLAY_STEP_SCHEMA)
 
 
 def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, float]]:
@@ -120,8 +136,8 @@ def policy_names(params: Params) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def evaluate_chunk(params: Params, _state: None, index: int, policy: str) -> list[dict]:
-    """One chunk of evaluate-nethack: one policy's episodes."""
+def evaluate_chunk(params: Params, _state: None, index: int, policy: str) -> tuple[list[dict], pa.Table]:
+    """One chunk of evaluate-nethack: one policy's episodes (and the steps of those it keeps for replay)."""
     return evaluate_policy(params, index, policy)
 
 
@@ -154,6 +170,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         upstream=upstream,
         schema=EPISODE_SCHEMA,
         desc="evaluate-nethack policies",
+        companions=[(params.data_path("evaluate_nethack_replays"), REPLAY_STEP_SCHEMA)],
     )
     summary = summarize(read_table(out).to_pylist(), policies)
     plots = params.plots_path()
@@ -168,4 +185,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     metrics: dict[str, float | int | str] = {
         f"{name}/{key}": round(value, 4) for name, s in summary.items() for key, value in s.items()
     }
-    return StageResult(metrics=metrics, outputs=[str(out), str(plots / f"{NAME}.csv"), str(plots / f"{NAME}.png")])
+    metrics["replay_steps"] = read_manifest(params.data_path("evaluate_nethack_replays"))["rows"]
+    return StageResult(metrics=metrics, outputs=[str(out), str(params.data_path("evaluate_nethack_replays")),
+                                                 str(plots / f"{NAME}.csv"), str(plots / f"{NAME}.png")])

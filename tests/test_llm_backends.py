@@ -10,6 +10,7 @@ from pipeline.llm import CachedBackend, EmbeddingBackend, make_backend, make_env
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import check_role, llm_roles
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.ledger import Usage
 from pipeline.llm.rules import RulesBackend
 from pipeline.nethack.annotation import annotate_preferences, label_messages
 from pipeline.params import Params
@@ -129,9 +130,10 @@ def test_embedding_unit_vectors_and_text_cache(embedder):
 def test_embedding_annotators(embedder):
     pairs = [("You see here a fountain.", "You kill the jackal!"), ("x", "x")]
     out = annotate_preferences(embedder, pairs, "combat", "default", None)
-    assert out[0][0] == "SECOND" and out[0][1].startswith("similarity") and out[1] == ("TIE", "")
+    assert out[0][0] == "SECOND" and out[0][1].startswith("similarity") and out[1][:2] == ("TIE", "")
+    assert out[0].usage == Usage()  # the embedding model: no LLM request
     labels = label_messages(embedder, ["You see here 12 gold pieces.", ""], goal="gold", threshold=0.3)
-    assert labels[0][0] == "helpful" and labels[1] == ("unhelpful", "")
+    assert labels[0][0] == "helpful" and labels[1][:2] == ("unhelpful", "")
     with pytest.raises(ValueError, match="unknown goal"):
         annotate_preferences(embedder, pairs, "speed", "default", None)
 

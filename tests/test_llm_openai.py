@@ -14,6 +14,7 @@ from pipeline.llm import CachedBackend, make_backend, sampling_from_config
 from pipeline.llm.base import Sampling
 from pipeline.llm.check import CheckFailed, check_role
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.ledger import Usage
 from pipeline.llm.openai_backend import OpenAIBackend
 from pipeline.nethack.annotation import annotate_preferences, label_messages
 from pipeline.params import Params, load_params
@@ -175,20 +176,26 @@ def test_warm_rerun_sends_zero_requests(server, key, cache_dir):
     first = annotate_preferences(cold, pairs, "defaultgoal", "default", sampling_from_config(cfg))
     cold.close()
     sent = server.stats()["requests"]
-    assert first[-2] == ("TIE", "") and first[-1] == first[0]
+    assert first[-2] == ("TIE", "", Usage()) and first[-1][:2] == first[0][:2]
     assert sent == cold.ledger.sent and sent >= 40
+    # each row's usage: the duplicate and the TIE sent nothing; summed over the rows, the ledger's counts
+    assert first[-1].usage == Usage(cached=True) and first[0].usage.attempts >= 1 and not first[0].usage.cached
+    assert sum(a.usage.attempts for a in first) == cold.ledger.sent + cold.ledger.retries
+    assert sum(a.usage.tokens_in for a in first) == cold.ledger.tokens_in > 0
+    assert sum(a.usage.tokens_out for a in first) == cold.ledger.tokens_out > 0
 
     # Parsed answers are served from the cache; only the UNKNOWN ones (this server's answers to them never
     # parse) are asked again, until annotator.max_attempts sends of each request; then nothing is sent.
-    unknown = sum(label == "UNKNOWN" for label, _ in first[:-1])
+    unknown = sum(a.label == "UNKNOWN" for a in first[:-1])
     assert unknown > 0
     for attempt in range(2, cfg.max_attempts + 2):
         server.configure(latency_s=0.01, rules=CURIO_RULES)  # zero the counters
         warm = make_backend(cfg, role="annotator")
         second = annotate_preferences(warm, pairs, "defaultgoal", "default", sampling_from_config(cfg))
         warm.close()
-        assert [lab for lab, _ in second] == [lab for lab, _ in first]
-        assert [x for x in second if x[0] != "UNKNOWN"] == [x for x in first if x[0] != "UNKNOWN"]
+        assert [a.label for a in second] == [a.label for a in first]
+        assert [x[:2] for x in second if x.label != "UNKNOWN"] == [x[:2] for x in first if x.label != "UNKNOWN"]
+        assert all(x.usage == Usage(cached=True) for x in second[:-2] if x.label != "UNKNOWN")  # from the cache
         assert server.stats()["requests"] == warm.ledger.sent
         if attempt <= cfg.max_attempts:
             assert 0 < warm.ledger.sent <= 2 * unknown  # the request and, maybe, its retry turn
@@ -205,8 +212,8 @@ def test_fault_injected_run_labels_every_item(server, key, cache_dir):
     labels = annotate_preferences(backend, pairs, "stairs", "reworded", sampling_from_config(cfg))
     backend.close()
     ledger = backend.ledger
-    assert len(labels) == len(pairs) and {lab for lab, _ in labels} <= {"FIRST", "SECOND", "TIE", "UNKNOWN"}
-    unknown = [(lab, raw) for lab, raw in labels if lab == "UNKNOWN"]
+    assert len(labels) == len(pairs) and {a.label for a in labels} <= {"FIRST", "SECOND", "TIE", "UNKNOWN"}
+    unknown = [(a.label, a.raw) for a in labels if a.label == "UNKNOWN"]
     assert unknown and ledger.unknowns == len(unknown)
     assert all(raw for _, raw in unknown)  # the raw answers (or the failure) are kept
     assert ledger.retries > 0 and ledger.retries <= 3 * ledger.sent
@@ -214,9 +221,11 @@ def test_fault_injected_run_labels_every_item(server, key, cache_dir):
     assert stats["by_outcome"]["error"] > 0 and stats["by_outcome"]["timeout"] > 0
     assert stats["by_outcome"]["garbage"] > 0
     assert stats["requests"] <= 4 * ledger.sent  # 1 attempt + at most 3 retries per request
+    assert sum(a.usage.attempts for a in labels) == ledger.sent + ledger.retries  # each row's sends, retries too
+    assert max(a.usage.attempts for a in labels) > 1
 
     # Rerun without faults: requests are sent only for the items that ended UNKNOWN (failed or unparseable).
-    unknown_pairs = [pairs[i] for i, (lab, _) in enumerate(labels) if lab == "UNKNOWN"]
+    unknown_pairs = [pairs[i] for i, a in enumerate(labels) if a.label == "UNKNOWN"]
     server.configure(rules=CURIO_RULES, record=True)
     again = make_backend(cfg, role="annotator")
     relabelled = annotate_preferences(again, pairs, "stairs", "reworded", sampling_from_config(cfg))
@@ -224,8 +233,8 @@ def test_fault_injected_run_labels_every_item(server, key, cache_dir):
     log = server.stats()["log"]
     assert 0 < again.ledger.sent <= len(log) and again.ledger.sent <= 2 * len(unknown_pairs)
     assert all(any(a in text and b in text for a, b in unknown_pairs) for text, _ in log)
-    assert all(relabelled[i] == labels[i] for i in range(len(pairs)) if labels[i][0] != "UNKNOWN")
-    assert [lab for lab, _ in relabelled if lab != "UNKNOWN"]
+    assert all(relabelled[i][:2] == labels[i][:2] for i in range(len(pairs)) if labels[i].label != "UNKNOWN")
+    assert [a.label for a in relabelled if a.label != "UNKNOWN"]
 
 
 def test_oni_labels_over_http(server, key, cache_dir):
@@ -234,10 +243,10 @@ def test_oni_labels_over_http(server, key, cache_dir):
     messages = [f"You find {i} gold pieces." for i in range(30)] + [""]
     out = label_messages(backend, messages, Sampling(max_tokens=64, seed=0))
     backend.close()
-    assert out[-1] == ("unhelpful", "")
-    assert {lab for lab, _ in out} == {"helpful", "unhelpful", "UNKNOWN"}
-    assert all("helpful" in raw for lab, raw in out if lab == "UNKNOWN")  # the word alone did not count
-    assert backend.ledger.unknowns == sum(lab == "UNKNOWN" for lab, _ in out)
+    assert out[-1] == ("unhelpful", "", Usage())
+    assert {a.label for a in out} == {"helpful", "unhelpful", "UNKNOWN"}
+    assert all("helpful" in a.raw for a in out if a.label == "UNKNOWN")  # the word alone did not count
+    assert backend.ledger.unknowns == sum(a.label == "UNKNOWN" for a in out)
 
 
 def test_api_key_stays_out_of_cache_logs_params_and_metrics(server, key, cache_dir, caplog, capsys):

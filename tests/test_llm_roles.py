@@ -14,6 +14,7 @@ from pipeline.envs.llm_host import (
 from pipeline.llm import CachedBackend, Ledger
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.ledger import Usage
 from pipeline.nethack.annotation import RETRY_PROMPT, annotate_preferences, label_messages
 from pipeline.text.judge import ExactMatchJudge, JudgeItem, LLMJudge, Verdict, make_judge
 
@@ -144,11 +145,12 @@ def test_llm_judge_parses_and_keeps_raw_text():
         _item("Is it a dog?", False),
     ]
     verdicts = judge.judge(items)
+    asked = Usage(attempts=1, cached=False)  # one send each (the scripted backend counts no tokens)
     assert verdicts == [
-        Verdict("VALID", "The guess names it.\n<VALID>"),
-        Verdict("NOTVALID", "Related only. <NOTVALID>"),
-        Verdict("UNKNOWN", "I am not sure."),
-        Verdict("NOTVALID", ""),
+        Verdict("VALID", "The guess names it.\n<VALID>", asked),
+        Verdict("NOTVALID", "Related only. <NOTVALID>", asked),
+        Verdict("UNKNOWN", "I am not sure.", asked),
+        Verdict("NOTVALID", "", Usage()),  # not claimed: no request
     ]
     assert len(inner.sent) == 3 and '"cat"' in inner.sent[0][1]["content"]  # not-claimed games are not asked
     assert judge.ledger.unknowns == 1
@@ -168,17 +170,19 @@ def test_preferences_tie_without_call_retry_then_unknown():
     backend, inner = wrapped(annotator)
     pairs = [("You kill the newt!", "It's a wall."), ("You see gold.", "Hello"), ("a", "b"), ("Same", "Same")]
     out = annotate_preferences(backend, pairs, "defaultgoal", "default", Sampling(temperature=0.1, seed=0))
-    assert out[0] == ("FIRST", 'The kill matters.\n("best_description": 1)')
-    assert out[1] == ("SECOND", 'Hard to tell.\n[retry]\n("best_description": 2)')
-    assert out[2] == ("UNKNOWN", "Hard to tell.\n[retry]\nStill unsure.")
-    assert out[3] == ("TIE", "")
+    assert out[0][:2] == ("FIRST", 'The kill matters.\n("best_description": 1)')
+    assert out[1][:2] == ("SECOND", 'Hard to tell.\n[retry]\n("best_description": 2)')
+    assert out[2][:2] == ("UNKNOWN", "Hard to tell.\n[retry]\nStill unsure.")
+    assert out[3] == ("TIE", "", Usage())  # no request
+    assert [a.usage.attempts for a in out] == [1, 2, 2, 0]  # the retry turn is the row's second request
     assert len(inner.sent) == 5 and backend.ledger.unknowns == 1
 
 
 def test_preferences_request_failure_is_unknown_without_retry_turn():
     backend, inner = wrapped(lambda c: ("", "timeout after 1 s"))
     out = annotate_preferences(backend, [("a", "b")], "gold", "reworded", Sampling(seed=0))
-    assert out == [("UNKNOWN", "[request failed] timeout after 1 s")] and len(inner.sent) == 1
+    assert out == [("UNKNOWN", "[request failed] timeout after 1 s", Usage(attempts=1, cached=False))]
+    assert len(inner.sent) == 1
 
 
 # -- ONI labels ------------------------------------------------------------------------------------------------
@@ -190,5 +194,59 @@ def test_message_labels_are_strict():
     }
     backend, inner = wrapped(lambda c: next(v for k, v in replies.items() if k in c[1]["content"]))
     out = label_messages(backend, ["You see gold.", "It's a wall.", "The door is locked.", "  "], Sampling(seed=0))
-    assert [lab for lab, _ in out] == ["helpful", "UNKNOWN", "unhelpful", "unhelpful"]
+    assert [a.label for a in out] == ["helpful", "UNKNOWN", "unhelpful", "unhelpful"]
     assert out[1][1] == "A wall. Not helpful at all." and len(inner.sent) == 3
+
+
+def test_annotate_text_rows_carry_what_each_verdict_cost(tmp_path, monkeypatch):
+    """annotate-text's rows: attempts, cache hit and tokens of the judge's request per row, summing to the stage's
+    ledger; a second run served by the response cache pays nothing, row by row; the rules judge sends nothing."""
+    import sys
+    from pathlib import Path
+
+    import stages.annotate as annotate
+    from pipeline.core.artifacts import read_table
+    from pipeline.core.stage import StageContext
+    from pipeline.llm.cache import ResponseCache
+    from pipeline.params import load_params
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_bad_inputs import ROLLOUT_SCHEMA, rollout_rows, write_dataset
+
+    class Counting(ScriptedBackend):
+        def generate(self, conversations, sampling):
+            return [Generation(text=g.text, tokens_in=len(c[1]["content"]) // 4, tokens_out=7)
+                    for g, c in zip(super().generate(conversations, sampling), conversations, strict=True)]
+
+    def make_judge(cfg):  # an LLM judge, unsure of a wrong guess, behind a response cache both runs share
+        script = Counting(lambda c: "hmm" if "something else" in c[1]["content"] else "<VALID>")
+        return LLMJudge(CachedBackend(script, ResponseCache(tmp_path / "cache.sqlite"), Ledger("judge")), Sampling())
+
+    monkeypatch.setattr(annotate, "make_judge", make_judge)
+    rows = rollout_rows(24)
+    for run in ("cold", "warm"):
+        data = tmp_path / run
+        write_dataset(data / "rollout_text", rows, ROLLOUT_SCHEMA)
+        params = load_params("params.yaml", [f"data_dir={data}", "tracking.enabled=false"])
+        metrics = annotate.run(params, StageContext()).metrics
+        out = read_table(data / "annotate_text").to_pylist()
+        asked = [r for r in out if r["success"]]  # a win never claimed is NOTVALID without a request
+        assert all((r["judge_attempts"], r["judge_cached"], r["judge_tokens_in"]) == (0, None, 0)
+                   for r in out if not r["success"])
+        if run == "cold":
+            assert all(r["judge_attempts"] == 1 and r["judge_cached"] is False and r["judge_tokens_out"] == 7
+                       for r in asked)
+            assert sum(r["judge_tokens_in"] for r in out) == metrics["judge_tokens_in"] > 0
+            assert sum(r["judge_attempts"] for r in out) == metrics["judge_sent"] == len(asked)
+        else:  # the VALID verdicts come from the cache; the unparsed ones ("hmm") are asked again
+            assert {(r["judge_label"], r["judge_attempts"], r["judge_cached"], r["judge_tokens_in"])
+                    for r in asked if r["judge_label"] == "VALID"} == {("VALID", 0, True, 0)}
+            assert sum(r["judge_attempts"] for r in out) == metrics["judge_sent"] == sum(
+                r["judge_label"] == "UNKNOWN" for r in asked) > 0
+    rules = load_params("params.yaml", [f"data_dir={tmp_path / 'rules'}", "tracking.enabled=false"])
+    write_dataset(tmp_path / "rules" / "rollout_text", rows, ROLLOUT_SCHEMA)
+    monkeypatch.undo()
+    annotate.run(rules, StageContext())
+    out = read_table(tmp_path / "rules" / "annotate_text").to_pylist()
+    assert {(r["judge_attempts"], r["judge_cached"], r["judge_tokens_in"], r["judge_tokens_out"]) for r in out} == {
+        (0, None, 0, 0)}

@@ -80,6 +80,51 @@ def test_rollout_rows_and_resume_after_a_crash(tmp_path, monkeypatch):
     assert read_table(crashed.data_path("rollout_nethack")).equals(table)
 
 
+def test_evaluate_keeps_replays_of_its_first_episodes_and_resumes(tmp_path, monkeypatch):
+    """evaluate-nethack records every step (and terminal frame) of each policy's first replay_episodes episodes, as
+    rollout-nethack records its steps, beside the per-episode summaries; a run killed between the two parts of a
+    chunk resumes to the same tables."""
+    from pipeline.core.artifacts import ChunkedDataset
+    from pipeline.nethack.play import REPLAY_STEP_SCHEMA, TTY_SIZE
+
+    args = ["evaluate_nethack.policies=[random]", "evaluate_nethack.episodes=3", "evaluate_nethack.replay_episodes=2",
+            "evaluate_nethack.max_episode_steps=60"]
+    whole = make_params(tmp_path / "whole", *args)
+    metrics = execute("evaluate-nethack", whole).metrics
+    episodes = read_table(whole.data_path("evaluate_nethack"))
+    steps = read_table(whole.data_path("evaluate_nethack_replays"))
+    assert steps.schema == REPLAY_STEP_SCHEMA and metrics["replay_steps"] == steps.num_rows
+    rows = steps.to_pylist()
+    assert {r["episode"] for r in rows} == {0, 1} and {r["policy"] for r in rows} == {"random"}
+    for e in episodes.to_pylist()[:2]:  # each replay is its whole episode: step 0 (the reset) to the last step
+        mine = [r for r in rows if r["episode"] == e["episode"]]
+        assert [r["step"] for r in mine] == list(range(e["length"] + 1)) and mine[-1]["done"]
+        assert sum(r["reward"] for r in mine) == pytest.approx(e["return"])
+    assert all(len(r["tty_chars"]) == TTY_SIZE for r in rows)
+    assert rows[0]["tty_chars"][:80].decode("latin-1").strip() == rows[0]["message"].strip()[:80]
+    no_replays = make_params(tmp_path / "none", *args, "evaluate_nethack.replay_episodes=0")
+    execute("evaluate-nethack", no_replays)
+    assert read_table(no_replays.data_path("evaluate_nethack")).equals(episodes)  # recording changes no outcome
+    assert read_table(no_replays.data_path("evaluate_nethack_replays")).num_rows == 0
+
+    crashed = make_params(tmp_path / "crashed", *args)
+    real = ChunkedDataset.write_part
+
+    def killed_after_the_replays(self, index, rows, schema=None):
+        if self.final.name == "evaluate_nethack":
+            raise KeyboardInterrupt
+        return real(self, index, rows, schema)
+
+    monkeypatch.setattr(ChunkedDataset, "write_part", killed_after_the_replays)
+    with pytest.raises(KeyboardInterrupt):
+        execute("evaluate-nethack", crashed)
+    assert len(read_manifest(crashed.data_path("evaluate_nethack_replays"))["parts"]) == 1
+    monkeypatch.setattr(ChunkedDataset, "write_part", real)
+    execute("evaluate-nethack", crashed)
+    assert read_table(crashed.data_path("evaluate_nethack")).equals(episodes)
+    assert read_table(crashed.data_path("evaluate_nethack_replays")).equals(steps)
+
+
 def test_embedding_annotator_is_the_default(chain):
     rows = read_table(chain.data_path("annotate_nethack")).to_pylist()
     assert len(rows) == 600
@@ -90,6 +135,7 @@ def test_embedding_annotator_is_the_default(chain):
             assert (r["label"], r["raw"]) == ("TIE", "")  # no call for identical captions
         else:
             assert r["raw"].startswith("similarity")
+        assert (r["attempts"], r["cached"], r["tokens_in"], r["tokens_out"]) == (0, None, 0, 0)  # no LLM request
     metrics = json.loads((chain.metrics_path("stages") / "annotate-nethack.json").read_text())
     assert metrics["labels/unknown"] == 0 and metrics["pairs"] == 600
 
@@ -122,7 +168,8 @@ def test_annotate_rerun_asks_only_the_unknown_rows(chain, tmp_path):
     before = read_table(out).to_pylist()
     unknown = [r for r in before if r["label"] == "UNKNOWN"]
     assert unknown and first.metrics["labels/unknown"] == len(unknown)
-    assert all("[retry]" in r["raw"] for r in unknown)  # one retry turn was tried
+    assert all("[retry]" in r["raw"] and r["attempts"] == 2 for r in unknown)  # one retry turn was tried
+    assert {r["attempts"] for r in before if r["label"] != "UNKNOWN"} <= {0, 1, 2}
 
     judge = FakeJudge()
     second = run_annotate(params, judge)
@@ -133,6 +180,8 @@ def test_annotate_rerun_asks_only_the_unknown_rows(chain, tmp_path):
         assert a["pair"] == b["pair"]
         if b["label"] != "UNKNOWN":
             assert a == b  # answered rows untouched
+        else:
+            assert a["attempts"] >= 1 and a["cached"] is False  # what the rerun paid for it
 
 
 class FakeLabeller(ChatBackend):
@@ -173,6 +222,9 @@ def test_oni_labels_mode_labels_each_caption_once_and_derives_pair_preferences(c
         expected = "TIE" if first == second else ("FIRST" if first == "helpful" else "SECOND")
         assert r["label"] == expected
     assert {r["label"] for r in rows} >= {"TIE", "FIRST", "SECOND"}
+    # each caption's request is billed to the first pair of its chunk that shows it: the rows sum to the requests
+    assert sum(r["attempts"] for r in rows) == sum(len(b) for b in labeller.batches)
+    assert any(r["cached"] for r in rows) and any(r["cached"] is False for r in rows)
 
 
 def test_pairs_drop_unknown_and_keep_ties_as_half(tmp_path):

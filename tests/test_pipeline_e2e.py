@@ -50,6 +50,9 @@ def test_every_stage_produces_its_outputs(trained):
     assert {r["split"] for r in evaluated} == {"eval"}
     assert (trained / "metrics" / "plots" / "eval.png").stat().st_size > 1000
     assert (trained / "data" / "train_policy" / "dpo" / "model.safetensors").exists()
+    margins = read_rows(trained / "data" / "train_policy" / "dpo_margins")  # the trained policy's, on every pair
+    assert [m["pair"] for m in margins] == list(range(len(pairs)))
+    assert all(m["prefers_chosen"] == (m["implicit_margin"] > 0) for m in margins)
 
 
 def test_rollout_resumes_after_sigkill_with_identical_rows(trained, tmp_path):

@@ -40,6 +40,8 @@ def test_report_renders_offline_in_headless_chromium(tmp_path):
     plots.mkdir()
     (stages / "evaluate-text.json").write_text(json.dumps(EVAL_TEXT))
     (stages / "evaluate-nethack.json").write_text(json.dumps(EVAL_NETHACK))
+    (stages / "train-dpo.json").write_text(json.dumps({"dpo/pairs_scored": 40, "dpo/mean_implicit_margin": 0.375,
+                                                       "dpo/implicit_accuracy": 0.75}))
     (plots / "sft_loss.json").write_text(json.dumps([{"step": i, "loss": 3 / (i + 1)} for i in range(20)]))
     (plots / "rl-nethack.json").write_text(json.dumps(
         [{"variant": v, "env_steps": 100 * i, "return": k * i} for k, v in enumerate(["motif", "extrinsic"])
@@ -57,6 +59,8 @@ def test_report_renders_offline_in_headless_chromium(tmp_path):
     assert html.count("<svg") == 4  # eval bars, NetHack bars, two learning curves
     assert "<td>environment</td>" in html  # the LLM ledger
     assert "<td>0.0625</td>" in html  # base's binomial standard error, sqrt(.25 * .75 / 48)
+    assert "<h2>Text track: the DPO policy on its pairs</h2>" in html  # train-dpo's implicit reward margins
+    assert "<tr><td>40</td><td>0.375</td><td>0.75</td></tr>" in html
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium missing: `make test` installs it (Debian package `chromium`)"

@@ -133,3 +133,68 @@ def test_filtered_bc_clones_into_lora_adapters_only_when_asked(bootstrapped, tmp
         assert changed and all(k.endswith(".c_attn.weight") for k in changed), sorted(changed)
     else:
         assert any(".mlp." in k for k in changed), sorted(changed)
+
+
+def test_implicit_margin_by_hand():
+    from pipeline.models.training import implicit_margins
+
+    # β = 0.1: chosen gained 2 nats over the reference (-10 → -8), rejected lost 3 (-12 → -15): 0.1 · (2 + 3) = 0.5;
+    # the second pair moved the wrong way: 0.5 · ((-5 + 4) - (-3 + 4)) = -1
+    assert implicit_margins([-8.0, -5.0], [-15.0, -3.0], [-10.0, -4.0], [-12.0, -4.0], 0.1)[0] == pytest.approx(0.5)
+    assert implicit_margins([-5.0], [-3.0], [-4.0], [-4.0], 0.5) == [pytest.approx(-1.0)]
+
+
+def test_train_dpo_scores_every_pair_with_the_trained_policy_and_resumes_the_scoring(bootstrapped, tmp_path,
+                                                                                      monkeypatch):
+    """After training, train-dpo writes each pair's log-probs under the trained policy and its implicit reward margin
+    β·[(log π − log π_ref)(chosen) − (log π − log π_ref)(rejected)] (the reference: reflogprobs' stored log-probs);
+    a run killed while scoring keeps the finished chunks and does not train again."""
+    import stages.train_dpo as train_dpo
+    from pipeline.core.artifacts import read_manifest, read_table
+    from pipeline.core.runners import run_chunked
+    from pipeline.llm.hf import load_policy
+    from pipeline.models.training import sequence_logps
+
+    shutil.copytree(bootstrapped[0] / "data" / "bootstrap", tmp_path / "data" / "bootstrap")
+    scripted = read_rows(tmp_path / "data" / "bootstrap" / "scripted")[:12]
+    pairs = [{"group": r["group"], "task_id": r["task_id"], "prompt": r["conversation"][:2],
+              "chosen": r["conversation"][2:4], "rejected": scripted[(i + 1) % 12]["conversation"][2:4]}
+             for i, r in enumerate(scripted)]
+    run_chunked(tmp_path / "data" / "pairs_text" / "preferences", num_chunks=1, params_hash="hand-made",
+                make_chunk=lambda i: pairs)
+    params = params_at(tmp_path, "train_policy.dpo.init=base", "train_policy.dpo.beta=0.1",
+                       "train_policy.dpo.epochs=1", "train_policy.dpo.batch_size=4", "train_policy.dpo.lr=0.01",
+                       "train_policy.lora.enabled=false")
+    stage_module("reflogprobs").run(params, StageContext())
+    monkeypatch.setattr(train_dpo, "PAIRS_PER_CHUNK", 5)  # chunks of 5, 5 and 2 pairs
+    real_chunk, chunks = train_dpo.margin_chunk, []
+
+    def margin_chunk(*args):
+        chunks.append(args[-2])
+        if len(chunks) == 2:
+            raise Killed
+        return real_chunk(*args)
+
+    monkeypatch.setattr(train_dpo, "margin_chunk", margin_chunk)
+    with pytest.raises(Killed):
+        stage_module("train-dpo").run(params, StageContext())
+    margins = tmp_path / "data" / "train_policy" / "dpo_margins"
+    assert len(read_manifest(margins)["parts"]) == 1
+    metrics = stage_module("train-dpo").run(params, StageContext()).metrics
+    assert chunks == [0, 1, 1, 2] and "dpo/pairs" not in metrics  # trained once; the finished chunk kept
+
+    rows = read_table(margins).to_pylist()
+    ref = read_rows(tmp_path / "data" / "reflogprobs")
+    assert [r["pair"] for r in rows] == list(range(12)) and [r["task_id"] for r in rows] == [p["task_id"] for p in ref]
+    policy, _ = load_policy(tmp_path / "data" / "train_policy" / "dpo")
+    chosen = sequence_logps(policy, [(p["prompt_ids"], p["chosen_ids"], p["chosen_mask"]) for p in ref])
+    rejected = sequence_logps(policy, [(p["prompt_ids"], p["rejected_ids"], p["rejected_mask"]) for p in ref])
+    for r, p, c, j in zip(rows, ref, chosen, rejected, strict=True):
+        assert r["policy_chosen_logps"] == pytest.approx(c, abs=1e-3)
+        assert r["policy_rejected_logps"] == pytest.approx(j, abs=1e-3)
+        expected = 0.1 * ((c - p["ref_chosen_logps"]) - (j - p["ref_rejected_logps"]))
+        assert r["implicit_margin"] == pytest.approx(expected, abs=1e-3) and r["prefers_chosen"] == (expected > 0)
+    assert any(abs(r["implicit_margin"]) > 1e-3 for r in rows)  # training moved the policy off its reference
+    assert metrics["dpo/mean_implicit_margin"] == pytest.approx(sum(r["implicit_margin"] for r in rows) / 12)
+    assert metrics["dpo/implicit_accuracy"] == sum(r["prefers_chosen"] for r in rows) / 12
+    assert metrics["dpo/pairs_scored"] == 12

@@ -20,10 +20,11 @@ import pytest
 from conftest import curio, make_project
 
 from pipeline.breakdown import paired_difference, paired_rows, success_by, task_means
+from pipeline.core.artifacts import dataset_hash
 from pipeline.core.runners import run_chunked
 from pipeline.core.samples import log_samples, sample_indices
 from pipeline.nethack.play import EPISODE_SCHEMA as NETHACK_EPISODE_SCHEMA
-from pipeline.nethack.play import FRAME_STEP_SCHEMA, TTY_SIZE
+from pipeline.nethack.play import FRAME_STEP_SCHEMA, REPLAY_STEP_SCHEMA, TTY_SIZE
 from pipeline.text.multiturn_pairs import MULTITURN_PAIR_SCHEMA
 from pipeline.text.play import EPISODE_SCHEMA
 from pipeline.viewer import KEYFRAME, frame_deltas
@@ -124,7 +125,14 @@ def write_datasets(data: Path) -> None:
     write(data / "evaluate_text", eps, EPISODE_SCHEMA)
     annotated = pa.Table.from_pylist(eps, EPISODE_SCHEMA)
     annotated = annotated.append_column("judge_label", pa.array(["VALID", "NOTVALID"] * 12))
-    write(data / "annotate_text", annotated.append_column("judge_raw", pa.array(["<VALID> ok"] * 24)))
+    annotated = annotated.append_column("judge_raw", pa.array(["<VALID> ok"] * 24))
+    # what each verdict cost: odd rows were sent (1 attempt, row 5 retried twice), even ones came from the cache
+    for name, values in {"judge_attempts": [(3 if i == 5 else 1) if i % 2 else 0 for i in range(24)],
+                         "judge_cached": [not i % 2 for i in range(24)],
+                         "judge_tokens_in": [100 + i if i % 2 else 0 for i in range(24)],
+                         "judge_tokens_out": [7 if i % 2 else 0 for i in range(24)]}.items():
+        annotated = annotated.append_column(name, pa.array(values))
+    write(data / "annotate_text", annotated)
     msgs = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Guess."}]
     pairs = [{"group": "wordle", "task_id": f"t{i}", "prompt": msgs,
               "chosen": [{"role": "assistant", "content": "<Answer>crane</Answer>"}],
@@ -132,10 +140,20 @@ def write_datasets(data: Path) -> None:
               "candidates": 3, "chosen_reward": 0.75, "rejected_reward": 0.25, "mean_rewards": [0.75, 0.5, 0.25]}
              for i in range(5)]
     write(data / "pairs_text" / "preferences", pairs, MULTITURN_PAIR_SCHEMA)
+    scored = [p | {"ref_chosen_logps": -4.5, "ref_rejected_logps": -7.25} for p in pairs]
+    write(data / "reflogprobs", scored)
+    # train-dpo's scores: pair i's implicit margin is 0.1 · ((c + 4.5) − (j + 7.25)), c and j by hand below
+    chosen, rejected = [-4.0, -5.0, -3.0, -4.5, -6.0], [-8.0, -6.0, -9.25, -7.25, -7.0]
+    margins = [{"pair": i, "group": "wordle", "task_id": f"t{i}", "policy_chosen_logps": c, "policy_rejected_logps": j,
+                "implicit_margin": 0.1 * ((c + 4.5) - (j + 7.25)), "prefers_chosen": (c + 4.5) > (j + 7.25)}
+               for i, (c, j) in enumerate(zip(chosen, rejected, strict=True))]
+    run_chunked(data / "train_policy" / "dpo_margins", num_chunks=1, make_chunk=lambda _: margins, params_hash="h",
+                upstream={"pairs": dataset_hash(data / "reflogprobs")})
     write(data / "annotate_nethack", [{"pair": i, "episode_first": 0, "step_first": i,
                                        "caption_first": "You see a newt.",
                                        "episode_second": 1, "step_second": i, "caption_second": "It's a wall.",
-                                       "label": ["FIRST", "SECOND", "TIE"][i % 3], "raw": "similarity 0.1 / 0.2"}
+                                       "label": ["FIRST", "SECOND", "TIE"][i % 3], "raw": "similarity 0.1 / 0.2",
+                                       "attempts": 0, "cached": None, "tokens_in": 0, "tokens_out": 0}
                                       for i in range(6)])
     frames = moving_frames(40)
     steps = pa.table({"episode": pa.array([0] * 40, pa.int32()), "step": pa.array(range(40), pa.int32()),
@@ -159,6 +177,11 @@ def write_datasets(data: Path) -> None:
     write(data / "evaluate_nethack", [{"policy": p, "episode": e, "seed": e, "return": 1.0 * e, "score": 3 * e,
                                        "depth": 1, "length": 100, "success": False, "end_status": 1}
                                       for p in ("random", "motif") for e in range(3)], NETHACK_EPISODE_SCHEMA)
+    # evaluate-nethack kept every step of episode 1 of each policy (the '@' walks one column a step)
+    replays = pa.concat_tables([steps.slice(0, 12).set_column(0, "episode", pa.array([1] * 12, pa.int32()))
+                                .add_column(0, "policy", pa.array([p] * 12)) for p in ("random", "motif")])
+    replays = replays.cast(REPLAY_STEP_SCHEMA)
+    write(data / "evaluate_nethack_replays", replays, REPLAY_STEP_SCHEMA)
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
@@ -258,17 +281,47 @@ def test_every_page_kind_renders_filters_and_replays_offline(pages, tmp_path):
     assert re.search(r'<b id="stepno">7</b>', dom)
     dom = dump_dom(pages["rollout-nethack"], "row=0&step=10", netlog)
     assert "You see a newt." in dom and "0.5" in dom  # the message and its r̃ (intrinsic beside extrinsic)
-    # pairs: shared prefix, chosen and rejected side by side
+    # pairs: shared prefix, chosen and rejected side by side, the reference's and the trained policy's log-probs
     dom = dump_dom(pages["pairs-text"], "row=2", netlog)
     assert "shared prefix (2 messages)" in dom and "chosen · score 0.7500" in dom and "rejected · score 0.2500" in dom
+    assert "ref log-prob -4.500 · trained log-prob -3</h3>" in dom  # pair 2: c = -3, j = -9.25
+    # margin 0.1 · ((-3 + 4.5) − (-9.25 + 7.25)) = 0.1 · (1.5 + 2) = 0.35
+    assert "<td>implicit reward margin</td><td>0.3500</td>" in dom
+    assert "<td>implicit reward prefers chosen</td><td>true</td>" in dom
+    # sorted by the margin, largest first (read back from the list)
+    dom = dump_dom(pages["pairs-text"], "sort=-implicit_margin", netlog)
+    margins = [0.1 * ((c + 4.5) - (j + 7.25)) for c, j in [(-4.0, -8.0), (-5.0, -6.0), (-3.0, -9.25), (-4.5, -7.25),
+                                                             (-6.0, -7.0)]]
+    assert [int(i) for i in re.findall(r'<tr data-i="(\d+)"', dom)] == sorted(range(5), key=lambda i: -margins[i])
+    assert "implicit_margin ▼" in dom
+    dom = dump_dom(pages["pairs-text"], "prefers_chosen=false", netlog)
+    assert [int(i) for i in re.findall(r'<tr data-i="(\d+)"', dom)] == [i for i in range(5) if margins[i] <= 0]
     # annotations
     dom = dump_dom(pages["annotate-text"], "label=NOTVALID", netlog)
     assert set(re.findall(r'<tr data-i="(\d+)"', dom)) == {str(i) for i in range(1, 24, 2)}
     assert "rules check" in pages["annotate-text"].read_text()
+    # each row's cost: attempts, cache hit, tokens; sortable and filterable like the other columns
+    dom = dump_dom(pages["annotate-text"], "row=5", netlog)
+    assert all(cell in dom for cell in ("<td>attempts</td><td>3</td>", "<td>cached</td><td>false</td>",
+                                        "<td>tokens in</td><td>105</td>", "<td>tokens out</td><td>7</td>"))
+    dom = dump_dom(pages["annotate-text"], "cached=false&sort=-tokens_in", netlog)
+    assert [int(i) for i in re.findall(r'<tr data-i="(\d+)"', dom)] == list(range(23, 0, -2))
+    assert "per stage, not per row" not in pages["annotate-text"].read_text()
     dom = dump_dom(pages["annotate-nethack"], "row=1", netlog)
     assert "It's a wall." in dom and "SECOND" in dom
+    assert "<td>cached</td><td>no request</td>" in dom and "<td>attempts</td><td>0</td>" in dom  # the embedding model
     dom = dump_dom(pages["evaluate-nethack"], "policy=motif", netlog)
     assert len(re.findall(r'<tr data-i="\d+"', dom)) == 3
+    # evaluate-nethack's replays: motif's episode 1 (row 4) at step 7, the '@' in column 7 of row 5
+    dom = dump_dom(pages["evaluate-nethack"], "replayed=yes", netlog)
+    assert re.findall(r'<tr data-i="(\d+)"', dom) == ["1", "4"]
+    dom = dump_dom(pages["evaluate-nethack"], "row=4&step=7", netlog)
+    screen = re.search(r'<pre id="screen">(.*?)</pre>', dom, re.S)[1].split("\n")
+    assert screen[0].startswith("step 000007") and screen[5].index("@") == 7 and "<td>motif</td>" in dom
+    assert "You see a newt." in dom and re.search(r'<b id="stepno">7</b>', dom)
+    dom = dump_dom(pages["evaluate-nethack"], "row=0", netlog)
+    page = dom.split("<script")[0]  # the rendered page, not the script's source
+    assert "kept no steps of this episode" in page and 'id="screen"' not in page
 
 
 def test_screenshots_of_each_page_kind(pages, tmp_path):
@@ -379,5 +432,36 @@ def test_paprika_pairs_with_reference_log_probs(tmp_path):
     [shown] = data["rows"]
     assert (shown["chosen_turns"], shown["rejected_turns"], shown["rejected_success"]) == (3, 6, False)
     assert shown["ref_margin"] == 2.75 and "prompt_ids" not in shown  # -4.5 - (-7.25)
-    assert data["columns"] == ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
-    assert "PAPRIKA" in data["notes"][1]
+    assert data["columns"] == ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success", "ref_margin"]
+    assert "PAPRIKA" in data["notes"][1] and "appears once train-dpo has run" in data["notes"][1]
+    # train-dpo's margins join only when they score these very pairs (their upstream hash)
+    margin = {"pair": 0, "group": "wordle", "task_id": "t0", "policy_chosen_logps": -4.0, "policy_rejected_logps": -8.0,
+              "implicit_margin": 0.1 * ((-4.0 + 4.5) - (-8.0 + 7.25)), "prefers_chosen": True}
+    for pairs_hash, joined in (("other pairs", False), (dataset_hash(tmp_path / "reflogprobs"), True)):
+        run_chunked(tmp_path / "train_policy" / "dpo_margins", num_chunks=1, make_chunk=lambda _: [margin],
+                    params_hash="h", upstream={"pairs": pairs_hash})
+        [shown] = page_data(spec, tmp_path / "reflogprobs", tmp_path)["rows"]
+        assert ("implicit_margin" in shown) == joined
+        assert ("implicit_margin" in page_data(spec, tmp_path / "reflogprobs", tmp_path)["columns"]) == joined
+    assert shown["implicit_margin"] == pytest.approx(0.125) and shown["prefers_chosen"]  # 0.1 · (0.5 + 0.75)
+
+
+def test_pages_of_datasets_without_the_new_columns_say_so(tmp_path):
+    """An annotation dataset written before the stages kept per-row cost, and an evaluation whose replays dataset is
+    empty (replay_episodes = 0): the pages show what there is and say why the rest is missing."""
+    from pipeline.viewer import PAGES, page_data
+
+    spec = {p.stage: p for p in PAGES}
+    write(tmp_path / "annotate_nethack", [{"pair": 0, "episode_first": 0, "step_first": 1, "caption_first": "a",
+                                           "episode_second": 0, "step_second": 2, "caption_second": "b",
+                                           "label": "FIRST", "raw": "similarity 1=0.3 2=0.1"}])
+    data = page_data(spec["annotate-nethack"], tmp_path / "annotate_nethack", tmp_path)
+    assert "attempts" not in data["columns"] and "cached" not in data["filters"]
+    assert any("no per-row cost columns" in n for n in data["notes"])
+    write(tmp_path / "evaluate_nethack", [{"policy": "random", "episode": 0, "seed": 0, "return": 0.0, "score": 0,
+                                           "depth": 1, "length": 10, "success": False, "end_status": 1}],
+          NETHACK_EPISODE_SCHEMA)
+    write(tmp_path / "evaluate_nethack_replays", pa.table({f.name: pa.array([], f.type) for f in REPLAY_STEP_SCHEMA}),
+          REPLAY_STEP_SCHEMA)
+    data = page_data(spec["evaluate-nethack"], tmp_path / "evaluate_nethack", tmp_path)
+    assert [r["replayed"] for r in data["rows"]] == ["no"] and any(n.startswith("No replays") for n in data["notes"])

@@ -63,6 +63,25 @@ COLUMNS: dict[str, str] = {
     "rejected": "dispreferred continuation",
     "ref_chosen_logps": "reference policy's summed log-probability of chosen (DPO, computed once)",
     "ref_rejected_logps": "reference policy's summed log-probability of rejected",
+    # train-dpo's scores of the pairs (stages/train_dpo.py)
+    "policy_chosen_logps": "the DPO-trained policy's summed log-probability of chosen (assistant tokens)",
+    "policy_rejected_logps": "the DPO-trained policy's summed log-probability of rejected",
+    "implicit_margin": "DPO's implicit reward margin: beta * ((policy - ref log-prob of chosen) - (policy - ref "
+                       "log-prob of rejected))",
+    "prefers_chosen": "the implicit reward ranks chosen above rejected (implicit_margin > 0)",
+    "tty_chars": "NLE's terminal of this observation: 24 x 80 characters, row by row",
+    # what an annotation's LLM requests cost (pipeline.llm.ledger.Usage), in the run that wrote the row
+    "judge_label": "the judge's verdict: VALID / NOTVALID / UNKNOWN",
+    "judge_raw": "the judge's raw answer (or the request's failure)",
+    "attempts": "sends to the LLM backend for this row, its retries included (0: no request of its own)",
+    "judge_attempts": "sends to the judge's backend for this row, its retries included (0: no request of its own)",
+    "cached": "answered without a send (response cache, or the same request in the batch); null: no LLM request",
+    "judge_cached": "the verdict came without a send (response cache, or the same request in the batch); null: no "
+                    "LLM request",
+    "tokens_in": "prompt tokens of this row's sends (0 when cached)",
+    "tokens_out": "generated tokens of this row's sends (0 when cached)",
+    "judge_tokens_in": "prompt tokens of the judge's sends for this row (0 when cached)",
+    "judge_tokens_out": "generated tokens of the judge's sends for this row (0 when cached)",
 }
 
 

@@ -30,6 +30,7 @@ OUTS: dict[str, str] = {
     "train_policy/sft": "train-sft",
     "reflogprobs": "reflogprobs",
     "train_policy/dpo": "train-dpo",
+    "train_policy/dpo_margins": "train-dpo",
     "rl_text": "rl-text",
     "evaluate_text": "evaluate-text",
     "rollout_nethack": "rollout-nethack",
@@ -38,4 +39,5 @@ OUTS: dict[str, str] = {
     "reward_model": "train-reward",
     "rl_nethack": "rl-nethack",
     "evaluate_nethack": "evaluate-nethack",
+    "evaluate_nethack_replays": "evaluate-nethack",
 }

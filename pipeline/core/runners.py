@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from pipeline.core.artifacts import ChunkedDataset
+from pipeline.core.artifacts import SCHEMA_VERSION, ChunkedDataset
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -207,18 +207,32 @@ def run_chunked(
     schema: pa.Schema | None = None,
     desc: str = "chunks",
     on_chunk: Callable[[int], None] | None = None,
+    schema_version: int = SCHEMA_VERSION,
+    companions: Sequence[tuple[str | Path, pa.Schema | None]] = (),
 ) -> ChunkedDataset:
     """Compute the missing chunks of a dataset (resuming), then mark it complete.
 
     ``make_chunk(index)`` must be deterministic given the index (derive its seed with :func:`chunk_seed`). A
     :class:`ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
     process writes each part as it comes back); a plain callable runs here, chunk after chunk.
+
+    ``schema_version``: the rows' format; a dataset written in another is recomputed, not resumed.
+    ``companions``: (path, schema) of datasets that every chunk also adds a part to (its rows of another shape:
+    one pass over the work, two tables); ``make_chunk`` then returns ``(rows, companion rows, …)``. A chunk is
+    finished when every dataset holds its part; companion parts are written first.
     """
-    ds = ChunkedDataset(path, params_hash=params_hash, upstream=upstream)
-    todo = [i for i in range(num_chunks) if i not in ds.finished()]
+    ds = ChunkedDataset(path, params_hash=params_hash, upstream=upstream, schema_version=schema_version)
+    others = [(ChunkedDataset(p, params_hash=params_hash, upstream=upstream, schema_version=schema_version), s)
+              for p, s in companions]
+    done = set.intersection(ds.finished(), *(o.finished() for o, _ in others))
+    todo = [i for i in range(num_chunks) if i not in done]
     runner = active_runner()
     with tqdm(total=num_chunks, initial=num_chunks - len(todo), desc=desc, unit="chunk") as bar:
-        def write(index: int, rows: Sequence[dict] | pa.Table) -> None:
+        def write(index: int, rows: Any) -> None:
+            if others:
+                rows, *extra = rows
+                for (other, other_schema), other_rows in zip(others, extra, strict=True):
+                    other.write_part(index, other_rows, other_schema)
             ds.write_part(index, rows, schema)
             bar.update(1)
             if on_chunk is not None:
@@ -237,5 +251,7 @@ def run_chunked(
         else:
             for index in todo:
                 write(index, make_chunk(index))
+    for other, _ in others:
+        other.mark_complete(num_chunks)
     ds.mark_complete(num_chunks)
     return ds

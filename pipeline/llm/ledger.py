@@ -3,10 +3,43 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeline.llm.base import Generation
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the requests behind one answer (one dataset row) cost, counted as the :class:`Ledger` counts them: summed
+    over a stage's rows the attempts are the ledger's ``sent + retries`` and the tokens its ``tokens_in`` /
+    ``tokens_out``."""
+
+    attempts: int = 0  # sends to the backend, the backend's retries included (0: no request of its own)
+    cached: bool | None = None  # answered without a send: the response cache, or the same request in the same
+    # batch or in flight; None: no request at all (a program's or the embedding model's answer, a rule's default)
+    tokens_in: int = 0  # prompt tokens of the sends (0 for a cached answer: the ledger counts only what was sent)
+    tokens_out: int = 0  # generated tokens of the sends
+
+    @classmethod
+    def of(cls, generation: Generation) -> Usage:
+        """The usage of one answer of a chat backend (``CachedBackend`` marks what it did not send as cached)."""
+        if generation.cached:
+            return cls(cached=True)
+        return cls(attempts=1 + int(generation.meta.get("retries", 0)), cached=False,
+                   tokens_in=generation.tokens_in, tokens_out=generation.tokens_out)
+
+    def shared(self) -> Usage:
+        """The same answer used again by another row: no send of its own."""
+        return self if self.cached is None else Usage(cached=True)
+
+    def __add__(self, other: Usage) -> Usage:
+        """Two requests behind one row: cached only when neither was sent."""
+        cached = other.cached if self.cached is None else self.cached if other.cached is None else (
+            self.cached and other.cached)
+        return replace(self, attempts=self.attempts + other.attempts, cached=cached,
+                       tokens_in=self.tokens_in + other.tokens_in, tokens_out=self.tokens_out + other.tokens_out)
 
 
 class Ledger:

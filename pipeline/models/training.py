@@ -243,6 +243,14 @@ def sequence_logps(model, sequences: list[tuple[list[int], list[int], list[int]]
     return out
 
 
+def implicit_margins(policy_chosen: list[float], policy_rejected: list[float], ref_chosen: list[float],
+                     ref_rejected: list[float], beta: float) -> list[float]:
+    """DPO's implicit reward margin of each pair, β·[(log π − log π_ref)(chosen) − (log π − log π_ref)(rejected)],
+    from summed log-probs (:func:`sequence_logps`; what TRL logs as ``rewards/margins``)."""
+    return [beta * ((c - rc) - (j - rj))
+            for c, j, rc, rj in zip(policy_chosen, policy_rejected, ref_chosen, ref_rejected, strict=True)]
+
+
 @dataclass
 class _MaskedPreferenceCollator:
     """TRL's preference collator, but the completion mask is the stored assistant-only mask."""

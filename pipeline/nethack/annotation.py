@@ -11,17 +11,25 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.cache import CachedBackend, ask
 from pipeline.llm.embedding import EmbeddingBackend
-from pipeline.llm.ledger import Ledger
+from pipeline.llm.ledger import Ledger, Usage
 from pipeline.llm.prompts import load_prompt, render
 
 PreferenceLabel = Literal["FIRST", "SECOND", "TIE", "UNKNOWN"]
 MessageLabel = Literal["helpful", "unhelpful", "UNKNOWN"]
 _prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
+
+
+class Annotation(NamedTuple):
+    """One answer: the parsed label, the raw text (or the failure), what its requests cost."""
+
+    label: str
+    raw: str
+    usage: Usage = Usage()
 
 
 # -- Motif pairwise preference ------------------------------------------------------------------------------
@@ -125,18 +133,18 @@ def annotate_preferences(
     sampling: Sampling | None = None,
     *,
     tie_margin: float = 1e-3,
-) -> list[tuple[PreferenceLabel, str]]:
-    """(label, raw answer) per caption pair: FIRST / SECOND / TIE / UNKNOWN.
+) -> list[Annotation]:
+    """(label, raw answer, usage) per caption pair: FIRST / SECOND / TIE / UNKNOWN.
 
     Identical captions are TIE without a call. An unparseable answer gets one retry turn appended; still
-    unparseable → UNKNOWN, raw = both answers joined by ``[retry]``. With the embedding backend the caption
-    closer to the goal sentence wins; similarities within ``tie_margin`` are a TIE.
+    unparseable → UNKNOWN, raw = both answers joined by ``[retry]`` (its usage counts both requests). With the
+    embedding backend the caption closer to the goal sentence wins; similarities within ``tie_margin`` are a TIE.
     """
-    results: list[tuple[PreferenceLabel, str] | None] = [None] * len(pairs)
+    results: list[Annotation | None] = [None] * len(pairs)
     asked = []
     for i, (a, b) in enumerate(pairs):
         if a.strip() == b.strip():
-            results[i] = ("TIE", "")
+            results[i] = Annotation("TIE", "")
         else:
             asked.append(i)
     if isinstance(backend, EmbeddingBackend):
@@ -146,7 +154,7 @@ def annotate_preferences(
         s2 = backend.similarity([pairs[i][1] for i in asked], goal_text)
         for i, x, y in zip(asked, s1, s2, strict=True):
             label: PreferenceLabel = "TIE" if abs(x - y) <= tie_margin else ("FIRST" if x > y else "SECOND")
-            results[i] = (label, f"similarity 1={x:.4f} 2={y:.4f}")
+            results[i] = Annotation(label, f"similarity 1={x:.4f} 2={y:.4f}")
         return [r for r in results if r is not None]
 
     sampling = sampling or PREFERENCE_SAMPLING
@@ -156,7 +164,7 @@ def annotate_preferences(
     retry: list[int] = []
     for i, g in first.items():
         label = parse_preference(g.text) if g.error is None else "UNKNOWN"
-        results[i] = (label, _raw(g))
+        results[i] = Annotation(label, _raw(g), Usage.of(g))
         if label == "UNKNOWN" and g.error is None and not g.meta.get("given_up"):  # a given-up row stays put
             retry.append(i)
     if retry:
@@ -171,7 +179,9 @@ def annotate_preferences(
         resolved = []
         for i, g in zip(retry, ask(backend, follow_ups, sampling, _preference_parses), strict=True):
             label = parse_preference(g.text) if g.error is None else "UNKNOWN"
-            results[i] = (label, results[i][1] + RETRY_SEPARATOR + _raw(g))  # type: ignore[index]
+            before = results[i]
+            assert before is not None
+            results[i] = Annotation(label, before.raw + RETRY_SEPARATOR + _raw(g), before.usage + Usage.of(g))
             if label != "UNKNOWN":
                 resolved.append(i)
         if resolved and isinstance(backend, CachedBackend):  # the first answer led to a label: replay it
@@ -179,7 +189,7 @@ def annotate_preferences(
     out = [r for r in results if r is not None]
     ledger = _ledger(backend)
     if ledger is not None:
-        ledger.count_unknown(sum(label == "UNKNOWN" for label, _ in out))
+        ledger.count_unknown(sum(a.label == "UNKNOWN" for a in out))
     return out
 
 
@@ -190,23 +200,23 @@ def label_messages(
     *,
     goal: str = "defaultgoal",
     threshold: float = 0.2,
-) -> list[tuple[MessageLabel, str]]:
-    """(label, raw answer) per message: helpful / unhelpful / UNKNOWN.
+) -> list[Annotation]:
+    """(label, raw answer, usage) per message: helpful / unhelpful / UNKNOWN.
 
     Empty messages are unhelpful without a call. Only a final ``<label>…</label>`` tag counts. With the
     embedding backend a message is helpful when its cosine with the goal sentence exceeds ``threshold``
     (with all-MiniLM-L6-v2 and the default goal, "You kill the newt!" scores 0.23, "It's a wall." 0.07).
     """
-    results: list[tuple[MessageLabel, str] | None] = [None] * len(messages)
+    results: list[Annotation | None] = [None] * len(messages)
     asked = [i for i, m in enumerate(messages) if m.strip()]
     for i, m in enumerate(messages):
         if not m.strip():
-            results[i] = ("unhelpful", "")
+            results[i] = Annotation("unhelpful", "")
     if isinstance(backend, EmbeddingBackend):
         goal_text = nethack_goal(goal)["embedding"]
         sims = backend.similarity([messages[i] for i in asked], goal_text)
         for i, s in zip(asked, sims, strict=True):
-            results[i] = ("helpful" if s > threshold else "unhelpful", f"similarity={s:.4f}")
+            results[i] = Annotation("helpful" if s > threshold else "unhelpful", f"similarity={s:.4f}")
         return [r for r in results if r is not None]
 
     conversations = [message_label_messages(messages[i], goal=goal) for i in asked]
@@ -214,7 +224,7 @@ def label_messages(
     for i, g in zip(asked, ask(backend, conversations, sampling or LABEL_SAMPLING, _label_parses), strict=True):
         label = parse_message_label(g.text) if g.error is None else "UNKNOWN"
         unknown += label == "UNKNOWN"
-        results[i] = (label, _raw(g))
+        results[i] = Annotation(label, _raw(g), Usage.of(g))
     ledger = _ledger(backend)
     if ledger is not None:
         ledger.count_unknown(unknown)

@@ -215,3 +215,7 @@ class EvaluateNetHackConfig(Section):
     )
     parallel_envs: int = Field(8, ge=1, description="envs stepped together (one batched policy call)")
     deterministic: bool = Field(False, description="argmax actions instead of sampling")
+    replay_episodes: int = Field(
+        3, ge=0, description="episodes per policy (the first ones, the same seeds for every policy) whose steps and "
+        "terminal frames are kept in data/evaluate_nethack_replays for the report's replay page; 0 = none",
+    )

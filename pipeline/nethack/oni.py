@@ -385,7 +385,7 @@ class OnlineAnnotator:
         self.batches += 1
         rows = []
         failed = 0
-        for m, (label, raw) in zip(batch, answers, strict=True):
+        for m, (label, raw, _) in zip(batch, answers, strict=True):
             if label == "UNKNOWN" and raw.startswith(FAILED):
                 failed += 1
                 continue

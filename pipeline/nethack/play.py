@@ -38,6 +38,8 @@ STEP_SCHEMA = pa.schema(
 #: Steps with the terminal each observation showed: ``tty_chars``, NLE's 24 x 80 characters row by row (what a
 #: replay draws; consecutive frames differ in a few characters, which Parquet's compression finds).
 FRAME_STEP_SCHEMA = STEP_SCHEMA.append(pa.field("tty_chars", pa.binary(TTY_SIZE)))
+#: evaluate-nethack's replays: the steps of several policies' episodes (the same seeds), each row naming its policy.
+REPLAY_STEP_SCHEMA = pa.schema([pa.field("policy", pa.string()), *FRAME_STEP_SCHEMA])
 
 EPISODE_SCHEMA = pa.schema(
     [

@@ -19,7 +19,7 @@ from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm.base import ChatBackend, Conversation, Sampling
 from pipeline.llm.cache import ask
 from pipeline.llm.config import LLMConfig
-from pipeline.llm.ledger import Ledger
+from pipeline.llm.ledger import Ledger, Usage
 from pipeline.llm.prompts import load_prompt, render
 from pipeline.text.config import RULES_MODELS
 
@@ -71,6 +71,7 @@ class JudgeItem:
 class Verdict:
     label: Literal["VALID", "NOTVALID", "UNKNOWN"]
     raw: str
+    usage: Usage = Usage()  # what asking cost (nothing for a program's verdict or a win never claimed)
 
 
 class Judge:
@@ -145,9 +146,10 @@ class LLMJudge(Judge):
             label = parse_verdict(g.text) if g.error is None else None
             if label is None:
                 self.ledger.count_unknown()
-                verdicts[i] = Verdict("UNKNOWN", g.text if g.error is None else f"[request failed] {g.error}")
+                verdicts[i] = Verdict("UNKNOWN", g.text if g.error is None else f"[request failed] {g.error}",
+                                      Usage.of(g))
             else:
-                verdicts[i] = Verdict(label, g.text)
+                verdicts[i] = Verdict(label, g.text, Usage.of(g))
         return [v for v in verdicts if v is not None]
 
     def close(self) -> None:

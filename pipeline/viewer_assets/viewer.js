@@ -1,6 +1,7 @@
 // The dataset page's script (pipeline/viewer.py inlines it, after `const KEYFRAME = …`). The rows are the JSON in
-// #data; the filters, the selected row, the list page and the replay step live in location.hash
-// (URLSearchParams syntax), so every view has a link and the page can be driven without clicking.
+// #data; the filters, the sort column (`sort=col`, `sort=-col` descending), the selected row, the list page and the
+// replay step live in location.hash (URLSearchParams syntax), so every view has a link and the page can be driven
+// without clicking.
 const D = JSON.parse(document.getElementById('data').textContent);
 const PER = 100;  // rows per list page
 const $ = (s) => document.querySelector(s);
@@ -29,9 +30,25 @@ function setState(key, value) {
   location.hash = s.toString();
 }
 
+// Numbers (and booleans) by value, text alphabetically; empty cells last whichever the direction.
+function compare(a, b) {
+  const empty = (v) => v == null || v === '';
+  if (empty(a) || empty(b)) return empty(a) - empty(b);
+  if (typeof a === 'boolean') a = +a;
+  if (typeof b === 'boolean') b = +b;
+  return typeof a === 'number' && typeof b === 'number' ? a - b : String(a).localeCompare(String(b));
+}
+
 function matching() {
   const s = state();
-  return D.rows.filter((r) => D.filters.every((f) => !s.has(f) || String(r[f]) === s.get(f)));
+  const rows = D.rows.filter((r) => D.filters.every((f) => !s.has(f) || String(r[f]) === s.get(f)));
+  const key = s.get('sort');
+  if (!key) return rows;
+  const col = key.replace(/^-/, '');
+  const dir = key.startsWith('-') ? -1 : 1;
+  const empty = (v) => v == null || v === '';
+  return rows.sort((a, b) => (empty(a[col]) || empty(b[col]) ? compare(a[col], b[col])
+    : dir * compare(a[col], b[col])) || a._i - b._i);
 }
 
 function kv(pairs) {
@@ -68,9 +85,15 @@ function renderList() {
   const body = rows.slice(p * PER, (p + 1) * PER).map((r) => '<tr data-i="' + r._i + '"'
     + (String(r._i) === sel ? ' class="sel"' : '') + '><td>' + r._i + '</td>'
     + D.columns.map((c) => '<td>' + esc(fmt(r[c])) + '</td>').join('') + '</tr>').join('');
+  const sort = s.get('sort') || '';
+  const arrow = (c) => (sort === c ? ' ▲' : sort === '-' + c ? ' ▼' : '');
   $('#list').innerHTML = '<div id="pager">' + pager + '</div><table><thead><tr><th>#</th>'
-    + D.columns.map((c) => '<th>' + esc(c) + '</th>').join('') + '</tr></thead><tbody>' + body + '</tbody></table>';
+    + D.columns.map((c) => '<th class="sortable" data-c="' + esc(c) + '" title="sort">' + esc(c) + arrow(c) + '</th>')
+      .join('') + '</tr></thead><tbody>' + body + '</tbody></table>';
   document.querySelectorAll('#list tbody tr').forEach((tr) => { tr.onclick = () => setState('row', tr.dataset.i); });
+  document.querySelectorAll('#list th[data-c]').forEach((th) => {
+    th.onclick = () => setState('sort', sort === th.dataset.c ? '-' + th.dataset.c : th.dataset.c);
+  });
   if (pages > 1) {
     $('#prev').onclick = () => setState('page', Math.max(0, p - 1));
     $('#next').onclick = () => setState('page', Math.min(pages - 1, p + 1));
@@ -105,37 +128,48 @@ R.episodes = (r) => {
     + '<h3>Transcript</h3>' + msgs(r.conversation, marks);
 };
 
+// what the row's requests cost (attempts, cache hit, tokens): its share of the stage's LLM ledger
+const usage = (r) => [['attempts', r.attempts], ['cached', r.cached === null ? 'no request' : r.cached],
+  ['tokens in', r.tokens_in], ['tokens out', r.tokens_out]];
+
 R['annotations-text'] = (r) => kv([['parsed label', r.label], ['group', r.group], ['task', r.task_id],
-  ['policy', r.policy], ['claimed outcome', r.outcome], ['final action', r.final_action]])
+  ['policy', r.policy], ['claimed outcome', r.outcome], ['final action', r.final_action], ...usage(r)])
   + (r.prompt_sent ? '<h3>Prompt sent</h3>' + msgs(r.prompt_sent) : '')
   + '<h3>Raw reply</h3><pre>' + esc(r.judge_raw) + '</pre><h3>Judged trajectory</h3>' + msgs(r.conversation);
 
 R.pairs = (r) => {
   // multi-turn pairs: a candidate turn's mean reward; PAPRIKA pairs: the turns a whole trajectory used
-  const side = (name, score, turns, logp, messages) => '<div class="' + name + '"><h3>' + name
+  const side = (name, score, turns, logp, policyLogp, messages) => '<div class="' + name + '"><h3>' + name
     + (score != null ? ' · score ' + esc(fmt(score)) : '') + (turns != null ? ' · ' + esc(turns) + ' turns' : '')
-    + (logp != null ? ' · ref log-prob ' + esc(fmt(logp)) : '') + '</h3>' + msgs(messages) + '</div>';
+    + (logp != null ? ' · ref log-prob ' + esc(fmt(logp)) : '')
+    + (policyLogp != null ? ' · trained log-prob ' + esc(fmt(policyLogp)) : '') + '</h3>' + msgs(messages) + '</div>';
   return kv([['group', r.group], ['task', r.task_id], ['agent turns before', r.state_turn],
     ['candidates compared', r.candidates], ['chosen score', r.chosen_reward], ['rejected score', r.rejected_reward],
     ["every candidate's score", r.mean_rewards], ['chosen turns', r.chosen_turns], ['rejected turns', r.rejected_turns],
     ['rejected succeeded', r.rejected_success], ['ref log-prob chosen', r.ref_chosen_logps],
-    ['ref log-prob rejected', r.ref_rejected_logps], ['ref margin', r.ref_margin]])
+    ['ref log-prob rejected', r.ref_rejected_logps], ['ref margin', r.ref_margin],
+    ['trained policy log-prob chosen', r.policy_chosen_logps], ['trained policy log-prob rejected', r.policy_rejected_logps],
+    ['implicit reward margin', r.implicit_margin], ['implicit reward prefers chosen', r.prefers_chosen]])
     // a long shared prefix starts folded, so chosen and rejected are in view
     + '<details class="shared"' + ((r.prompt || []).length <= 4 ? ' open' : '') + '><summary>shared prefix ('
     + (r.prompt || []).length + ' messages)</summary>' + msgs(r.prompt) + '</details>'
-    + '<div class="sides">' + side('chosen', r.chosen_reward, r.chosen_turns, r.ref_chosen_logps, r.chosen)
-    + side('rejected', r.rejected_reward, r.rejected_turns, r.ref_rejected_logps, r.rejected) + '</div>';
+    + '<div class="sides">'
+    + side('chosen', r.chosen_reward, r.chosen_turns, r.ref_chosen_logps, r.policy_chosen_logps, r.chosen)
+    + side('rejected', r.rejected_reward, r.rejected_turns, r.ref_rejected_logps, r.policy_rejected_logps, r.rejected)
+    + '</div>';
 };
 
 R['annotations-nethack'] = (r) => kv([['parsed label', r.label], ['pair', r.pair],
   ['first: episode / step', r.episode_first + ' / ' + r.step_first],
-  ['second: episode / step', r.episode_second + ' / ' + r.step_second]])
+  ['second: episode / step', r.episode_second + ' / ' + r.step_second], ...usage(r)])
   + '<div class="sides"><div><h3>first caption</h3><pre>' + esc(r.caption_first) + '</pre></div>'
   + '<div><h3>second caption</h3><pre>' + esc(r.caption_second) + '</pre></div></div>'
   + (r.prompt_sent ? '<h3>Prompt sent</h3>' + msgs(r.prompt_sent) : '')
   + '<h3>Raw reply</h3><pre>' + esc(r.raw) + '</pre>';
 
-R['nethack-episodes'] = (r) => kv(Object.entries(r).filter((e) => e[0] !== '_i'));
+R['nethack-episodes'] = (r) => kv(Object.entries(r).filter((e) => !['_i', 'replay'].includes(e[0])))
+  + (r.replay ? '<h3>Replay</h3>' + replay(r.replay)
+    : '<p class="note">evaluate-nethack kept no steps of this episode (filter replayed = yes).</p>');
 
 // Frame k: the last full frame at or before k, then the changed runs ([offset, text]) of the steps after it.
 function frameAt(frames, k) {
@@ -153,7 +187,7 @@ function frameAt(frames, k) {
 }
 
 let timer = null;
-R['nethack-steps'] = (r) => {
+function replay(r) {
   const k = Math.min(r.shown - 1, Math.max(0, +(state().get('step') || 0)));
   const steps = r.message.map((m, i) => m ? '<tr data-step="' + i + '"><td>' + i + '</td><td>' + r.action[i] + '</td><td>'
     + fmt(r.reward[i]) + '</td><td>' + fmt(r.r_tilde[i]) + '</td><td>' + fmt(r.intrinsic[i]) + '</td><td>' + esc(m)
@@ -167,7 +201,8 @@ R['nethack-steps'] = (r) => {
     + (r.frames ? '<pre id="screen">' + esc(frameAt(r.frames, k)) + '</pre>' : '<p class="note">no frames stored</p>')
     + '<h3>Steps with a message</h3><table><thead><tr><th>step</th><th>action</th><th>extrinsic</th><th>r̃</th>'
     + '<th>intrinsic</th><th>message</th></tr></thead><tbody>' + steps + '</tbody></table>';
-};
+}
+R['nethack-steps'] = replay;
 
 function stop() { clearInterval(timer); timer = null; }
 
@@ -199,6 +234,7 @@ function renderDetail() {
   if (!r) r = matching()[0];
   $('#detail').innerHTML = r ? '<h2>row ' + r._i + '</h2>' + R[D.kind](r) : '<p>No row matches the filters.</p>';
   if (r && D.kind === 'nethack-steps') wireReplay(r);
+  if (r && D.kind === 'nethack-episodes' && r.replay) wireReplay(r.replay);
 }
 
 function render() { renderFilters(); renderList(); renderDetail(); }
