@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_training_resumes_from_checkpoint(trained, tmp_path):
 
 def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypatch):
     """reflogprobs scored the pairs with the SFT policy DPO starts from, so DPO's first loss is log 2 (β-scaled
-    margins of zero) from the stored log-probs, with one model loaded (the policy) and no reference model."""
+    margins of zero) from the stored log-probs, with one model trained (the policy) and no reference model."""
     import math
 
     import stages.train_dpo as train_dpo
@@ -127,7 +128,9 @@ def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypat
     execute("train-dpo", params)
     history = json.loads((proj / "metrics" / "plots" / "dpo_loss.json").read_text())
     assert history[0]["loss"] == pytest.approx(math.log(2), rel=1e-3)
-    assert len(loads) == 1 and trainers[0].ref_model is None
+    # one model trains (the policy it starts from; no reference model), then the trained one scores the pairs'
+    # implicit reward margins (data/train_policy/dpo_margins)
+    assert [Path(p).name for p in loads] == ["sft", "dpo"] and trainers[0].ref_model is None
     # a reference scored by another policy than DPO starts from is refused
     with pytest.raises(ConfigError, match="not scored by the policy DPO starts from"):
         execute("train-dpo", load_params("params.yaml", ["tracking.enabled=false", "train_policy.dpo.init=base"]))
