@@ -20,6 +20,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from pipeline.core import interrupt  # noqa: E402
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.core.dag import dag_order  # noqa: E402
 from pipeline.core.errors import CurioError  # noqa: E402
@@ -148,6 +149,8 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
         for name in order:
             if stages and name not in stages:
                 continue
+            with interrupt.at(f"stage {name}"):
+                interrupt.check()  # a stage stopped by SIGTERM, or one that finished after it: none after it
             if tracked and not force and stage_is_current(name):
                 logger.info("%s: up to date", name)
                 summary[name] = "up to date"
