@@ -522,7 +522,7 @@ STOPPED_EXIT = 143
 
 class _StopRequest:
     """SIGTERM, or a first SIGINT, asks training to stop: at the end of the current training iteration the runner
-    finds its time budget spent and ends training its own way, saving a checkpoint. A second SIGINT interrupts at
+    finds its env-step budget reached and ends training its own way, saving a checkpoint. A second SIGINT interrupts at
     once (sample-factory's KeyboardInterrupt), as before."""
 
     def __init__(self) -> None:
@@ -548,8 +548,8 @@ class _StopRequest:
 
         class StopOnSignal(AlgoObserver):
             def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
-                if request.signum is not None:
-                    runner.cfg.train_for_seconds = 0  # checked right after: the end of training, with its save
+                if request.signum is not None:  # the env-step budget reached: checked right after this call
+                    runner.cfg.train_for_env_steps = 0
 
         return StopOnSignal()
 

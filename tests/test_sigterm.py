@@ -1,0 +1,273 @@
+"""SIGTERM = checkpoint now (pipeline/core/interrupt.py), one test per kind of stage: a chunked stage, a Hugging Face
+Trainer stage, rl-text's rounds, sample-factory; and under `dvc repro`.
+
+Each test sends SIGTERM to a real `curio stage` mid-work, asserts exit 143 within runner.grace_s and the one line
+naming where the rerun resumes, reruns, and compares with an uninterrupted run. It also prints what the rerun redoes
+against what a SIGKILL at the same moment would make it redo: a SIGKILL keeps exactly what was on disk when it
+landed (every write is atomic), which the test reads at the moment it sends SIGTERM (run with -s to see the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import NETHACK_TINY, curio, make_project, run_in_project
+from safetensors.torch import load_file
+
+from pipeline.core.artifacts import read_manifest, read_part, read_rows
+from pipeline.core.config import RunnerConfig
+
+GRACE_S = RunnerConfig().grace_s
+# A built-in policy small enough to train in about a minute, long enough (200 steps, no periodic checkpoint before
+# step 50) for a SIGTERM to land mid-training.
+BOOTSTRAP = ["bootstrap.episodes=400", "bootstrap.epochs=2", "bootstrap.n_layer=2", "bootstrap.n_embd=64",
+             "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4", "bootstrap.n_positions=512"]
+ROLLOUT = ["games.max_train_tasks=12", "rollout_text.trajectories_per_task=2", "rollout_text.tasks_per_chunk=2",
+           "rollout_text.max_new_tokens=16"]
+ARCHER = ["games.max_train_tasks=6", "rollout_text.max_new_tokens=16", "rl_text.algorithm=archer", "rl_text.rounds=3",
+          "rl_text.tasks_per_round=3", "rl_text.trajectories_per_task=2", "rl_text.critic.steps=2",
+          "rl_text.critic.batch_size=4", "rl_text.archer.actor_steps=1", "rl_text.archer.batch_size=2",
+          "rl_text.archer.warmup_rounds=1"]
+LINE = re.compile(r"^curio: stopped by SIGTERM: (?P<stage>[\w-]+) resumes at (?P<where>.+)$")
+
+
+def start(args: list[str], cwd: Path, err: Path) -> subprocess.Popen:
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db"}
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=open(err, "w"))  # noqa: SIM115 - the child holds it
+
+
+def term_when(proc: subprocess.Popen, ready, timeout: float = 600) -> float:
+    """SIGTERM once ``ready()``; the time it was sent."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "the stage ended before it could be stopped"
+        if ready():
+            proc.send_signal(signal.SIGTERM)
+            return time.monotonic()
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the stage never reached the point to stop it at")
+
+
+def stopped(proc: subprocess.Popen, sent: float, err: Path, stage: str) -> str:
+    """Exit 143 within the grace period, one line and no traceback on stderr; returns where it resumes."""
+    try:
+        rc = proc.wait(timeout=GRACE_S + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{stage} still running {GRACE_S + 30} s after SIGTERM") from None
+    elapsed = time.monotonic() - sent
+    text = err.read_text()
+    assert rc == 143, f"exit {rc}:\n{text[-3000:]}"
+    assert elapsed <= GRACE_S, f"stopped {elapsed:.1f} s after SIGTERM (grace {GRACE_S} s)"
+    assert "Traceback" not in text, text[-3000:]
+    lines = [m for line in text.splitlines() if (m := LINE.match(line))]
+    assert len(lines) == 1 and lines[0]["stage"] == stage, text[-3000:]
+    return lines[0]["where"]
+
+
+def weights_equal(a: Path, b: Path) -> bool:
+    x, y = load_file(str(a)), load_file(str(b))
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(tmp_path_factory) -> Path:
+    """An uninterrupted tiny bootstrap (the built-in policy of the tests below, and the HF Trainer's reference)."""
+    proj = make_project(tmp_path_factory.mktemp("bootstrapped"), ["tracking.enabled=false", *BOOTSTRAP])
+    curio(["stage", "bootstrap"], proj)
+    return proj
+
+
+def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(bootstrapped, tmp_path):
+    runs = {}
+    for name in ("straight", "stopped"):
+        (tmp_path / name).mkdir()
+        runs[name] = make_project(tmp_path / name, [*BOOTSTRAP, *ROLLOUT])  # MLflow tracking on
+        (runs[name] / "data").mkdir()
+        os.symlink(bootstrapped / "data" / "bootstrap", runs[name] / "data" / "bootstrap")
+    curio(["stage", "rollout-text"], runs["straight"])
+    out = runs["stopped"] / "data" / "rollout_text"
+    err = tmp_path / "stderr.txt"
+    proc = start(["stage", "rollout-text"], runs["stopped"], err)
+    at_signal: list[int] = []
+
+    def one_part() -> bool:
+        m = read_manifest(out)
+        if m is not None and len(m["parts"]) >= 1:
+            at_signal.append(len(m["parts"]))  # what a SIGKILL now would keep
+            return True
+        return False
+
+    sent = term_when(proc, one_part)
+    where = stopped(proc, sent, err, "rollout-text")
+    kept = read_manifest(out)
+    total = len(read_manifest(runs["straight"] / "data" / "rollout_text")["parts"])
+    assert not kept["complete"] and at_signal[0] < len(kept["parts"]) < total  # the chunk in flight was finished
+    assert where == f"chunk {len(kept['parts']) + 1} of {total} (data/rollout_text)"
+    import sqlite3
+
+    with sqlite3.connect(runs["stopped"] / "mlflow.db") as db:  # the MLflow run was ended, not left running
+        assert [s for (s,) in db.execute("select status from runs")] == ["KILLED"]
+
+    curio(["stage", "rollout-text"], runs["stopped"])
+    after = read_manifest(out)
+    assert all(after["parts"][k]["sha256"] == v["sha256"] for k, v in kept["parts"].items())
+    assert read_rows(out) == read_rows(runs["straight"] / "data" / "rollout_text")
+    print(f"\nrollout-text, chunks the rerun computes again: SIGTERM {total - len(kept['parts'])} of {total} "
+          f"(0 of the work done before the stop); a SIGKILL at the same moment {total - at_signal[0]} of {total} "
+          "(the chunk in flight lost)")
+
+
+def test_a_trainer_stage_saves_the_step_it_is_on_and_resumes_there(bootstrapped, tmp_path):
+    proj = make_project(tmp_path, ["tracking.enabled=false", *BOOTSTRAP])
+    err = tmp_path / "stderr.txt"
+    proc = start(["stage", "bootstrap"], proj, err)
+    logged: list[int] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the Trainer prints its loss every 5 steps (no progress bar)
+        if "'loss'" in line:
+            logged.append(len(logged) * 5 + 5)
+            if len(logged) == 4:
+                break
+    ckpts = proj / "data" / "bootstrap" / "checkpoints"
+    on_disk = max((int(p.name.split("-")[1]) for p in ckpts.glob("checkpoint-*")), default=0)  # a SIGKILL's
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    proc.stdout.read()
+    where = stopped(proc, sent, err, "bootstrap")
+    saved = int(re.fullmatch(r"step (\d+) of 200", where)[1])
+    assert saved >= logged[-1] and (ckpts / f"checkpoint-{saved}" / "trainer_state.json").exists()
+
+    curio(["stage", "bootstrap"], proj)
+    metrics = json.loads((proj / "metrics" / "stages" / "bootstrap.json").read_text())
+    assert metrics["resumed_from_step"] == saved
+    assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
+                         bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
+    print(f"\nbootstrap (HF Trainer), optimizer steps the rerun trains again: SIGTERM 0 (stopped at step {saved}, "
+          f"resumed there); a SIGKILL at the same moment at least {logged[-1] - on_disk} (resumes at step {on_disk})")
+
+
+def test_rl_text_rounds_keep_the_episodes_in_flight_and_resume_as_if_never_stopped(bootstrapped, tmp_path):
+    runs = {}
+    for name in ("straight", "stopped"):
+        (tmp_path / name).mkdir()
+        runs[name] = make_project(tmp_path / name, ["tracking.enabled=false", *BOOTSTRAP, *ARCHER])
+        (runs[name] / "data" / "train_policy").mkdir(parents=True)
+        os.symlink(bootstrapped / "data" / "bootstrap", runs[name] / "data" / "bootstrap")
+        os.symlink(bootstrapped / "data" / "bootstrap" / "model", runs[name] / "data" / "train_policy" / "dpo")
+    curio(["stage", "rl-text"], runs["straight"])
+    out = runs["stopped"] / "data" / "rl_text"
+    err = tmp_path / "stderr.txt"
+    proc = start(["stage", "rl-text"], runs["stopped"], err)
+    sent = term_when(proc, lambda: (out / "state" / "round-000" / "DONE").exists())  # round 2 is being played
+    where = stopped(proc, sent, err, "rl-text")
+    # round 2's episodes are kept (a SIGKILL would lose them): the rerun redoes its gradient steps, or nothing
+    assert where in ("round 2 of 3 (its episodes played)", "round 3 of 3"), where
+    parts = sorted(int(k) for k in read_manifest(out / "replay")["parts"])
+    assert 1 in parts
+    played = sum(len(read_part(out / "replay", i, ["round"])) for i in parts)
+
+    curio(["stage", "rl-text"], runs["stopped"])
+    straight = runs["straight"] / "data" / "rl_text"
+    assert read_rows(out / "replay") == read_rows(straight / "replay")
+    for f in ("model/model.safetensors", "state/round-002/critic/heads.safetensors"):
+        assert weights_equal(out / f, straight / f), f
+    episodes = 3 * 2  # rl_text.tasks_per_round x trajectories_per_task
+    print(f"\nrl-text (ArCHer rounds), episodes the rerun plays again: SIGTERM 0 (stopped at {where}, {played} "
+          f"transitions kept); a SIGKILL at the same moment {episodes} (round 2's, in flight)")
+
+
+def test_sample_factory_ends_its_iteration_with_a_checkpoint_and_resumes_there(tmp_path):
+    from pipeline.nethack.sf import latest_checkpoint
+
+    proj = make_project(tmp_path, [*NETHACK_TINY, "rl_nethack.train_for_env_steps=500000",
+                                   "rl_nethack.variants={ext: {ext_coef: 1.0, int_coef: 0.0}}",
+                                   "evaluate_nethack.policies=[random, ext]"])
+    experiment = proj / "data" / "rl_nethack" / "ext"
+    err = tmp_path / "stderr.txt"
+    proc = start(["stage", "rl-nethack"], proj, err)
+    seen: list[tuple[int, int]] = []
+
+    def trained_a_while() -> bool:  # sample-factory's log says how far it is every 5 s; it saves every 30 s
+        log = experiment / "curio_train.log"
+        frames = [int(f) for f in re.findall(r"Total num frames: (\d+)", log.read_text())] if log.exists() else []
+        if frames and frames[-1] >= 2048:
+            seen.append((frames[-1], (latest_checkpoint(experiment) or (None, 0))[1]))  # a SIGKILL resumes there
+            return True
+        return False
+
+    sent = term_when(proc, trained_a_while, timeout=300)
+    where = stopped(proc, sent, err, "rl-nethack")
+    saved = latest_checkpoint(experiment)[1]
+    frames, on_disk = seen[0]
+    assert where == f"ext at {saved} of 500000 env steps"
+    assert saved >= frames > on_disk
+
+    curio(["stage", "rl-nethack", "-S", f"rl_nethack.train_for_env_steps={saved + 1024}"], proj)
+    metrics = json.loads((proj / "metrics" / "stages" / "rl-nethack.json").read_text())
+    assert metrics["ext/resumed_from_env_steps"] == saved and metrics["ext/env_steps"] >= saved + 1024
+    print(f"\nrl-nethack (sample-factory), env steps the rerun trains again: SIGTERM 0 (checkpoint at {saved}, "
+          f"resumed there); a SIGKILL of its processes at the same moment at least {frames - on_disk} (resumes at "
+          f"{on_disk})")
+
+
+def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapped, tmp_path):
+    """`kill DVC_PID`: DVC dies of it without passing it on; the stage gets SIGTERM when DVC dies (curio stage
+    under DVC), saves its step and stops with the same line; the next `dvc repro` resumes there."""
+    import psutil
+    import yaml
+
+    proj = make_project(tmp_path, ["tracking.enabled=false", *BOOTSTRAP])
+    spec = yaml.safe_load((proj / "dvc.yaml").read_text())
+    (proj / "dvc.yaml").write_text(yaml.safe_dump(
+        {"stages": {n: spec["stages"][n] for n in ("check-params", "bootstrap")}}, sort_keys=False))
+    shutil.copy(Path(__file__).resolve().parents[1] / ".gitignore", proj / ".gitignore")
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
+        run_in_project(cmd, proj)
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    err = tmp_path / "stderr.txt"
+    dvc = subprocess.Popen(["dvc", "repro", "bootstrap"], cwd=proj, env=env, stdout=subprocess.DEVNULL,
+                           stderr=open(err, "w"))  # noqa: SIM115
+    ckpts = proj / "data" / "bootstrap" / "checkpoints"
+
+    def training() -> list[psutil.Process]:
+        stage = [p for p in psutil.Process(dvc.pid).children(recursive=True) if "bootstrap" in " ".join(p.cmdline())]
+        return stage if stage and ckpts.exists() else []
+
+    deadline = time.time() + 300
+    while not (stage := training()) and time.time() < deadline:
+        assert dvc.poll() is None, err.read_text()[-3000:]
+        time.sleep(0.1)
+    assert stage, "bootstrap never started training under dvc repro"
+    time.sleep(3)  # some steps in
+    dvc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    dvc.wait(timeout=30)
+    _, alive = psutil.wait_procs(stage, timeout=GRACE_S + 30)
+    assert not alive
+    assert time.monotonic() - sent <= GRACE_S
+    text = err.read_text()
+    lines = [m for line in text.splitlines() if (m := LINE.match(line))]
+    assert len(lines) == 1 and lines[0]["stage"] == "bootstrap" and "Traceback" not in text, text[-3000:]
+    saved = int(re.fullmatch(r"step (\d+) of 200", lines[0]["where"])[1])
+    assert saved > 0 and (ckpts / f"checkpoint-{saved}").exists()
+
+    run_in_project(["dvc", "repro", "bootstrap"], proj)
+    metrics = json.loads((proj / "metrics" / "stages" / "bootstrap.json").read_text())
+    assert metrics["resumed_from_step"] == saved
+    assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
+                         bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
