@@ -271,3 +271,43 @@ def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapp
     assert metrics["resumed_from_step"] == saved
     assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
                          bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
+
+
+def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):
+    """`accelerate launch` (2 gloo processes): the stage's SIGTERM goes to the launcher, torchrun passes it to both
+    processes, they agree on the step (a reduced flag), rank 0 saves it, and the stage stops naming it; 2 processes
+    resume it."""
+    import threading
+
+    from pipeline.core import interrupt
+    from pipeline.core.processes import use_processes
+    from pipeline.models import tiny
+    from pipeline.models.training import sft_train
+
+    def conversation(i: int) -> list[dict]:
+        return [{"role": "user", "content": f"Clue {i}: name an animal."},
+                {"role": "assistant", "content": f"<Answer>animal {i % 7}</Answer>"}]
+
+    convs = [conversation(i) for i in range(40)]
+    tok = tiny.train_tokenizer([tiny.conversation_text(c) for c in convs], 300)
+    model = tiny.build_model(tok, n_layer=1, n_embd=32, n_head=2, n_positions=128, seed=0)
+    kw = dict(lr=5e-3, epochs=30, batch_size=4, warmup_ratio=0.0, seed=0, save_steps=20)  # 300 steps
+    ckpt = tmp_path / "two"
+
+    def term_after_first_checkpoint() -> None:
+        while not (ckpt / "checkpoint-20" / "trainer_state.json").exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=term_after_first_checkpoint, daemon=True).start()
+    with use_processes(2), pytest.raises(interrupt.Stopped) as stop, interrupt.stopping("train-sft"):
+        sft_train(model, tok, convs, ckpt, **kw)
+    assert stop.value.exit_code == 143
+    saved = int(re.fullmatch(r"stopped by SIGTERM: train-sft resumes at step (\d+)", str(stop.value))[1])
+    assert saved > 20 and (ckpt / f"checkpoint-{saved}" / "trainer_state.json").exists()
+    with use_processes(2):
+        resumed_model, _, resumed = sft_train(model, tok, convs, ckpt, **kw)
+        straight, _, _ = sft_train(model, tok, convs, tmp_path / "straight", **kw)
+    assert resumed == saved
+    a, b = resumed_model.state_dict(), straight.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the weights of an uninterrupted run

@@ -396,12 +396,21 @@ def dpo_train(
     return trained_model(trainer, merge), loss_history(trainer), resumed
 
 
+def _restore_cpu_index() -> None:
+    """Resuming a checkpoint in several CPU processes, the Trainer loads the optimizer state onto ``args.device``,
+    which is then ``cpu:0``, a location torch's loader does not know: this maps any ``cpu:N`` to the CPU."""
+    torch.serialization.register_package(
+        11, lambda obj: None, lambda obj, location: obj if location.startswith("cpu:") else None)
+
+
 def main(job: Path) -> None:
     """One process of a trainer's ``accelerate launch`` (:func:`pipeline.models.launch.launched`): train with the
     job's data; rank 0 saves the model and the loss history."""
     from accelerate import PartialState
 
     spec = torch.load(job / "job.pt", weights_only=False)
+    if not torch.cuda.is_available():
+        _restore_cpu_index()
     model = AutoModelForCausalLM.from_pretrained(job / "init")
     tokenizer = AutoTokenizer.from_pretrained(job / "init")
     fn = {"sft_train": sft_train, "dpo_train": dpo_train}[spec["trainer"]]
