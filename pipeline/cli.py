@@ -152,7 +152,7 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
              force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False,
              wait: WaitOpt = False) -> None:
     """Run the whole DAG as a Prefect flow (same stages as `dvc repro`); one pipeline at a time per data_dir."""
-    from pipeline.core.interrupt import stopping
+    from pipeline.core.interrupt import requested, stopping
 
     _wait(wait)
     p = _load(params, set_)
@@ -162,7 +162,10 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
         from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
 
         overrides = dict(parse_override(o) for o in set_ or [])
-        summary = pipeline_flow(params_file=params, overrides=overrides or None, force=force)
+        state = pipeline_flow(params_file=params, overrides=overrides or None, force=force, return_state=True)
+        if state.is_cancelled():  # a stage stopped on SIGTERM / SIGINT: its line, its exit code
+            fail(state.message or "stopped", 128 + (requested() or 15))
+        summary = state.result()
     typer.echo(json.dumps(summary, indent=2))
 
 

@@ -311,3 +311,95 @@ def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):
     assert resumed == saved
     a, b = resumed_model.state_dict(), straight.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights of an uninterrupted run
+
+
+def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_next_run_resumes(bootstrapped,
+                                                                                                tmp_path):
+    """The `pipeline` deployment run by a process worker against a real Prefect server: cancelling the flow run
+    (the API's CANCELLING state) makes the worker SIGTERM its process; the stage in it saves its step and says so in
+    the run's log; the next flow run resumes there (dvc.lock kept as `dvc repro` would)."""
+    import json as _json
+    import urllib.request
+
+    from test_prefect_deploy import _api, _free_port, _stop, _wait_healthy
+
+    proj = make_project(tmp_path, ["tracking.enabled=false", *BOOTSTRAP])
+    shutil.copy(Path(__file__).resolve().parents[1] / "prefect.yaml", proj / "prefect.yaml")
+    shutil.copy(Path(__file__).resolve().parents[1] / ".gitignore", proj / ".gitignore")
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
+        run_in_project(cmd, proj)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(proj), "TQDM_DISABLE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed with the processes below
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              cwd=proj, stdout=log, stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        _wait_healthy(url, server)
+        _api(url, "/work_pools/", {"name": "curio", "type": "process"})
+        res = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=proj, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        flows = {f["id"]: f["name"] for f in _api(url, "/flows/filter", {})}
+        deployment = next(d["id"] for d in _api(url, "/deployments/filter", {})
+                          if flows[d["flow_id"]] == "pipeline")
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "curio"], cwd=proj, stdout=log,
+                                  stderr=subprocess.STDOUT, env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"})
+        parameters = {"stages": ["check-params", "bootstrap"]}
+
+        def run_to_the_end(flow_run: str, timeout: float = 600) -> dict:
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                state = _api(url, f"/flow_runs/{flow_run}")
+                if state["state_type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
+                    return state
+                time.sleep(0.5)
+            raise AssertionError(f"flow run {flow_run} did not end")
+
+        first = _api(url, f"/deployments/{deployment}/create_flow_run", {"parameters": parameters})["id"]
+        ckpts = proj / "data" / "bootstrap" / "checkpoints"
+        deadline = time.time() + 600
+        while not (ckpts.exists() and (proj / "data" / "bootstrap" / "scripted" / "_manifest.json").exists()
+                   and read_manifest(proj / "data" / "bootstrap" / "scripted")["complete"]):
+            assert time.time() < deadline, "bootstrap never started training"
+            time.sleep(0.2)
+        time.sleep(5)  # some training steps in
+        req = urllib.request.Request(f"{url}/flow_runs/{first}/set_state", method="POST",
+                                     headers={"Content-Type": "application/json"},
+                                     data=_json.dumps({"state": {"type": "CANCELLING"}, "force": True}).encode())
+        urllib.request.urlopen(req, timeout=10).read()
+        cancelled = time.monotonic()
+        state = run_to_the_end(first)
+        assert state["state_type"] == "CANCELLED", state["state_type"]
+        assert time.monotonic() - cancelled <= GRACE_S + 15  # the worker's poll, then the stop
+        deadline = time.time() + 60
+        while True:  # the run's logs reach the API in batches
+            logs = [entry["message"] for entry in _api(url, "/logs/filter", {"sort": "TIMESTAMP_DESC", "limit": 200})
+                    if entry["level"] >= 30]  # warnings and errors
+            lines = [m for text in logs for line in text.splitlines() if (m := LINE.match(line))]
+            if lines or time.time() > deadline:
+                break
+            time.sleep(1)
+        assert len(lines) == 1 and lines[0]["stage"] == "bootstrap", logs[-20:]
+        # no traceback through Curio's code (Prefect's engine logs the run's CancelledRun from its own frames)
+        ours = [t for t in logs if "Traceback" in t and ("/pipeline/" in t or "/stages/" in t)]
+        assert not ours, ours[:1]
+        saved = int(re.fullmatch(r"step (\d+) of 200", lines[0]["where"])[1])
+        assert (ckpts / f"checkpoint-{saved}" / "trainer_state.json").exists()
+
+        assert server.poll() is None, "the Prefect server ended"
+        second = _api(url, f"/deployments/{deployment}/create_flow_run", {"parameters": parameters})["id"]
+        assert run_to_the_end(second)["state_type"] == "COMPLETED"
+        metrics = json.loads((proj / "metrics" / "stages" / "bootstrap.json").read_text())
+        assert metrics["resumed_from_step"] == saved
+        assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
+                             bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(server)
+        log.close()
