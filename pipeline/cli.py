@@ -134,6 +134,9 @@ def _stop_with_dvc() -> None:
 @boundary
 def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
           params: ParamsOpt = "params.yaml", set_: SetOpt = None, wait: WaitOpt = False) -> None:
+    from pipeline.core.interrupt import catch_early
+
+    catch_early()  # a SIGTERM while torch and the stage load: the stage stops before it starts
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     _wait(wait)

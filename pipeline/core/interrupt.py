@@ -160,6 +160,19 @@ def _exit_at_deadline(grace: float, generation: int) -> None:
     os._exit(128 + (_STATE.signum or signal.SIGTERM))
 
 
+def catch_early() -> None:
+    """From now on SIGTERM / SIGINT are recorded, not fatal (a process still loading its libraries): the
+    :func:`stopping` block that follows stops at once, before any work."""
+    if threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _note)
+
+
+def _note(signum: int, _frame: object = None) -> None:
+    if _STATE.signum is None:
+        _STATE.signum, _STATE.since = signum, time.monotonic()
+
+
 @contextlib.contextmanager
 def stopping(stage: str, grace_s: float | None = DEFAULT_GRACE_S) -> Iterator[None]:
     """SIGTERM and SIGINT ask the block to stop (see the module's docstring); within it any error raised after the
@@ -176,8 +189,10 @@ def stopping(stage: str, grace_s: float | None = DEFAULT_GRACE_S) -> Iterator[No
     outer = _STATE.depth == 0
     previous = {s: signal.getsignal(s) for s in (*SIGNALS, signal.SIGALRM)}
     outer_stage = _STATE.stage
+    early = outer and previous[signal.SIGTERM] is _note and _STATE.signum is not None  # (catch_early)
     if outer:
-        _STATE.signum, _STATE.left_at, _STATE.raised, _STATE.grace_s = None, None, False, grace_s
+        _STATE.left_at, _STATE.raised, _STATE.grace_s = None, False, grace_s
+        _STATE.signum = _STATE.signum if early else None
         _STATE.generation += 1
     _STATE.stage = stage
     _STATE.depth += 1
@@ -185,6 +200,8 @@ def stopping(stage: str, grace_s: float | None = DEFAULT_GRACE_S) -> Iterator[No
         signal.signal(s, _ask)
     signal.signal(signal.SIGALRM, _drop_in_flight)
     try:
+        if early:  # the signal came while the process was starting: nothing of this block has run
+            raise stopped()
         yield
     except Stopped:
         raise
