@@ -405,3 +405,29 @@ def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_ne
             _stop(worker)
         _stop(server)
         log.close()
+
+
+STUCK = """
+import os, signal, sys, time
+from pipeline.core import interrupt
+with interrupt.stopping("rollout-text", grace_s=3), interrupt.at("chunk 2 of 4 (data/rollout_text)"):
+    os.kill(os.getpid(), signal.SIGTERM)
+    {body}
+"""
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_work_in_flight_is_dropped_late_in_the_grace_period_and_the_process_exits_at_its_end(stuck):
+    """A chunk that would outlast the grace period: dropped two thirds into it (Stopped raised in the main thread,
+    the blocks unwind); code that swallows even that is ended at the grace period with the same line."""
+    body = ("while True:\n        try:\n            time.sleep(60)\n        except interrupt.Stopped:\n"
+            "            pass" if stuck else "time.sleep(60)")
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", STUCK.format(body=body)], capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    line = "stopped by SIGTERM: rollout-text resumes at chunk 2 of 4 (data/rollout_text)"
+    assert elapsed < 3 + 5  # the grace period (3 s), and the interpreter's start
+    if stuck:  # the grace period's end: the process exits, saying the same
+        assert res.returncode == 143 and res.stderr.strip() == f"curio: {line}"
+    else:  # dropped at 2 s: the exception, with the line, unwinds the blocks
+        assert res.returncode == 1 and res.stderr.strip().endswith(f"pipeline.core.interrupt.Stopped: {line}")
