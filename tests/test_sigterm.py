@@ -431,3 +431,18 @@ def test_work_in_flight_is_dropped_late_in_the_grace_period_and_the_process_exit
         assert res.returncode == 143 and res.stderr.strip() == f"curio: {line}"
     else:  # dropped at 2 s: the exception, with the line, unwinds the blocks
         assert res.returncode == 1 and res.stderr.strip().endswith(f"pipeline.core.interrupt.Stopped: {line}")
+
+
+def test_a_second_sigterm_inside_the_handler_of_the_first_changes_nothing():
+    """A SIGTERM to the process group, then another as DVC dies: the second runs the handler again, in the same
+    thread, while the first is still in it (the moment is forced here); the stage stops as after one."""
+    script = STUCK.format(body="pass").replace(
+        "    os.kill(os.getpid(), signal.SIGTERM)\n",
+        "    with interrupt._STATE.lock:  # as the first signal's handler holds it\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    interrupt.check()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and res.stderr.strip().endswith(
+        "Stopped: stopped by SIGTERM: rollout-text resumes at chunk 2 of 4 (data/rollout_text)"), res.stderr[-2000:]

@@ -60,7 +60,9 @@ class _State:
     depth: int = 0  # nested stopping() blocks (a stage inside `curio pipeline`)
     generation: int = 0  # one per outermost block: a timer of an earlier one does nothing
     grace_s: float | None = DEFAULT_GRACE_S
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # re-entrant: a second signal (DVC's death after a SIGTERM to the group) runs the handler again, in the same
+    # thread, while the first one holds it
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
 
 _STATE = _State()
