@@ -67,8 +67,11 @@ SMALL = [
 ]
 NOT_BITWISE = {"rl-nethack": "sample-factory restarts its environments on resume",
                "evaluate-nethack": "evaluates rl-nethack's agents", "report": "summarises every stage"}
-# metrics saying how a run went, not what it made (the step or env step a trainer resumed from)
-RUN_HISTORY = re.compile(r"resumed_from")
+# metrics saying how a run went, not what it made: where a trainer resumed, the LLM requests this run sent
+RUN_HISTORY = re.compile(r"resumed_from|_requests$|_sent$|_cache_hits$")
+# files that differ between any two runs, interrupted or not
+VOLATILE = {re.compile(r"checkpoint-\d+/training_args\.bin$"): "the Trainer's arguments name its start time",
+            re.compile(r"checkpoints/README\.md$"): "TRL's model card lists its tags in set order"}
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")
 STOP_LINE = re.compile(r"curio: stopped by SIGTERM: .+")
 PR_SET_CHILD_SUBREAPER = 36
@@ -291,6 +294,10 @@ def files(path: Path) -> dict[str, str]:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+def same(a: object, b: object) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN twice
+
+
 def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
     """Rows lost against the uninterrupted run, and the lines describing what differs."""
     report = []
@@ -307,7 +314,7 @@ def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
         differ = [p for p in data if ob.get(p) != oa[p]]
         ma, mb = metrics(straight, stage), metrics(soaked, stage)
         changed = [k for k in sorted(set(ma) | set(mb))
-                   if not TIMING.search(k) and not RUN_HISTORY.search(k) and ma.get(k) != mb.get(k)]
+                   if not TIMING.search(k) and not RUN_HISTORY.search(k) and not same(ma.get(k), mb.get(k))]
         if not differ and not changed:
             continue
         note = f"  ({NOT_BITWISE[stage]})" if stage in NOT_BITWISE else ""
@@ -315,8 +322,12 @@ def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
         for p in differ:
             fa, fb = files(straight / p), files(soaked / p)
             names = [f for f in sorted(set(fa) | set(fb)) if fa.get(f) != fb.get(f)]
-            report.append(f"    {p}: " + ", ".join(names[:12]) + (f" (+{len(names) - 12} more)" if len(names) > 12
-                                                                   else ""))
+            volatile = sorted({why for f in names for pattern, why in VOLATILE.items() if pattern.search(f)})
+            names = [f for f in names if not any(pattern.search(f) for pattern in VOLATILE)]
+            report.append(f"    {p}: " + (", ".join(names[:12]) + (f" (+{len(names) - 12} more)" if len(names) > 12
+                                                                    else "") if names else "no other file")
+                          + (f"; and files that differ between any two runs ({'; '.join(volatile)})" if volatile
+                             else ""))
         for k in changed[:12]:
             report.append(f"    metric {k}: {ma.get(k)!r} -> {mb.get(k)!r}")
     return lost, report
