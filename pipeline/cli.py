@@ -118,13 +118,29 @@ def _stage_names() -> str:
     return ", ".join(STAGES)
 
 
+def _stop_with_dvc() -> None:
+    """Under ``dvc repro`` (which sets DVC_STAGE): SIGTERM when DVC dies. DVC has no SIGTERM handler of its own and
+    does not pass the signal on, so ``kill DVC_PID`` would leave the stage running; this way the stage saves its
+    progress and stops as when it gets the signal itself (pipeline.core.interrupt)."""
+    import signal
+
+    if "DVC_STAGE" in os.environ and sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")
 @boundary
 def stage(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
           params: ParamsOpt = "params.yaml", set_: SetOpt = None, wait: WaitOpt = False) -> None:
+    from pipeline.core.interrupt import catch_early
+
+    catch_early()  # a SIGTERM while torch and the stage load: the stage stops before it starts
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     _wait(wait)
+    _stop_with_dvc()
     if name not in STAGES:
         from pipeline.core.suggest import did_you_mean
 
@@ -139,13 +155,20 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
              force: Annotated[bool, typer.Option(help="rerun stages DVC considers current")] = False,
              wait: WaitOpt = False) -> None:
     """Run the whole DAG as a Prefect flow (same stages as `dvc repro`); one pipeline at a time per data_dir."""
+    from pipeline.core.interrupt import requested, stopping
+
     _wait(wait)
     p = _load(params, set_)
-    with hold(p.data_dir, ["pipeline"], "curio pipeline"):  # each stage also holds its outputs' locks
+    # SIGTERM stops the stage that runs (it saves its progress) or the pipeline before its next stage
+    with stopping("curio pipeline", p.runner.grace_s), \
+            hold(p.data_dir, ["pipeline"], "curio pipeline"):  # each stage also holds its outputs' locks
         from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
 
         overrides = dict(parse_override(o) for o in set_ or [])
-        summary = pipeline_flow(params_file=params, overrides=overrides or None, force=force)
+        state = pipeline_flow(params_file=params, overrides=overrides or None, force=force, return_state=True)
+        if state.is_cancelled():  # a stage stopped on SIGTERM / SIGINT: its line, its exit code
+            fail(state.message or "stopped", 128 + (requested() or 15))
+        summary = state.result()
     typer.echo(json.dumps(summary, indent=2))
 
 

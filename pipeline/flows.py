@@ -19,7 +19,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.states import Cancelled  # noqa: E402
 
+from pipeline.core import interrupt  # noqa: E402
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.core.dag import dag_order  # noqa: E402
 from pipeline.core.errors import CurioError  # noqa: E402
@@ -56,9 +58,12 @@ def _params(params_file: str, overrides: dict[str, Any] | None) -> Params:
 
 def _stage_flow(stage: str):
     @flow(name=stage, log_prints=True)
-    def run_stage(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> dict:
+    def run_stage(params_file: str = "params.yaml", overrides: dict[str, Any] | None = None) -> Any:
         try:
             return execute(stage, _params(params_file, overrides)).metrics
+        except interrupt.Stopped as e:  # SIGTERM (a cancelled flow run): the stage saved its work; its line
+            get_run_logger().warning("curio: %s", e)
+            return Cancelled(message=str(e))
         except (CurioError, FileNotFoundError) as e:  # the line `curio stage` prints, then the flow fails
             get_run_logger().error("curio: %s", str(e).strip().splitlines()[0] if str(e).strip() else e)
             raise
@@ -148,6 +153,9 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
         for name in order:
             if stages and name not in stages:
                 continue
+            if interrupt.requested() is not None:  # SIGTERM came as the last stage finished: no stage after it
+                with interrupt.at(f"stage {name}"):
+                    return Cancelled(message=interrupt.message())
             if tracked and not force and stage_is_current(name):
                 logger.info("%s: up to date", name)
                 summary[name] = "up to date"
@@ -162,7 +170,11 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
                 continue
             logger.info("%s: running", name)
             sub = report_flow if name == "report" else STAGE_FLOWS[name]
-            sub.with_options(flow_run_name=f"{name} seed={params.seed}")(params_file=params_file, overrides=overrides)
+            state = sub.with_options(flow_run_name=f"{name} seed={params.seed}")(
+                params_file=params_file, overrides=overrides, return_state=True)
+            if state.is_cancelled():  # the stage stopped on SIGTERM, saying where it resumes: so does the run
+                return state
+            state.result()  # a failed stage raises its error here
             if tracked:
                 res = _dvc("commit", "--force", name)
                 if res.returncode != 0:

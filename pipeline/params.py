@@ -65,7 +65,8 @@ class Params(Section, Locations):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                      description="MLflow: one run per stage, nested under a pipeline run")
     runner: RunnerConfig = Field(default_factory=RunnerConfig,
-                                 description="where chunked stages and the eval-sweep fan out (Prefect task runner)")
+                                 description="where chunked stages and the eval-sweep fan out (Prefect task runner); "
+                                 "how long a stage may take to stop on SIGTERM")
     games: GamesConfig = Field(default_factory=GamesConfig,
                                description="text track: the task groups played, their splits and caps")
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig,

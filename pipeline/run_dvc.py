@@ -150,6 +150,18 @@ def side_by_side() -> int:
     return subprocess.call(["dvc", "repro"])  # what joins the branches (and nothing else: the rest is current)
 
 
+def _dvc(args: list[str]) -> int:
+    """``dvc ARGS`` with this process's SIGTERM passed on: DVC dies of it, and the stage it runs, which gets SIGTERM
+    when DVC dies (``curio stage`` under DVC), saves its progress and stops (pipeline.core.interrupt)."""
+    proc = subprocess.Popen(["dvc", *args])
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell reports it
+
+
 def main(argv: list[str]) -> int:
     try:
         params = load_params("params.yaml")
@@ -160,7 +172,7 @@ def main(argv: list[str]) -> int:
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         if argv == ["--side-by-side"]:
             return side_by_side()
-        return subprocess.call(["dvc", "repro", *argv])
+        return _dvc(["repro", *argv])
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ class TrackingConfig(Section):
 
 class RunnerConfig(Section):
     """Where chunked stages (rollout-text, annotate-*, reflogprobs, evaluate-*) and the eval-sweep fan out:
-    a Prefect task runner. Not a stage param: a runner changes where chunks run, never their rows."""
+    a Prefect task runner, and how long a stage may take to stop on a signal. Not a stage param: a runner changes
+    where chunks run and when a stage stops, never their rows."""
 
     kind: Literal["local", "dask", "ray"] = Field(
         "local", description="local: this process (eval-sweep: eval_sweep.max_workers threads); dask: prefect-dask "
@@ -52,6 +53,10 @@ class RunnerConfig(Section):
         "ray://HOST:10001 or auto); null = start a local cluster of `workers` processes for the run")
     workers: int = Field(2, ge=1, description="worker processes of a local dask / ray cluster")
     torch_threads: int = Field(1, ge=1, description="torch threads per worker process (1: one core each)")
+    grace_s: float = Field(
+        20.0, gt=0, le=3600, description="on SIGTERM / SIGINT a stage saves its progress (a chunk, a training step, "
+        "a round, a sample-factory checkpoint) and exits 143 (130) within this many seconds, saying where it "
+        "resumes; work in flight a third of it before the end is dropped (docs/reliability.md)")
 
 
 # -- the whole file ----------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from pipeline.core import interrupt
 from pipeline.core.artifacts import SCHEMA_VERSION, ChunkedDataset
 
 if TYPE_CHECKING:
@@ -197,6 +198,14 @@ def map_chunks(job: ChunkJob, todo: Sequence[int], cfg: RunnerConfig,
 
 
 # -- a dataset computed chunk by chunk over the active runner, resuming from its finished parts --------------
+def _shown(path: Path) -> str:
+    """``path`` as the line that names a resume point shows it: relative to the working directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run_chunked(
     path: str | Path,
     *,
@@ -214,7 +223,8 @@ def run_chunked(
 
     ``make_chunk(index)`` must be deterministic given the index (derive its seed with :func:`chunk_seed`). A
     :class:`ChunkJob` runs on the runner of ``params.runner`` (Dask / Ray workers compute, this
-    process writes each part as it comes back); a plain callable runs here, chunk after chunk.
+    process writes each part as it comes back); a plain callable runs here, chunk after chunk. Asked to stop
+    (SIGTERM, :mod:`pipeline.core.interrupt`), it raises ``Stopped`` after the next part is written.
 
     ``schema_version``: the rows' format; a dataset written in another is recomputed, not resumed.
     ``companions``: (path, schema) of datasets that every chunk also adds a part to (its rows of another shape:
@@ -227,7 +237,14 @@ def run_chunked(
     done = set.intersection(ds.finished(), *(o.finished() for o, _ in others))
     todo = [i for i in range(num_chunks) if i not in done]
     runner = active_runner()
-    with tqdm(total=num_chunks, initial=num_chunks - len(todo), desc=desc, unit="chunk") as bar:
+    # on SIGTERM: the chunk in flight is finished (or, late in the grace period, dropped), then the stage stops
+    with interrupt.at() as point, \
+            tqdm(total=num_chunks, initial=num_chunks - len(todo), desc=desc, unit="chunk") as bar:
+        def resume_point() -> None:
+            done = set.intersection(ds.finished(), *(o.finished() for o, _ in others))
+            first = next((i for i in range(num_chunks) if i not in done), num_chunks)
+            point.text = f"chunk {first + 1} of {num_chunks} ({_shown(ds.final)})"
+
         def write(index: int, rows: Any) -> None:
             if others:
                 rows, *extra = rows
@@ -237,7 +254,13 @@ def run_chunked(
             bar.update(1)
             if on_chunk is not None:
                 on_chunk(index)
+            resume_point()
+            if len(ds.finished()) < num_chunks:
+                interrupt.check()
 
+        resume_point()
+        if todo:
+            interrupt.check()  # asked to stop before this dataset started: nothing of it to finish
         if isinstance(make_chunk, ChunkJob):
             try:
                 if todo and runner is not None and runner.kind != "local":

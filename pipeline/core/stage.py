@@ -38,6 +38,7 @@ from pipeline.core.artifacts import (
 from pipeline.core.cards import write_cards
 from pipeline.core.config import SHARED_KEYS, ParamsSlice, slice_model, take_slice
 from pipeline.core.errors import InputError
+from pipeline.core.interrupt import stopping
 from pipeline.core.locks import hold
 from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
@@ -250,9 +251,10 @@ def execute(name: str, params: Any) -> StageResult:
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
     ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
+    # SIGTERM / SIGINT: the stage saves its progress and stops within runner.grace_s (pipeline.core.interrupt);
     # one writer per output (pipeline.core.locks): the stage's name first, so a second run of it is refused at
     # once, then its outputs once its declaration is loaded
-    with hold(params.data_dir, [f"stage-{name}"], f"stage {name}"), \
+    with stopping(name, params.runner.grace_s), hold(params.data_dir, [f"stage-{name}"], f"stage {name}"), \
             StageTracking(params.tracking.experiment, params.tracking.enabled, params.tracking.artifact_root,
                           params.tracking.uri) as tracking:
         # MLflow loads in the tracking process (pipeline.core.tracking) while this one imports the stage's module

@@ -13,7 +13,8 @@ A stage's MLflow calls run in a child process (``python -m pipeline.core.trackin
 its own libraries: importing MLflow and opening its store (~4 s) then happens on the other core, while the stage
 loads torch and its model, instead of before them. The stage process sends each call down a pipe (fire and
 forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
-stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``.
+stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``; one stopped by a
+signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CurioError, DiskFull, disk_full
+from pipeline.core.interrupt import Stopped
 from pipeline.core.mlflow_models import log_model
 
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
@@ -275,7 +277,7 @@ class StageTracking:
         self.started = True
         try:
             yield Tracker(lambda name, args: self._write({"op": "call", "name": name, "args": args}))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Stopped):
             self.close("KILLED", check=False)
             raise
         except BaseException:
@@ -316,7 +318,10 @@ class _Handler:
 def _serve(lines: Iterator[str]) -> int:
     """The tracking process: the set-up, then one run's calls, one JSON message per line (:class:`StageTracking`).
     End of input before ``end`` (the stage process died) ends the run ``KILLED``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the stage, which ends the run
+    # Ctrl-C, or a SIGTERM sent to the whole process group, reaches the stage too, which saves its work and ends
+    # the run (KILLED); this process waits for that, or for the end of its input
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     handler = _Handler()
     try:
         for line in lines:

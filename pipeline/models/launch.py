@@ -11,11 +11,14 @@ resume point, as in one process) and the trained model; the stage's process load
 A stage whose training loop is its own (rl-text's ArCHer and CHAI: stages/rl/archer.py) is launched whole with
 ``launched_stage``: every process runs the stage's ``run`` on the same params and trains through
 ``accelerate.Accelerator``; the main process's result and the metrics it logged come back to the stage's process.
-Both kinds of launch stop with the stage's process (a SIGKILLed stage leaves no orphan training on).
+Both kinds of launch stop with the stage's process (a SIGKILLed stage leaves no orphan training on). A SIGTERM to the
+stage's process is passed on to the launcher, whose processes save their work as one process does (the trainer's
+checkpoint at the step they agree on, ArCHer's round) and stop; the stage then stops with the same line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -23,9 +26,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import interrupt
 from pipeline.core.errors import CurioError
 from pipeline.core.stage import StageContext, StageResult, declaration
 from pipeline.core.tracking import Tracker
@@ -69,9 +74,13 @@ def run_launch(job: Path, num_processes: int, config_file: str | None, what: str
     LaunchError with its last lines when it fails."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch_args(num_processes, config_file),
            "-m", module, str(job)]
-    res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_stop_with_parent)
-    if res.returncode != 0:
-        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_stop_with_parent) as proc, \
+            interrupt.on_stop(lambda signum: proc.send_signal(signal.SIGTERM)):  # torchrun passes it on
+        stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        interrupt.check()  # stopped by a signal: the processes saved their work (their traceback is torchrun's)
+        tail = "\n".join((stdout + stderr).strip().splitlines()[-15:])
         raise LaunchError(f"accelerate launch ({what}, {num_processes} processes) failed:\n{tail}")
 
 
@@ -93,7 +102,12 @@ def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, k
         tokenizer.save_pretrained(job / "init")
         torch.save({"trainer": trainer, "data": data, "checkpoint_dir": str(checkpoint_dir), "kwargs": kwargs},
                    job / "job.pt")
-        run_launch(job, num_processes, config_file, trainer, module="pipeline.models.training")
+        with interrupt.at() as point:
+            try:
+                run_launch(job, num_processes, config_file, trainer, module="pipeline.models.training")
+            except interrupt.Stopped:
+                point.text = f"step {_saved_step(Path(checkpoint_dir))}"
+                raise interrupt.stopped() from None
         result = json.loads((job / "result.json").read_text())
         trained = AutoModelForCausalLM.from_pretrained(job / "out")
     finally:
@@ -102,6 +116,13 @@ def launched(trainer: str, model, tokenizer, data: list, checkpoint_dir: Path, k
         for h in result["history"]:
             tracker.log_metrics({f"{prefix}/loss": h["loss"]}, step=h["step"])
     return trained, result["history"], result["resumed"]
+
+
+def _saved_step(checkpoint_dir: Path) -> int:
+    """The step of the newest complete Trainer checkpoint (``trainer_state.json`` written last), 0 without one."""
+    steps = [int(p.name.split("-")[-1]) for p in checkpoint_dir.glob("checkpoint-*")
+             if (p / "trainer_state.json").exists()]
+    return max(steps, default=0)
 
 
 class _LoggedMetrics(Tracker):
@@ -146,13 +167,25 @@ def _run_stage(job: Path) -> None:
     spec = json.loads((job / "stage.json").read_text())
     params = declaration(spec["stage"]).params_model.model_validate(spec["params"])
     tracker = _LoggedMetrics()
-    result = importlib.import_module(spec["module"]).run(params, StageContext(tracker=tracker))
+    with stopped_quietly(spec["stage"]):
+        result = importlib.import_module(spec["module"]).run(params, StageContext(tracker=tracker))
     state = PartialState()  # set up by the stage's Accelerator
     if state.is_main_process:
         (job / "result.json").write_text(json.dumps({"metrics": result.metrics, "outputs": result.outputs,
                                                      "logged": tracker.logged}))
     state.wait_for_everyone()
     state.destroy_process_group()
+
+
+@contextlib.contextmanager
+def stopped_quietly(what: str) -> Iterator[None]:
+    """In a launched process: torchrun's SIGTERM asks for a stop (the work saves itself, as in one process); the
+    process then exits 143 without a traceback (the stage's process says where it resumes)."""
+    try:
+        with interrupt.stopping(what, grace_s=None):  # torchrun kills what has not stopped 30 s later
+            yield
+    except interrupt.Stopped as e:
+        raise SystemExit(e.exit_code) from None
 
 
 def main(job: Path) -> None:

@@ -1,10 +1,11 @@
 """Thin wrappers over TRL's SFT and DPO trainers, shared by bootstrap, train-sft, train-dpo and rl-text.
 
 Both resume from the last checkpoint in their output directory, report losses to the stage tracker and
-return the loss history (for dvc plots). DPO reads reference log-probs stored by the ``reflogprobs`` stage
-and masks non-assistant tokens, so no reference model is loaded and environment turns never count.
-With ``lora`` enabled both train peft LoRA adapters only and return the model with the adapters merged in
-(``merge_and_unload``), so what is saved is a plain model every stage loads as before.
+return the loss history (for dvc plots). Asked to stop (SIGTERM, :mod:`pipeline.core.interrupt`), a trainer saves a
+checkpoint at the step it is on and raises ``Stopped``: the rerun resumes at that step. DPO reads reference
+log-probs stored by the ``reflogprobs`` stage and masks non-assistant tokens, so no reference model is loaded and
+environment turns never count. With ``lora`` enabled both train peft LoRA adapters only and return the model
+with the adapters merged in (``merge_and_unload``), so what is saved is a plain model every stage loads as before.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+from pipeline.core import interrupt
 from pipeline.core.config import ConfigError
 from pipeline.core.processes import requested, world_size
 from pipeline.core.tracking import Tracker
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.models.config import LoraConfigSection, check_dpo_loss_type
-from pipeline.models.launch import launched
+from pipeline.models.launch import launched, stopped_quietly
 from pipeline.models.masks import install as install_masks
 
 install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
@@ -40,6 +42,37 @@ class _TrackerCallback(TrainerCallback):
         if logs:
             scalars = {f"{self.prefix}/{k}": v for k, v in logs.items() if isinstance(v, int | float)}
             self.tracker.log_metrics(scalars, step=state.global_step)
+
+
+class _CheckpointOnSignal(TrainerCallback):
+    """A stop asked for (SIGTERM): save a checkpoint at this step and end training (the Trainer's own save and stop
+    flags, so the checkpoint is the one a periodic save writes). Several processes stop at the same step: the
+    request is reduced over them (one of them asked: all stop)."""
+
+    def __init__(self, point: interrupt.Point) -> None:
+        self.point = point  # where a rerun resumes: the last checkpoint saved
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: D401 - HF hook
+        self.point.text = f"step {state.global_step} of {state.max_steps}"
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D401 - HF hook
+        self.point.text = f"step {state.global_step} of {state.max_steps}"
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: D401 - HF hook
+        if _stop_agreed():
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def _stop_agreed() -> bool:
+    asked = interrupt.requested() is not None
+    if world_size() == 1 or not torch.distributed.is_initialized():
+        return asked
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1.0 if asked else 0.0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _last_checkpoint(path: Path) -> str | None:
@@ -124,10 +157,16 @@ def loss_history(trainer) -> list[dict]:
 
 
 def _train(trainer, checkpoint_dir: Path) -> int:
-    """Train, resuming from the last checkpoint; returns the step resumed from (0 = fresh start)."""
+    """Train, resuming from the last checkpoint; returns the step resumed from (0 = fresh start). Asked to stop:
+    ``Stopped`` once the checkpoint of the current step is saved."""
     last = _last_checkpoint(checkpoint_dir)
-    trainer.train(resume_from_checkpoint=last)
-    return int(Path(last).name.split("-")[-1]) if last else 0
+    resumed = int(Path(last).name.split("-")[-1]) if last else 0
+    with interrupt.at(f"step {resumed}") as point:
+        trainer.add_callback(_CheckpointOnSignal(point))
+        trainer.train(resume_from_checkpoint=last)
+        if trainer.state.global_step < trainer.state.max_steps:  # stopped early: the checkpoint is saved
+            interrupt.check()
+    return resumed
 
 
 def padding_free_supported(model, on_gpu: bool) -> bool:
@@ -365,16 +404,27 @@ def dpo_train(
     return trained_model(trainer, merge), loss_history(trainer), resumed
 
 
+def _restore_cpu_index() -> None:
+    """Resuming a checkpoint in several CPU processes, the Trainer loads the optimizer state onto ``args.device``,
+    which is then ``cpu:0``, a location torch's loader does not know: this maps any ``cpu:N`` to the CPU."""
+    torch.serialization.register_package(
+        11, lambda obj: None, lambda obj, location: obj if location.startswith("cpu:") else None)
+
+
 def main(job: Path) -> None:
     """One process of a trainer's ``accelerate launch`` (:func:`pipeline.models.launch.launched`): train with the
     job's data; rank 0 saves the model and the loss history."""
     from accelerate import PartialState
 
     spec = torch.load(job / "job.pt", weights_only=False)
+    if not torch.cuda.is_available():
+        _restore_cpu_index()
     model = AutoModelForCausalLM.from_pretrained(job / "init")
     tokenizer = AutoTokenizer.from_pretrained(job / "init")
     fn = {"sft_train": sft_train, "dpo_train": dpo_train}[spec["trainer"]]
-    trained, history, resumed = fn(model, tokenizer, spec["data"], Path(spec["checkpoint_dir"]), **spec["kwargs"])
+    with stopped_quietly(spec["trainer"]):  # SIGTERM: the checkpoint of the step all processes agree on
+        trained, history, resumed = fn(model, tokenizer, spec["data"], Path(spec["checkpoint_dir"]),
+                                       **spec["kwargs"])
     if PartialState().is_main_process:
         trained.save_pretrained(job / "out")
         (job / "result.json").write_text(json.dumps({"history": history, "resumed": resumed}))

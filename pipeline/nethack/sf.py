@@ -12,7 +12,9 @@
 
 Training runs as ``python -m pipeline.nethack --experiment NAME --train_dir DIR …`` (a separate process, so
 sample-factory's global registries, signal handlers and worker processes never leak into the caller); rerunning
-the same command resumes from the latest checkpoint (``--restart_behavior resume``).
+the same command resumes from the latest checkpoint (``--restart_behavior resume``). SIGTERM (or a first SIGINT) ends
+training after the current iteration through sample-factory's own end of training, which saves a checkpoint; the
+process then exits :data:`STOPPED_EXIT`.
 """
 
 from __future__ import annotations
@@ -514,9 +516,48 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
     return OnlineAnnotation()
 
 
+#: The exit status of a training stopped by SIGTERM (or a first SIGINT) after saving its checkpoint.
+STOPPED_EXIT = 143
+
+
+class _StopRequest:
+    """SIGTERM, or a first SIGINT, asks training to stop: at the end of the current training iteration the runner
+    finds its env-step budget reached and ends training its own way, saving a checkpoint. A second SIGINT interrupts at
+    once (sample-factory's KeyboardInterrupt), as before."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, self.ask)
+        signal.signal(signal.SIGINT, self.ask)
+
+    def ask(self, signum: int, _frame: object) -> None:
+        import signal
+
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def observer(self):
+        from sample_factory.algo.runners.runner import AlgoObserver
+
+        request = self
+
+        class StopOnSignal(AlgoObserver):
+            def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+                if request.signum is not None:  # the env-step budget reached: checked right after this call
+                    runner.cfg.train_for_env_steps = 0
+
+        return StopOnSignal()
+
+
 def _watch_parent(grace_s: float = 45.0) -> None:
     """Stop when the process that started this trainer dies (a SIGKILLed stage), even if PR_SET_PDEATHSIG's
-    SIGINT was lost: SIGINT every few seconds (sample-factory stops cleanly and checkpoints), then exit hard."""
+    SIGINT was lost: SIGINT every few seconds (the first asks for a stop at the end of the training iteration, with
+    its checkpoint; the next interrupts at once), then exit hard."""
     import signal
     import threading
     import time
@@ -542,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     # sample-factory's serial runner leaves torch at one thread per core; with the cores shared (env stepping,
     # other processes) OpenMP's spinning threads cost more than they give, so use one.
     torch.set_num_threads(1)
+    stop = _StopRequest()
+    stop.install()
     _watch_parent()
     register_components()
     cfg = parse_cfg(sys.argv[1:] if argv is None else argv)
@@ -552,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment_dir = Path(cfg.train_dir) / cfg.experiment
     found = latest_checkpoint(experiment_dir)
     cfg, runner = make_runner(cfg)
+    runner.register_observer(stop.observer())
     runner.register_observer(_summary_observer(experiment_dir / SUMMARY, found[1] if found else 0,
                                                per_iteration=cfg.nethack_deterministic))
     if cfg.intrinsic_reward in ONLINE_REWARDS and cfg.int_coef != 0:
@@ -559,4 +603,4 @@ def main(argv: list[str] | None = None) -> int:
     status = runner.init()
     if status == ExperimentStatus.SUCCESS:
         status = runner.run()
-    return status
+    return STOPPED_EXIT if stop.signum is not None and status == ExperimentStatus.SUCCESS else status

@@ -9,7 +9,9 @@ annotator process labels messages while it trains; its progress over env steps g
 ``python -m pipeline.nethack`` (sample-factory with Curio's env and encoder registered) in a child process.
 
 Resume is sample-factory's own: the experiment directory keeps checkpoints (every 30 s and at the end) and a
-rerun continues from the latest one until ``train_for_env_steps``; a finished variant is skipped. When anything
+rerun continues from the latest one until ``train_for_env_steps``; a finished variant is skipped. On SIGTERM each
+training process is asked to stop: it ends its training iteration through sample-factory's own end of training,
+which saves a checkpoint (``pipeline.nethack.sf``), and the stage stops saying where each variant resumes. When anything
 else about a variant changes (its coefficients, the task, the reward model …) its directory is cleared and it
 starts over, so a checkpoint never continues under different rewards.
 
@@ -34,12 +36,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.core import interrupt
 from pipeline.core.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
-from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
+from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, STOPPED_EXIT, SUMMARY, latest_checkpoint
 from pipeline.params import Params
 
 NAME = "rl-nethack"
@@ -152,6 +155,8 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     found = latest_checkpoint(experiment)
     if found is not None and found[1] >= cfg.train_for_env_steps and (experiment / SUMMARY).exists():
         return {**json.loads((experiment / SUMMARY).read_text()), "action": "skipped (already trained)"}
+    if interrupt.requested() is not None:  # asked to stop before this variant started
+        return {"action": "stopped", "env_steps": found[1] if found else 0}
     command = [sys.executable, "-m", "pipeline.nethack", *args, f"--train_for_env_steps={cfg.train_for_env_steps}"]
     log = log or experiment / "curio_train.log"
     # The child must import this checkout's pipeline package whether or not it is installed.
@@ -163,7 +168,8 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
         with _SPAWN:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     preexec_fn=_stop_with_parent)
-    with proc:
+    # SIGTERM: sample-factory ends its training iteration and saves a checkpoint (pipeline.nethack.sf)
+    with proc, interrupt.on_stop(lambda signum: proc.send_signal(signal.SIGTERM)):
         try:
             code = proc.wait(timeout=cfg.timeout_s)
         except subprocess.TimeoutExpired:
@@ -175,6 +181,9 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
             raise RuntimeError(
                 f"rl-nethack: {name} did not finish within {cfg.timeout_s} s (see {log}); rerun to resume"
             ) from None
+    if code == STOPPED_EXIT or interrupt.requested() is not None:
+        stopped = latest_checkpoint(experiment)
+        return {"action": "stopped", "env_steps": stopped[1] if stopped else 0}
     if code != 0 or not (experiment / SUMMARY).exists():
         raise RuntimeError(f"rl-nethack: training {name} failed (exit {code}); see {log}")
     summary = json.loads((experiment / SUMMARY).read_text())
@@ -242,6 +251,11 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     with ThreadPoolExecutor(max_workers=concurrent_variants(params)) as pool:
         futures = {name: pool.submit(train_variant, params, name, variant) for name, variant in cfg.variants.items()}
         summaries = {name: f.result() for name, f in futures.items()}
+    stopped = [f"{name} at {s['env_steps']} of {cfg.train_for_env_steps} env steps"
+               for name, s in summaries.items() if s["action"] == "stopped"]
+    if stopped:  # each variant saved its checkpoint
+        with interrupt.at(", ".join(stopped)):
+            raise interrupt.stopped()
     for name, summary in summaries.items():
         print(f"rl-nethack: {name}: {summary['action']} to {summary['env_steps']} env steps", flush=True)
         stats = summary.get("episode_stats", {})

@@ -15,7 +15,8 @@ transitions (s, a, r, s′, done) become part r of the replay buffer (chunked Pa
 ``critic.steps`` critic steps on the newest ``critic.buffer_capacity`` transitions; then, after
 ``archer.warmup_rounds`` critic-only rounds, ``archer.actor_steps`` actor steps. Policy, critic, target critic
 and both optimisers are then checkpointed (``data/rl_text/state``), so a SIGKILL loses at most the round in
-flight, and a resumed run equals an uninterrupted one (every round re-seeds its RNGs).
+flight, and a resumed run equals an uninterrupted one (every round re-seeds its RNGs). On SIGTERM the stage stops
+once the round's episodes are written (the rerun redoes its gradient steps only) or once the round is checkpointed.
 Online CHAI (stages/rl/chai.py) trains the same critic with ``train_loop(..., actor=False)``.
 
 Several processes (``train_policy.num_processes`` or ``train_policy.accelerate_config``): the stage runs under
@@ -39,6 +40,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from pipeline.core import interrupt
 from pipeline.core.artifacts import (
     ChunkedDataset,
     atomic_write_bytes,
@@ -379,47 +381,54 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         if actor:
             trained_policy, actor_opt = accelerator.prepare(policy, actor_opt)
     for r in range(start, cfg.rounds):
-        seed = chunk_seed(params.seed, NAME, r)
-        if not from_main(main and r in replay.data.finished(), accelerator):
-            picked = random.Random(seed).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
-            episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
-            if accelerator is not None:  # each process plays a contiguous part; gathered back in order
-                with accelerator.split_between_processes(episodes) as part:
-                    episodes = part
-            with torch.no_grad():
-                rows = play_episodes(player, episodes, sampling, seed=process_seed(params.seed, NAME, r, accelerator),
-                                     max_format_retries=params.rollout_text.max_format_retries,
-                                     policy_name=f"{cfg.algorithm}-round-{r}")
-            if accelerator is not None:
-                from accelerate.utils import gather_object
+        with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
+            seed = chunk_seed(params.seed, NAME, r)
+            if not from_main(main and r in replay.data.finished(), accelerator):
+                picked = random.Random(seed).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+                episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
+                if accelerator is not None:  # each process plays a contiguous part; gathered back in order
+                    with accelerator.split_between_processes(episodes) as part:
+                        episodes = part
+                with torch.no_grad():
+                    rows = play_episodes(player, episodes, sampling,
+                                         seed=process_seed(params.seed, NAME, r, accelerator),
+                                         max_format_retries=params.rollout_text.max_format_retries,
+                                         policy_name=f"{cfg.algorithm}-round-{r}")
+                if accelerator is not None:
+                    from accelerate.utils import gather_object
 
-                rows = gather_object(rows)
+                    rows = gather_object(rows)
+                if main:
+                    # before the part that marks r played
+                    atomic_write_json(out / "episodes" / f"round-{r:03d}.json",
+                                      [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
+                                       for row in rows])
+                    replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
+                point.text += " (its episodes played)"  # kept: the rerun redoes its gradient steps only
+                stop_here(accelerator)
+            # same RNG whether rollouts ran or not
+            torch.manual_seed(process_seed(params.seed, NAME + "/train", r, accelerator))
+            rng = random.Random(seed)
+            buffer = replay.contents(r) if main else None
+            stats: dict[str, float] = {}
+            if from_main(bool(buffer), accelerator):
+                losses = [critic_step(trained_critic, target, critic_opt,
+                                      global_batch(rng, buffer, ccfg.batch_size, accelerator), sample_pi, ccfg.gamma,
+                                      ccfg.tau, ccfg.grad_clip, accelerator) for _ in range(ccfg.steps)]
+                stats["critic_loss"] = sum(losses) / len(losses)
+                if actor and r >= acfg.warmup_rounds and acfg.actor_steps:
+                    steps = [actor_step(trained_policy, tokenizer, critic, actor_opt,
+                                        [b["state"] for b in global_batch(rng, buffer, acfg.batch_size, accelerator)],
+                                        sample_pi, ccfg.grad_clip, accelerator) for _ in range(acfg.actor_steps)]
+                    stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
+                    stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
             if main:
-                atomic_write_json(out / "episodes" / f"round-{r:03d}.json",  # before the part that marks r played
-                                  [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
-                                   for row in rows])
-                replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
-        # same RNG whether rollouts ran or not
-        torch.manual_seed(process_seed(params.seed, NAME + "/train", r, accelerator))
-        rng = random.Random(seed)
-        buffer = replay.contents(r) if main else None
-        stats: dict[str, float] = {}
-        if from_main(bool(buffer), accelerator):
-            losses = [critic_step(trained_critic, target, critic_opt,
-                                  global_batch(rng, buffer, ccfg.batch_size, accelerator), sample_pi, ccfg.gamma,
-                                  ccfg.tau, ccfg.grad_clip, accelerator) for _ in range(ccfg.steps)]
-            stats["critic_loss"] = sum(losses) / len(losses)
-            if actor and r >= acfg.warmup_rounds and acfg.actor_steps:
-                steps = [actor_step(trained_policy, tokenizer, critic, actor_opt,
-                                    [b["state"] for b in global_batch(rng, buffer, acfg.batch_size, accelerator)],
-                                    sample_pi, ccfg.grad_clip, accelerator) for _ in range(acfg.actor_steps)]
-                stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
-                stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
-        if main:
-            round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
-            ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
-                                     **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
-            save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
+                round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
+                ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
+                                         **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
+                save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
+        if r + 1 < cfg.rounds:
+            stop_here(accelerator)  # the round is checkpointed: the next one starts the rerun
 
     if not main:
         return StageResult()
@@ -431,6 +440,13 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         extra_outputs(final, critic)
     replay.data.mark_complete(cfg.rounds)
     return finish(params, out)
+
+
+def stop_here(accelerator: Accelerator | None) -> None:
+    """``Stopped`` if a stop was asked for (SIGTERM): in several processes, all stop when the main process was
+    asked (torchrun passes the signal to each of them, not at the same instant)."""
+    if from_main(interrupt.requested() is not None, accelerator):
+        raise interrupt.stopped()
 
 
 def save_round(state_dir: Path, r: int, policy, tokenizer, critic: DoubleCritic, target: DoubleCritic,

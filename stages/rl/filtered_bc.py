@@ -4,7 +4,9 @@ Filtered BC" baseline).
 Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
 (success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
 current policy. Rollouts are one Parquet part per round and the policy is saved after every round, so a
-killed run resumes at the first unfinished round. Output: ``data/rl_text/model`` (+ rounds, rollouts).
+killed run resumes at the first unfinished round. On SIGTERM it stops once the round's rollouts are written, or
+with a checkpoint of the round's cloning at the step it is on (``pipeline.models.training``), or after the round.
+Output: ``data/rl_text/model`` (+ rounds, rollouts).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 import shutil
 from pathlib import Path
 
+from pipeline.core import interrupt
 from pipeline.core.artifacts import (
     ChunkedDataset,
     atomic_write_bytes,
@@ -60,32 +63,37 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         if (round_dir / "DONE").exists() and r in rollouts.finished():
             current = round_dir
             continue
-        model, tokenizer = load_policy(current, params.policy.device)
-        seed = chunk_seed(params.seed, NAME, r)
-        if r not in rollouts.finished():
-            rng = random.Random(seed)
-            picked = rng.sample(jobs, min(cfg.tasks_per_round, len(jobs)))
-            policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                               tokenizer=tokenizer)
-            rows = play_episodes(policy, [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)],
-                                 sampling, seed=seed, max_format_retries=params.rollout_text.max_format_retries,
-                                 policy_name=f"rl-round-{r}")
-            rollouts.write_part(r, rows, EPISODE_SCHEMA)
-        so_far = [row for i in sorted(rollouts.finished()) if i <= r
-                  for row in read_part(rollouts, i)]
-        keep = top_fraction(so_far, cfg.top_quantile)
-        if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
-            model, _, _ = sft_train(
-                model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
-                lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
-                prefix=f"rl_round_{r}", lora=lora,
-            )
-        stats = summarize(read_part(rollouts, r))
-        ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
-        tiny.save(model, tokenizer, round_dir)
-        atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
-        shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
-        current = round_dir
+        with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
+            model, tokenizer = load_policy(current, params.policy.device)
+            seed = chunk_seed(params.seed, NAME, r)
+            if r not in rollouts.finished():
+                rng = random.Random(seed)
+                picked = rng.sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+                policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
+                                   tokenizer=tokenizer)
+                episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
+                rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
+                                     max_format_retries=params.rollout_text.max_format_retries)
+                rollouts.write_part(r, rows, EPISODE_SCHEMA)
+                point.text += " (its episodes played)"  # kept: the rerun clones them
+                interrupt.check()
+            so_far = [row for i in sorted(rollouts.finished()) if i <= r
+                      for row in read_part(rollouts, i)]
+            keep = top_fraction(so_far, cfg.top_quantile)
+            if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
+                model, _, _ = sft_train(
+                    model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
+                    lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
+                    prefix=f"rl_round_{r}", lora=lora,
+                )
+            stats = summarize(read_part(rollouts, r))
+            ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
+            tiny.save(model, tokenizer, round_dir)
+            atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
+            shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
+            current = round_dir
+        if r + 1 < cfg.rounds:
+            interrupt.check()  # the round is saved: the next one starts the rerun
     final = out / "model"
     if final.exists():
         shutil.rmtree(final)

@@ -1,0 +1,402 @@
+"""A soak: the default DAG (`dvc repro`) under N random interruptions, SIGKILL and SIGTERM mixed, each followed by a
+resume, compared with an uninterrupted run of the same budget.
+
+    python bench/soak.py                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
+    python bench/soak.py -n 5 --seed 1          # a quick check
+    python bench/soak.py -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
+
+Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
+`git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
+interruptions. A second fresh copy, in the same place (paths written into outputs agree), runs `dvc repro` again and
+again: each interruption is planned on a stage (the stages in turn, so all of them get some), at a random moment of
+that stage's uninterrupted wall time after it (re)starts, with SIGKILL or SIGTERM (seeded); it goes to the whole
+process group, as a supervisor, Prefect or the OOM killer sends it: DVC, the stage and every process they started.
+After each one the soak waits for every process of the group to end (this process is their subreaper), checks a
+SIGTERMed stage exited 143 within ``runner.grace_s`` with its one line, and reruns `dvc repro`. An interruption whose
+stage finishes first moves on to the next stage. At the end it prints the interruptions by signal and stage, the rows
+of every dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's outs (dvc.lock's hashes,
+then the files that differ) and metrics (bench/compare_runs.py's comparison, leaving out wall-clock keys and where a
+trainer resumed from), and the wall time against the uninterrupted run's.
+
+sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
+valid continuation, not the same bits; the soak says so beside those stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_runs import TIMING, metrics, outs  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# The small budget: every stage of both tracks runs for real, a few minutes each (as tests/conftest.py's SMALL and
+# NETHACK_TINY), sample-factory in its deterministic mode so that two uninterrupted runs agree.
+SMALL = [
+    "games.max_train_tasks=12", "games.max_eval_tasks=6",
+    "rollout_text.trajectories_per_task=4", "rollout_text.tasks_per_chunk=4",
+    "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "train_policy.save_steps=2",
+    "rl_text.rounds=2", "rl_text.tasks_per_round=4", "rl_text.trajectories_per_task=2", "rl_text.epochs=1",
+    "evaluate_text.trajectories_per_task=1",
+    "rollout_nethack.episodes=4", "rollout_nethack.episodes_per_chunk=2", "rollout_nethack.max_episode_steps=300",
+    "annotate_nethack.num_pairs=600", "annotate_nethack.pairs_per_chunk=200",
+    "train_reward.epochs=4", "train_reward.batch_size=128",
+    "rl_nethack.train_for_env_steps=4096", "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256",
+    "rl_nethack.max_episode_steps=400", "rl_nethack.deterministic=true",
+    "evaluate_nethack.episodes=2", "evaluate_nethack.max_episode_steps=150",
+]
+NOT_BITWISE = {"rl-nethack": "sample-factory restarts its environments on resume",
+               "evaluate-nethack": "evaluates rl-nethack's agents", "report": "summarises every stage"}
+# metrics saying how a run went, not what it made: where a trainer resumed, the LLM requests this run sent
+RUN_HISTORY = re.compile(r"resumed_from|_requests$|_sent$|_cache_hits$")
+# files that differ between any two runs, interrupted or not
+VOLATILE = {re.compile(r"checkpoint-\d+/training_args\.bin$"): "the Trainer's arguments name its start time",
+            re.compile(r"checkpoints/README\.md$"): "TRL's model card lists its tags in set order"}
+STAGE_LINE = re.compile(r"^Running stage '([^']+)':")
+STOP_LINE = re.compile(r"curio: stopped by SIGTERM: .+")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def project(root: Path, overrides: list[str]) -> Path:
+    """A fresh DVC project: this checkout's project files, params.yaml with ``overrides``."""
+    sys.path.insert(0, str(REPO))
+    from pipeline.core.config import _set_dotted, parse_override
+
+    root.mkdir(parents=True)
+    for name in ("dvc.yaml", "pipeline", "stages", ".gitignore"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, root / name)
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for o in overrides:
+        _set_dotted(raw, *parse_override(o))
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=root, env=environment(root), check=True, capture_output=True)
+    return root
+
+
+def environment(root: Path) -> dict[str, str]:
+    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+class Repro:
+    """One `dvc repro` in its own process group; its output lines (all the group's) as they come."""
+
+    def __init__(self, root: Path, log) -> None:
+        self.proc = subprocess.Popen(["dvc", "repro"], cwd=root, env=environment(root), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.log = log
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # until every process holding the pipe has ended
+            self.log.write(line)
+            self.log.flush()
+            self.output.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next_line(self, timeout: float) -> str | None | bool:
+        """The next line, None at the end of the output, False when none came within ``timeout``."""
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return False
+
+    def members(self) -> dict[int, str]:
+        """The group's live processes and their command lines."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                if int(fields[2]) == self.proc.pid and fields[0] != "Z":
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return found
+
+
+def reap() -> dict[int, int]:
+    """Exit codes of the ended children (this process adopts the group's orphans), by pid."""
+    codes = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return codes
+        if pid == 0:
+            return codes
+        codes[pid] = os.waitstatus_to_exitcode(status)
+
+
+@dataclass
+class Interruption:
+    signal: signal.Signals
+    stage: str
+    after_s: float  # since the stage (re)started
+    stopped_s: float = 0.0  # until every process of the group ended
+    stage_exit: int | None = None  # the stage's exit status (SIGTERM)
+    line: str = ""
+
+
+def uninterrupted(root: Path, log) -> tuple[dict[str, float], float]:
+    """The DAG once; each stage's wall time (from its "Running stage" line to the next) and the total."""
+    t0 = time.monotonic()
+    run = Repro(root, log)
+    durations: dict[str, float] = {}
+    current, started = None, t0
+    while (line := run.next_line(3600)) is not None:
+        if line and (m := STAGE_LINE.match(line)):
+            now = time.monotonic()
+            if current:
+                durations[current] = now - started
+            current, started = m[1], now
+            print(f"  uninterrupted: {current}", flush=True)
+    rc = run.proc.wait()
+    if current:
+        durations[current] = time.monotonic() - started
+    if rc != 0:
+        sys.exit(f"the uninterrupted run failed (exit {rc}); see {log.name}")
+    return durations, time.monotonic() - t0
+
+
+def plan(durations: dict[str, float], n: int, rng: random.Random, kill_share: float) -> dict[str, list]:
+    """``n`` interruptions over the stages in turn (DAG order, starting at a random stage), each a signal."""
+    stages = list(durations)
+    first = rng.randrange(len(stages))
+    planned: dict[str, list] = {s: [] for s in stages}
+    for i in range(n):
+        sig = signal.SIGKILL if rng.random() < kill_share else signal.SIGTERM
+        planned[stages[(first + i) % len(stages)]].append(sig)
+    return planned
+
+
+def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
+         log) -> tuple[list[Interruption], float, list[str]]:
+    """`dvc repro` until it completes, interrupted as planned; the interruptions, the wall time, problems seen."""
+    done: list[Interruption] = []
+    problems: list[str] = []
+    carried: list[signal.Signals] = []  # planned on a stage that finished first
+    total = sum(len(v) for v in planned.values())
+    t0 = time.monotonic()
+    failures = 0
+    while True:
+        run = Repro(root, log)
+        current, started, moment, fired = None, 0.0, None, None
+        while fired is None:
+            line = run.next_line(0.05)
+            if line is None:
+                break
+            now = time.monotonic()
+            if line and (m := STAGE_LINE.match(line)):
+                if current and planned.get(current):
+                    carried.extend(planned.pop(current))
+                current, started = m[1], now
+                if carried:
+                    planned.setdefault(current, [])[:0] = carried
+                    carried = []
+                moment = rng.uniform(0.0, durations.get(current, 10.0)) if planned.get(current) else None
+            if current and moment is not None and now - started >= moment:
+                sig = planned[current].pop(0)
+                fired = Interruption(sig, current, now - started)
+                stages = {pid: cmd for pid, cmd in run.members().items() if f"stage {current}" in cmd}
+                os.killpg(run.proc.pid, sig)
+        if fired is None:  # the run ended by itself
+            rc = run.proc.wait()
+            reap()
+            if rc == 0:
+                if carried:
+                    problems.append(f"{len(carried)} interruption(s) planned after the last stage ended: not sent")
+                return done, time.monotonic() - t0, problems
+            failures += 1
+            problems.append(f"dvc repro failed (exit {rc}) after interruption {len(done)}: "
+                            + "".join(run.output[-5:]).strip().replace("\n", " | "))
+            print(f"  ! dvc repro failed (exit {rc}); rerunning", flush=True)
+            if failures >= 3:
+                problems.append("three failed reruns in a row: the soak stopped")
+                return done, time.monotonic() - t0, problems
+            continue
+        failures = 0
+        codes: dict[int, int] = {}
+        deadline = time.monotonic() + grace_s + 60
+        while run.members() and time.monotonic() < deadline:
+            codes.update(reap())
+            time.sleep(0.05)
+        fired.stopped_s = time.monotonic() - started - fired.after_s
+        if run.members():
+            problems.append(f"{fired.signal.name} {fired.stage}: processes still running {grace_s + 60:.0f} s later: "
+                            f"{sorted(run.members().values())}; killed")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.proc.pid, signal.SIGKILL)
+        while run.next_line(5) is not None:  # the rest of the output (the stop's line)
+            pass
+        codes.update(reap())
+        for pid in set(stages) - set(codes):  # a process whose threads are still ending shows as a zombie first
+            with contextlib.suppress(ChildProcessError):
+                codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        run.proc.wait()
+        if fired.signal == signal.SIGTERM and stages:
+            fired.stage_exit = next((codes[p] for p in stages if p in codes), None)
+            fired.line = next((m[0] for line in run.output if (m := STOP_LINE.search(line))), "")
+            # 143: stopped; 0: it had finished its work; -15: killed while Python started, before any handler
+            if fired.stage_exit not in (143, 0, -15) or fired.stopped_s > grace_s or "Traceback" in "".join(run.output):
+                problems.append(f"SIGTERM {fired.stage} at {fired.after_s:.1f} s: stage exit {fired.stage_exit}, "
+                                f"everything ended after {fired.stopped_s:.1f} s")
+        done.append(fired)
+        what = ""
+        if fired.signal == signal.SIGTERM:
+            what = fired.line.removeprefix("curio: ") or {0: "(the stage had finished its work: exit 0)",
+                                                         -15: "(killed while Python started: nothing ran)",
+                                                         None: "(no stage process: DVC was between stages)"}.get(
+                fired.stage_exit, f"(the stage exited {fired.stage_exit})")
+        print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage} at {fired.after_s:.1f} s: all ended in "
+              f"{fired.stopped_s:.1f} s {what}", flush=True)
+
+
+def dataset_rows(root: Path) -> dict[str, int]:
+    """Rows of every dataset under data/ (its manifest's count), by path."""
+    return {str(m.parent.relative_to(root)): json.loads(m.read_text()).get("rows", 0)
+            for m in sorted((root / "data").rglob("_manifest.json"))}
+
+
+def files(path: Path) -> dict[str, str]:
+    if path.is_file():
+        return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def same(a: object, b: object) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN twice
+
+
+def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
+    """Rows lost against the uninterrupted run, and the lines describing what differs."""
+    report = []
+    rows_a, rows_b = dataset_rows(straight), dataset_rows(soaked)
+    lost = sum(max(0, n - rows_b.get(p, 0)) for p, n in rows_a.items())
+    for p in sorted(set(rows_a) | set(rows_b)):
+        if rows_a.get(p) != rows_b.get(p):
+            report.append(f"  rows {p}: {rows_a.get(p)} uninterrupted, {rows_b.get(p)} interrupted")
+    lock_a = yaml.safe_load((straight / "dvc.lock").read_text())
+    lock_b = yaml.safe_load((soaked / "dvc.lock").read_text())
+    for stage in lock_a["stages"]:
+        oa, ob = outs(lock_a, stage), outs(lock_b, stage)
+        data = [p for p in oa if not p.startswith("metrics/")]  # metrics compared key by key, below
+        differ = [p for p in data if ob.get(p) != oa[p]]
+        ma, mb = metrics(straight, stage), metrics(soaked, stage)
+        changed = [k for k in sorted(set(ma) | set(mb))
+                   if not TIMING.search(k) and not RUN_HISTORY.search(k) and not same(ma.get(k), mb.get(k))]
+        if not differ and not changed:
+            continue
+        note = f"  ({NOT_BITWISE[stage]})" if stage in NOT_BITWISE else ""
+        report.append(f"  {stage}: {len(differ)} of {len(data)} outs and {len(changed)} metrics differ{note}")
+        for p in differ:
+            fa, fb = files(straight / p), files(soaked / p)
+            names = [f for f in sorted(set(fa) | set(fb)) if fa.get(f) != fb.get(f)]
+            volatile = sorted({why for f in names for pattern, why in VOLATILE.items() if pattern.search(f)})
+            names = [f for f in names if not any(pattern.search(f) for pattern in VOLATILE)]
+            report.append(f"    {p}: " + (", ".join(names[:12]) + (f" (+{len(names) - 12} more)" if len(names) > 12
+                                                                    else "") if names else "no other file")
+                          + (f"; and files that differ between any two runs ({'; '.join(volatile)})" if volatile
+                             else ""))
+        for k in changed[:12]:
+            report.append(f"    metric {k}: {ma.get(k)!r} -> {mb.get(k)!r}")
+    return lost, report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--interruptions", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-share", type=float, default=0.5, help="share of SIGKILLs (the rest: SIGTERM)")
+    ap.add_argument("-S", "--set", action="append", default=[], help="params override on top of the budget")
+    ap.add_argument("--keep", type=Path, help="leave both projects in this directory")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    overrides = [*SMALL, *args.set]
+    sys.path.insert(0, str(REPO))
+    from pipeline.core.config import RunnerConfig
+
+    grace_s = RunnerConfig().grace_s
+    for o in overrides:
+        if o.startswith("runner.grace_s="):
+            grace_s = float(o.split("=", 1)[1])
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    base = args.keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"soak: {args.interruptions} interruptions, seed {args.seed}, in {base}", flush=True)
+    try:
+        # both runs in the same directory, one after the other: paths written into outputs (a Trainer's saved
+        # arguments) are the same
+        with open(base / "uninterrupted.log", "w") as log:
+            print("uninterrupted run:", flush=True)
+            durations, straight_s = uninterrupted(project(base / "run", overrides), log)
+        straight = (base / "run").rename(base / "uninterrupted")
+        soaked = project(base / "run", overrides)
+        print(f"uninterrupted run: {straight_s:.0f} s; " + ", ".join(f"{s} {d:.0f} s" for s, d in durations.items()),
+              flush=True)
+        planned = plan(durations, args.interruptions, rng, args.kill_share)
+        print("interrupted run:", flush=True)
+        with open(base / "interrupted.log", "w") as log:
+            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log)
+        lost, differences = compare(straight, soaked)
+    finally:
+        if args.keep is None:
+            print(f"(removing {base}; --keep DIR keeps both projects)", flush=True)
+            shutil.rmtree(base, ignore_errors=True)
+
+    by = Counter((i.signal.name, i.stage) for i in done)
+    print(f"\ninterruptions survived: {len(done)} of {args.interruptions} planned "
+          f"({sum(1 for i in done if i.signal == signal.SIGKILL)} SIGKILL, "
+          f"{sum(1 for i in done if i.signal == signal.SIGTERM)} SIGTERM)")
+    print(f"{'stage':<20} {'SIGKILL':>8} {'SIGTERM':>8}")
+    for stage in durations:
+        print(f"{stage:<20} {by[('SIGKILL', stage)]:>8} {by[('SIGTERM', stage)]:>8}")
+    terms = [i for i in done if i.signal == signal.SIGTERM]
+    if terms:
+        exits = Counter(i.stage_exit for i in terms)
+        print(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 killed while Python "
+              f"started; None no stage process: DVC between stages); slowest stop "
+              f"{max(i.stopped_s for i in terms):.1f} s (grace {grace_s:.0f} s)")
+    print(f"rows lost: {lost} (goal 0)")
+    print("outputs: identical to the uninterrupted run" if not differences else "outputs that differ:")
+    for line in differences:
+        print(line)
+    print(f"time: {soak_s:.0f} s interrupted vs {straight_s:.0f} s uninterrupted "
+          f"(overhead {soak_s - straight_s:+.0f} s, {soak_s / straight_s - 1:+.0%})")
+    for p in problems:
+        print(f"problem: {p}")
+    return 1 if lost or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""SIGTERM (or SIGINT) means "checkpoint now": a running stage stops at its next safe point, keeps what it finished,
+and exits 128 + the signal's number (143 for SIGTERM) with one line saying where its rerun resumes.
+
+:func:`stopping` (around every stage, :func:`pipeline.core.stage.execute`) turns the signal into a request; the
+code that runs the work answers it at its safe points:
+
+- :func:`check` raises :class:`Stopped` when a stop was asked for (after a chunk's part is written, after a round's
+  checkpoint);
+- a Hugging Face Trainer saves a checkpoint at the step it is on and stops (``pipeline.models.training``);
+- :func:`on_stop` passes the request on to a child that checkpoints itself (sample-factory, ``accelerate launch``);
+- :func:`at` names the point the run would resume at (``chunk 7 of 12 (data/rollout_text)``, ``round 2 of 3``),
+  innermost last, for the line.
+
+Work in flight that has not reached a safe point ``grace_s / 3`` before the grace period ends is dropped (the signal
+is raised in the main thread: every write is atomic, so that costs what a kill would, and locks, clusters and the
+MLflow run still close); at ``grace_s`` the process exits 143 whatever it is doing. A second signal changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pipeline.core.errors import CurioError
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_GRACE_S = 20.0  # under the 30 s Prefect (and most supervisors) wait before their SIGKILL
+
+
+class Stopped(CurioError):
+    """The stage stopped on a signal, its finished work kept; exit 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class Point:
+    """Where the run resumes, at one level (a round, a chunk, a training step); :func:`at` yields it."""
+
+    text: str
+
+
+@dataclass
+class _State:
+    stage: str = ""
+    signum: int | None = None  # the signal that asked for the stop
+    since: float = 0.0
+    points: list[Point] = field(default_factory=list)
+    left_at: str | None = None  # the points when an exception first left them (the stack unwinds before the line)
+    callbacks: list[Callable[[int], None]] = field(default_factory=list)
+    raised: bool = False  # Stopped raised already: the grace timers leave the unwinding alone
+    depth: int = 0  # nested stopping() blocks (a stage inside `curio pipeline`)
+    generation: int = 0  # one per outermost block: a timer of an earlier one does nothing
+    grace_s: float | None = DEFAULT_GRACE_S
+    # re-entrant: a second signal (DVC's death after a SIGTERM to the group) runs the handler again, in the same
+    # thread, while the first one holds it
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_STATE = _State()
+
+
+def requested() -> int | None:
+    """The signal that asked this process to stop, or None."""
+    return _STATE.signum
+
+
+def where() -> str:
+    """Where a rerun resumes, from the innermost :func:`at` points (or what the last exception left)."""
+    text = ", ".join(p.text for p in _STATE.points if p.text)
+    return text or _STATE.left_at or "its finished parts and checkpoints"
+
+
+def message() -> str:
+    name = signal.Signals(_STATE.signum or signal.SIGTERM).name
+    return f"stopped by {name}: {_STATE.stage or 'the run'} resumes at {where()}"
+
+
+def stopped() -> Stopped:
+    """The :class:`Stopped` to raise now (the stop's signal and line)."""
+    _STATE.raised = True
+    return Stopped(message(), _STATE.signum or signal.SIGTERM)
+
+
+def check() -> None:
+    """Raise :class:`Stopped` if a stop was asked for: call it where the work done so far is saved."""
+    if _STATE.signum is not None:
+        raise stopped()
+
+
+@contextlib.contextmanager
+def at(text: str = "") -> Iterator[Point]:
+    """Inside the block the run resumes at ``text`` (after the enclosing blocks' points); update ``point.text`` as
+    work is saved."""
+    point = Point(text)
+    _STATE.points.append(point)
+    try:
+        yield point
+    except BaseException:
+        if _STATE.signum is not None and _STATE.left_at is None:
+            _STATE.left_at = ", ".join(p.text for p in _STATE.points if p.text) or None
+        raise
+    finally:
+        _STATE.points.remove(point)
+
+
+@contextlib.contextmanager
+def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
+    """Call ``callback(signum)`` when a stop is asked for while the block runs (at once if it was already): pass
+    the signal on to a child process that saves its own work."""
+    with _STATE.lock:
+        _STATE.callbacks.append(callback)
+        already = _STATE.signum
+    if already is not None:
+        _call(callback, already)
+    try:
+        yield
+    finally:
+        with _STATE.lock:
+            _STATE.callbacks.remove(callback)
+
+
+def _call(callback: Callable[[int], None], signum: int) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the child is gone already
+        callback(signum)
+
+
+def _ask(signum: int, _frame: object = None) -> None:
+    """The signal handler: the first signal asks for a stop (and starts the grace period's timers)."""
+    with _STATE.lock:
+        if _STATE.signum is not None:
+            return
+        _STATE.signum, _STATE.since = signum, time.monotonic()
+        callbacks = list(_STATE.callbacks)
+    for callback in callbacks:
+        _call(callback, signum)
+    if _STATE.grace_s is not None:
+        signal.setitimer(signal.ITIMER_REAL, max(0.1, _STATE.grace_s * 2 / 3))
+        threading.Thread(target=_exit_at_deadline, args=(_STATE.grace_s, _STATE.generation), name="curio-grace",
+                         daemon=True).start()
+
+
+def _drop_in_flight(_signum: int, _frame: object) -> None:
+    """SIGALRM, a third of the grace period before its end: what is still running is dropped."""
+    if _STATE.signum is not None and not _STATE.raised:
+        raise stopped()
+
+
+def _exit_at_deadline(grace: float, generation: int) -> None:
+    time.sleep(max(0.0, grace - (time.monotonic() - _STATE.since)))
+    if _STATE.depth == 0 or _STATE.generation != generation:
+        return  # the stopped block has ended: its caller exits
+    print(f"curio: {message()}", file=sys.stderr, flush=True)
+    os._exit(128 + (_STATE.signum or signal.SIGTERM))
+
+
+def catch_early() -> None:
+    """From now on SIGTERM / SIGINT are recorded, not fatal (a process still loading its libraries): the
+    :func:`stopping` block that follows stops at once, before any work."""
+    if threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _note)
+
+
+def _note(signum: int, _frame: object = None) -> None:
+    if _STATE.signum is None:
+        _STATE.signum, _STATE.since = signum, time.monotonic()
+
+
+@contextlib.contextmanager
+def stopping(stage: str, grace_s: float | None = DEFAULT_GRACE_S) -> Iterator[None]:
+    """SIGTERM and SIGINT ask the block to stop (see the module's docstring); within it any error raised after the
+    signal (a child process that got it too, a worker gone) is the stop, not a failure.
+
+    ``grace_s``: the bound on the stop (None: no timers, for a process whose launcher bounds it). A nested block
+    (a stage inside ``curio pipeline``) names its stage for its duration and puts the handlers back when another
+    library replaced them (Prefect's flow engine does); the outermost block's grace period holds. Outside the main
+    thread: nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer = _STATE.depth == 0
+    previous = {s: signal.getsignal(s) for s in (*SIGNALS, signal.SIGALRM)}
+    outer_stage = _STATE.stage
+    early = outer and previous[signal.SIGTERM] is _note and _STATE.signum is not None  # (catch_early)
+    if outer:
+        _STATE.left_at, _STATE.raised, _STATE.grace_s = None, False, grace_s
+        _STATE.signum = _STATE.signum if early else None
+        _STATE.generation += 1
+    _STATE.stage = stage
+    _STATE.depth += 1
+    for s in SIGNALS:
+        signal.signal(s, _ask)
+    signal.signal(signal.SIGALRM, _drop_in_flight)
+    try:
+        if early:  # the signal came while the process was starting: nothing of this block has run
+            raise stopped()
+        yield
+    except Stopped:
+        raise
+    except BaseException as e:
+        if _STATE.signum is None:
+            raise
+        raise stopped() from e
+    finally:
+        _STATE.depth -= 1
+        _STATE.stage = outer_stage
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _STATE.signum = None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
