@@ -71,7 +71,9 @@ NOT_BITWISE = {"rl-nethack": "sample-factory restarts its environments on resume
 RUN_HISTORY = re.compile(r"resumed_from|_requests$|_sent$|_cache_hits$")
 # files that differ between any two runs, interrupted or not
 VOLATILE = {re.compile(r"checkpoint-\d+/training_args\.bin$"): "the Trainer's arguments name its start time",
-            re.compile(r"checkpoints/README\.md$"): "TRL's model card lists its tags in set order"}
+            re.compile(r"checkpoints/README\.md$"): "TRL's model card lists its tags in set order",
+            re.compile(r"(events\.out\.tfevents\.|curio_train\.log$|sf_log\.txt$|curio_summary\.json$)"):
+                "sample-factory's logs, event files and speed"}
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")
 STOP_LINE = re.compile(r"curio: stopped by SIGTERM: .+")
 PR_SET_CHILD_SUBREAPER = 36
@@ -266,7 +268,7 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
         if fired.signal == signal.SIGTERM and stages:
             fired.stage_exit = next((codes[p] for p in stages if p in codes), None)
             fired.line = next((m[0] for line in run.output if (m := STOP_LINE.search(line))), "")
-            # 143: stopped; 0: it had finished its work; -15: killed while Python started, before any handler
+            # 143: stopped; 0: it had finished its work; -15: Python starting (no handler yet) or exiting (none left)
             if fired.stage_exit not in (143, 0, -15) or fired.stopped_s > grace_s or "Traceback" in "".join(run.output):
                 problems.append(f"SIGTERM {fired.stage} at {fired.after_s:.1f} s: stage exit {fired.stage_exit}, "
                                 f"everything ended after {fired.stopped_s:.1f} s")
@@ -274,7 +276,8 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
         what = ""
         if fired.signal == signal.SIGTERM:
             what = fired.line.removeprefix("curio: ") or {0: "(the stage had finished its work: exit 0)",
-                                                         -15: "(killed while Python started: nothing ran)",
+                                                         -15: "(ended by the default handler: Python was starting "
+                                                              "or exiting)",
                                                          None: "(no stage process: DVC was between stages)"}.get(
                 fired.stage_exit, f"(the stage exited {fired.stage_exit})")
         print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage} at {fired.after_s:.1f} s: all ended in "
@@ -384,8 +387,8 @@ def main() -> int:
     terms = [i for i in done if i.signal == signal.SIGTERM]
     if terms:
         exits = Counter(i.stage_exit for i in terms)
-        print(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 killed while Python "
-              f"started; None no stage process: DVC between stages); slowest stop "
+        print(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 Python starting or "
+              f"exiting; None no stage process: DVC between stages); slowest stop "
               f"{max(i.stopped_s for i in terms):.1f} s (grace {grace_s:.0f} s)")
     print(f"rows lost: {lost} (goal 0)")
     print("outputs: identical to the uninterrupted run" if not differences else "outputs that differ:")
