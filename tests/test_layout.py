@@ -52,7 +52,7 @@ def lazy_import(tree: Path, module: str, statement: str) -> None:
      ["no import cycles between the packages of pipeline/ and stages/",
       "entry points > stages > params > tracks > games > LLM > models > machinery"]),
     ("pipeline.core.artifacts", "from pipeline.core.runners import ChunkJob  # noqa: F401",
-     ["machinery: stage contract > runners > params > storage"]),
+     ["machinery: stage contract > runners > signals > params > storage"]),
     ("pipeline.text.policies", "import stages.rl.chai  # noqa: F401", ["nothing below the stages imports stages/"]),
     ("pipeline.nethack.oni", "from pipeline.text.play import summarize  # noqa: F401",
      ["the text track and the NetHack track never import each other"]),
