@@ -315,6 +315,9 @@ def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights of an uninterrupted run
 
 
+# slow tier: on an idle machine bootstrap's 200 steps (3.4 s) can end before the worker's next poll delivers the
+# cancel, and the run then ends Cancelled without a stage to stop (a race of the test, seen in a clean clone)
+@pytest.mark.slow
 def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_next_run_resumes(bootstrapped,
                                                                                                 tmp_path):
     """The `pipeline` deployment run by a process worker against a real Prefect server: cancelling the flow run
