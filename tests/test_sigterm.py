@@ -78,6 +78,21 @@ def stopped(proc: subprocess.Popen, sent: float, err: Path, stage: str, grace_s:
     return lines[0]["where"]
 
 
+def first_checkpoint(ckpts: Path) -> bool:
+    """The Trainer's first periodic checkpoint (step 50 of bootstrap's 200) is on disk."""
+    return (ckpts / "checkpoint-50" / "trainer_state.json").exists()
+
+
+def sigterm_pending(pid: int) -> bool:
+    """SIGTERM was sent to ``pid`` and waits, undelivered (the process is stopped): /proc's pending-signal masks."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (signal.SIGTERM - 1)) for mask in masks)
+
+
 def weights_equal(a: Path, b: Path) -> bool:
     x, y = load_file(str(a)), load_file(str(b))
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
@@ -248,14 +263,15 @@ def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapp
 
     def training() -> list[psutil.Process]:
         stage = [p for p in psutil.Process(dvc.pid).children(recursive=True) if "bootstrap" in " ".join(p.cmdline())]
-        return stage if stage and ckpts.exists() else []
+        return stage if stage and first_checkpoint(ckpts) else []
 
     deadline = time.time() + 300
     while not (stage := training()) and time.time() < deadline:
         assert dvc.poll() is None, err.read_text()[-3000:]
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert stage, "bootstrap never started training under dvc repro"
-    time.sleep(3)  # some steps in
+    # at step 50 of 200: 150 steps (2.5 s on an idle machine, more on a loaded one) to go, against the
+    # milliseconds DVC's death takes to reach the stage
     dvc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     dvc.wait(timeout=30)
@@ -315,9 +331,6 @@ def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights of an uninterrupted run
 
 
-# slow tier: on an idle machine bootstrap's 200 steps (3.4 s) can end before the worker's next poll delivers the
-# cancel, and the run then ends Cancelled without a stage to stop (a race of the test, seen in a clean clone)
-@pytest.mark.slow
 def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_next_run_resumes(bootstrapped,
                                                                                                 tmp_path):
     """The `pipeline` deployment run by a process worker against a real Prefect server: cancelling the flow run
@@ -326,6 +339,7 @@ def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_ne
     import json as _json
     import urllib.request
 
+    import psutil
     from test_prefect_deploy import _api, _free_port, _stop, _wait_healthy
 
     proj = make_project(tmp_path, ["tracking.enabled=false", *BOOTSTRAP])
@@ -368,19 +382,31 @@ def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_ne
         first = _api(url, f"/deployments/{deployment}/create_flow_run", {"parameters": parameters})["id"]
         ckpts = proj / "data" / "bootstrap" / "checkpoints"
         deadline = time.time() + 600
-        while not (ckpts.exists() and (proj / "data" / "bootstrap" / "scripted" / "_manifest.json").exists()
-                   and read_manifest(proj / "data" / "bootstrap" / "scripted")["complete"]):
-            assert time.time() < deadline, "bootstrap never started training"
-            time.sleep(0.2)
-        time.sleep(5)  # some training steps in
-        req = urllib.request.Request(f"{url}/flow_runs/{first}/set_state", method="POST",
-                                     headers={"Content-Type": "application/json"},
-                                     data=_json.dumps({"state": {"type": "CANCELLING"}, "force": True}).encode())
-        urllib.request.urlopen(req, timeout=10).read()
+        while not first_checkpoint(ckpts):
+            assert time.time() < deadline, "bootstrap never reached its first checkpoint"
+            time.sleep(0.05)
+        # The flow run's processes are paused (SIGSTOP) from step 50 until the worker's SIGTERM is pending in them,
+        # so the 150 steps left cannot end before the cancel arrives, however long the worker takes to poll.
+        run = psutil.Process(worker.pid).children(recursive=True)
+        for proc in run:
+            proc.suspend()
+        try:
+            req = urllib.request.Request(f"{url}/flow_runs/{first}/set_state", method="POST",
+                                         headers={"Content-Type": "application/json"},
+                                         data=_json.dumps({"state": {"type": "CANCELLING"}, "force": True}).encode())
+            urllib.request.urlopen(req, timeout=10).read()
+            deadline = time.time() + 120
+            while not any(sigterm_pending(proc.pid) for proc in run):
+                assert time.time() < deadline, "the worker never sent SIGTERM to the flow run"
+                time.sleep(0.1)
+        finally:
+            for proc in run:
+                if proc.is_running():
+                    proc.resume()
         cancelled = time.monotonic()
         state = run_to_the_end(first)
         assert state["state_type"] == "CANCELLED", state["state_type"]
-        assert time.monotonic() - cancelled <= GRACE_S + 15  # the worker's poll, then the stop
+        assert time.monotonic() - cancelled <= GRACE_S + 15  # the stop, then the worker sees the process end
         deadline = time.time() + 60
         while True:  # the run's logs reach the API in batches
             logs = [entry["message"] for entry in _api(url, "/logs/filter", {"sort": "TIMESTAMP_DESC", "limit": 200})
