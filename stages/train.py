@@ -17,13 +17,16 @@ from pipeline.core.checkpoints import mark_finished
 from pipeline.models import tiny
 
 HISTORY = "loss_history.json"  # a finished phase's loss curve, kept beside its model
+METRICS = "phase_metrics.json"  # and the metrics it reported, which a rerun that skips it reports again
 
 
-def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str, history: list[dict]) -> None:
-    """Save the trained model (and its loss curve) into ``model_dir``, swapped in whole once complete (the
-    previous model and the ``checkpoints/`` inside it go with the swap)."""
+def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str, history: list[dict],
+           metrics: dict[str, float]) -> None:
+    """Save the trained model (its loss curve and metrics beside it) into ``model_dir``, swapped in whole once
+    complete (the previous model and the ``checkpoints/`` inside it go with the swap)."""
     tiny.save(model, tokenizer, model_dir)
     atomic_write_json(model_dir / HISTORY, history)
+    atomic_write_json(model_dir / METRICS, metrics)
     mark_finished(model_dir, key)
     shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)  # keep the DVC output small once done
 
@@ -32,6 +35,13 @@ def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: li
     """The metrics a finished SFT or DPO phase reports: what it trained on, where it resumed, its last loss."""
     return {f"{prefix}/{items}": count, f"{prefix}/resumed_from_step": resumed,
             f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}
+
+
+def kept_metrics(model_dir: Path) -> dict[str, float]:
+    """The metrics a finished phase reported when it trained: a rerun that skips it (resumed after the phase
+    ended, or its outputs restored by DVC) reports the same, not an empty ``metrics/stages/*.json``."""
+    path = model_dir / METRICS
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def write_loss_plot(plot: Path, model_dir: Path) -> None:

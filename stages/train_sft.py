@@ -13,7 +13,7 @@ from pipeline.llm.hf import load_policy
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.policies import policy_deps, require_policy
-from stages.train import finish, phase_metrics, write_loss_plot
+from stages.train import finish, kept_metrics, phase_metrics, write_loss_plot
 
 NAME = "train-sft"
 
@@ -42,7 +42,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     out = params.data_path("train_policy", "sft")
     src = params.data_path("pairs_text", "sft")
     key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(base))
-    metrics: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(base, params.policy.device)
         conversations = [r["messages"] for r in read_rows(src, ["messages"])]
@@ -52,7 +51,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
         )
-        finish(model, tokenizer, out, ckpt, key, history)
-        metrics = phase_metrics("sft", "trajectories", len(conversations), resumed, history)
+        finish(model, tokenizer, out, ckpt, key, history,
+               phase_metrics("sft", "trajectories", len(conversations), resumed, history))
+    metrics = kept_metrics(out)  # what it reported when it trained, also when finished before this run
     write_loss_plot(params.plots_path("sft_loss.json"), out)
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -90,7 +90,8 @@ def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_pa
 
 def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, tmp_path):
     """A finished train-sft (its model restored by DVC, or copied in) trains nothing on a rerun, yet writes the loss
-    plot dvc.yaml declares, with the curve it trained — else `dvc commit` fails on a missing output."""
+    plot dvc.yaml declares, with the curve it trained — else `dvc commit` fails on a missing output — and reports
+    the metrics it trained with."""
     import json
 
     from pipeline.core.runners import run_chunked
@@ -106,7 +107,8 @@ def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, t
     curve = plot.read_text()
     assert first["sft/trajectories"] == 10 and len(json.loads(curve)) >= 1
     plot.unlink()
-    assert stage_module("train-sft").run(params, StageContext()).metrics == {}  # finished: nothing trained
+    again = stage_module("train-sft").run(params, StageContext()).metrics  # finished: nothing trained
+    assert again == first  # the metrics it reported when it trained, not an empty metrics/stages/train-sft.json
     assert plot.read_text() == curve
 
 
