@@ -254,8 +254,11 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
         svg = bars_svg(agents, [nh[f"{a}/return"] for a in agents], [nh.get(f"{a}/return_sem", 0.0) for a in agents],
                        "episode return", "NetHack evaluation (±1 standard error)")
         rows = [[a, *(f"{nh.get(f'{a}/{c}', float('nan')):.3g} ± {nh.get(f'{a}/{c}_sem', 0.0):.2g}" for c in cols),
+                 (f"{nh[f'{a}/return_vs_random']:+.3g} ± {nh.get(f'{a}/return_vs_random_sem', 0.0):.2g}"
+                  if f"{a}/return_vs_random" in nh else "—"),
                  nh.get(f"{a}/episodes", "")] for a in agents]
-        parts.append(section("NetHack track: agents compared", svg + _table(["agent", *cols, "episodes"], rows)))
+        parts.append(section("NetHack track: agents compared", svg + _table(
+            ["agent", *cols, "return − random (same seeds)", "episodes"], rows)))
 
     curves = []
     for d in plot_definitions(dvc_yaml):

@@ -88,24 +88,41 @@ def evaluate_policy(params: Params, index: int, name: str) -> tuple[list[dict], 
     return [s.row(name) for s in summaries], steps.cast(REPLAY_STEP_SCHEMA)
 
 
+PAIRED = ("return", "score")  # compared with the random policy seed by seed
+
+
+def _mean_sem(values: np.ndarray) -> tuple[float, float]:
+    return float(values.mean()), float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
 def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, float]]:
+    """Mean and standard error per policy and column; with ``random`` among the policies, also each other policy's
+    paired difference from it (``return_vs_random``, ``score_vs_random`` and their ``_sem``): the mean over seeds
+    of (policy − random) on the same seed, whose standard error is what "beats random by k s.e." is measured in."""
     out = {}
+    by_seed = {name: {r["seed"]: r for r in rows if r["policy"] == name} for name in policies}
     for name in policies:
         mine = [r for r in rows if r["policy"] == name]
         stats: dict[str, float] = {"episodes": len(mine)}
         for col in COLUMNS:
-            values = np.asarray([float(r[col]) for r in mine])
-            stats[col] = float(values.mean())
-            stats[f"{col}_sem"] = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+            stats[col], stats[f"{col}_sem"] = _mean_sem(np.asarray([float(r[col]) for r in mine]))
+        seeds = sorted(by_seed[name].keys() & by_seed.get("random", {}).keys())
+        if name != "random" and seeds:
+            for col in PAIRED:
+                diff = np.asarray([float(by_seed[name][s][col]) - float(by_seed["random"][s][col]) for s in seeds])
+                stats[f"{col}_vs_random"], stats[f"{col}_vs_random_sem"] = _mean_sem(diff)
         out[name] = stats
     return out
 
 
 def markdown_table(summary: dict[str, dict[str, float]]) -> str:
-    lines = ["| policy | return | score | depth | length | success |", "|---|---|---|---|---|---|"]
+    lines = ["| policy | return | return − random (paired) | score | depth | length | success |",
+             "|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
         cells = [f"{s[c]:.2f} ± {s[c + '_sem']:.2f}" for c in COLUMNS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        paired = (f"{s['return_vs_random']:+.2f} ± {s['return_vs_random_sem']:.2f}" if "return_vs_random" in s
+                  else "—")
+        lines.append(f"| {name} | {cells[0]} | {paired} | " + " | ".join(cells[1:]) + " |")
     return "\n".join(lines)
 
 

@@ -351,3 +351,26 @@ def test_rl_stage_killed_mid_training_stops_its_trainer_and_resumes(chain, tmp_p
     resumed = train_variant(params, "motif", params.rl_nethack.variants["motif"])
     assert resumed["action"] == "resumed" and resumed["resumed_from_env_steps"] == steps_at_kill
     assert resumed["env_steps"] >= steps_at_kill + 1024
+
+
+def test_evaluate_summary_pairs_each_policy_with_random_seed_by_seed():
+    """The paired difference from random, by hand: seeds 1-3, random returns 1, 2, 3 and motif 2, 2, 7 → differences
+    1, 0, 4: mean 5/3, s.d. √((4/9 + 25/9 + 49/9)/2) = √(13/3), s.e. √(13/3)/√3 = √13/3. A policy
+    without random in the run has no paired columns; an unmatched seed is left out of the pairing."""
+    import math
+
+    from stages.evaluate_nethack import summarize
+
+    def row(policy, seed, ret):
+        return {"policy": policy, "seed": seed, "return": ret, "score": 10 * ret, "depth": 1, "length": 5, "success": 0}
+
+    rows = [row("random", s, r) for s, r in ((1, 1.0), (2, 2.0), (3, 3.0))]
+    rows += [row("motif", s, r) for s, r in ((1, 2.0), (2, 2.0), (3, 7.0), (9, 100.0))]
+    summary = summarize(rows, ["random", "motif"])
+    motif = summary["motif"]
+    assert motif["return_vs_random"] == pytest.approx(5 / 3)
+    assert motif["return_vs_random_sem"] == pytest.approx(math.sqrt(13) / 3)
+    assert motif["score_vs_random"] == pytest.approx(50 / 3)
+    assert motif["return"] == pytest.approx(111 / 4)  # the unpaired mean keeps every episode
+    assert "return_vs_random" not in summary["random"]
+    assert "return_vs_random" not in summarize(rows, ["motif"])["motif"]

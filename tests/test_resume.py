@@ -178,12 +178,15 @@ def test_train_dpo_scores_every_pair_with_the_trained_policy_and_resumes_the_sco
         return real_chunk(*args)
 
     monkeypatch.setattr(train_dpo, "margin_chunk", margin_chunk)
+    real_train, trained = train_dpo.dpo_train, []
+    monkeypatch.setattr(train_dpo, "dpo_train", lambda *a, **k: trained.append(1) or real_train(*a, **k))
     with pytest.raises(Killed):
         stage_module("train-dpo").run(params, StageContext())
     margins = tmp_path / "data" / "train_policy" / "dpo_margins"
     assert len(read_manifest(margins)["parts"]) == 1
     metrics = stage_module("train-dpo").run(params, StageContext()).metrics
-    assert chunks == [0, 1, 1, 2] and "dpo/pairs" not in metrics  # trained once; the finished chunk kept
+    assert chunks == [0, 1, 1, 2] and trained == [1]  # trained once; the finished chunk kept
+    assert metrics["dpo/pairs"] == 12  # the rerun reports what the phase trained on, kept beside its model
 
     rows = read_table(margins).to_pylist()
     ref = read_rows(tmp_path / "data" / "reflogprobs")

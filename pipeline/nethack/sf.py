@@ -328,6 +328,15 @@ def register_components() -> None:
 
 
 # -- checkpoints and trained policies ------------------------------------------------------------------------
+def load_checkpoint(path: str | Path) -> dict:
+    """A sample-factory checkpoint, through torch's weights-only unpickler. Besides tensors, ints and floats it holds
+    ``best_performance``, a numpy float64 once the learner has recorded a best (after its first episodes' stats: a
+    long run's checkpoints, not a toy run's); the numpy scalar's globals are allowed, nothing else is."""
+    allowed = [np.core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def latest_checkpoint(experiment_dir: str | Path) -> tuple[Path, int] | None:
     """(path, env_steps) of the newest sample-factory checkpoint of an experiment, or None."""
     files = sorted(glob.glob(os.path.join(experiment_dir, "checkpoint_p0", "checkpoint_*.pth")))
@@ -358,7 +367,7 @@ class TrainedPolicy:
         self.view = PolicyView(self.cfg.crop_size)
         action_space = gym.spaces.Discrete(num_actions(self.cfg.nethack_extended_actions))
         self.model = create_actor_critic(self.cfg, self.view.space, action_space)
-        state = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+        state = load_checkpoint(self.checkpoint)
         self.model.load_state_dict(state["model"])
         self.model.eval()
         self.deterministic = deterministic
