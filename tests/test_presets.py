@@ -1,0 +1,234 @@
+"""The presets of presets/: each is valid params (what `curio preset` checks), a bad one is a one-line error, the
+published systems' presets keep the paper's numbers and are in docs/recipes.md's table, and (slow tier) each of
+those runs its stages end to end at a toy budget."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import NETHACK_TINY, REPO, SMALL
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.core.config import ConfigError, preset_overrides
+from pipeline.params import load_params
+
+PRESETS = sorted(p.name for p in (REPO / "presets").glob("*.yaml"))
+
+# One preset per published system: the paper's numbers each keeps (dotted key -> value).
+PUBLISHED = {
+    "paprika.yaml": {
+        "rollout_text.curriculum.enabled": True, "rollout_text.min_p": 0.3, "rollout_text.trajectories_per_task": 20,
+        "pairs_text.strategy": "paprika", "pairs_text.pairs_per_task": 1, "train_policy.dpo.beta": 0.1,
+        "train_policy.dpo.rpo_alpha": 1.0, "train_policy.dpo.init": "sft", "train_policy.sft.epochs": 1.0,
+        "train_policy.dpo.epochs": 1.0, "train_policy.sft.warmup_ratio": 0.04, "rl_text.rounds": 0,
+    },
+    "twenty-questions-dpo.yaml": {
+        "pairs_text.strategy": "multiturn", "pairs_text.num_samples": 3, "pairs_text.window_size": 2,
+        "pairs_text.reward_weights.llm": 1.0, "pairs_text.reward_weights.task": 1.0,
+        "pairs_text.reward_weights.cost": 0.0005, "train_policy.dpo.beta": 0.1, "train_policy.dpo.rpo_alpha": 0.0,
+        "train_policy.lora.r": 32, "rl_text.rounds": 0,
+    },
+    "archer.yaml": {
+        "rl_text.algorithm": "archer", "rl_text.critic.gamma": 0.95, "rl_text.critic.tau": 0.1,
+        "rl_text.critic.steps": 50, "rl_text.critic.grad_clip": 1.0, "rl_text.critic.buffer_capacity": 100_000,
+        "rl_text.archer.actor_steps": 3, "rl_text.archer.warmup_rounds": 20, "rollout_text.max_new_tokens": 32,
+    },
+    "chai.yaml": {
+        "rl_text.algorithm": "chai", "rl_text.chai.num_samples": 5, "rl_text.critic.gamma": 0.95,
+        "rl_text.critic.tau": 0.1, "rl_text.critic.steps": 50,
+    },
+    "motif.yaml": {
+        "annotate_nethack.mode": "preferences", "annotate_nethack.goal": "defaultgoal",
+        "annotate_nethack.annotator.temperature": 0.1, "annotate_nethack.annotator.top_p": 0.95,
+        "pairs_nethack.val_fraction": 0.2, "train_reward.batch_size": 1024, "train_reward.epochs": 10,
+        "rl_nethack.variants.motif.ext_coef": 0.1, "rl_nethack.variants.motif.int_coef": 0.1,
+        "rl_nethack.variants.intrinsic.ext_coef": 0.0, "rl_nethack.count_exponent": 3.0,
+        "rl_nethack.threshold_quantile": 0.5, "rl_nethack.reward_scale": 0.1,
+    },
+    "oni.yaml": {
+        "rl_nethack.preset": "oni", "rl_nethack.extended_actions": True, "rl_nethack.count_exponent": 3.0,
+        "rl_nethack.variants.oni_ranking.int_coef": 0.4, "rl_nethack.variants.oni_retrieval.ext_coef": 0.1,
+        "rl_nethack.variants.motif.int_coef": 0.4, "evaluate_nethack.policies": ["random", "all"],
+    },
+}
+
+
+def value(params, key: str):
+    node = params.model_dump(mode="json")
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_is_valid_params_as_curio_preset_prints_it(name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    res = CliRunner().invoke(app, ["preset", f"presets/{name}"])
+    assert res.exit_code == 0, res.output
+    args = res.output.split()
+    overrides = preset_overrides(REPO / "presets" / name)
+    assert args[::2] == ["-S"] * len(overrides) and args[1::2] == overrides
+    load_params(REPO / "params.yaml", overrides)
+
+
+def test_each_published_system_has_a_preset_keeping_the_papers_numbers_and_naming_its_differences():
+    assert set(PUBLISHED) <= set(PRESETS)
+    table = (REPO / "docs" / "recipes.md").read_text()
+    for name, expected in PUBLISHED.items():
+        params = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / name))
+        assert {k: value(params, k) for k in expected} == expected, name
+        header = (REPO / "presets" / name).read_text()
+        assert f"$(curio preset presets/{name})" in header and "Differences that remain" in header, name
+        assert f"(../presets/{name})" in table, f"docs/recipes.md's presets table lacks {name}"
+    archer = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "archer.yaml")).rl_text
+    assert archer.tasks_per_round * archer.trajectories_per_task == 128  # the paper's trajectories per iteration
+    assert archer.rounds > archer.archer.warmup_rounds  # the actor does get steps
+    chai = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "chai.yaml")).rl_text
+    assert (chai.rounds, chai.tasks_per_round, chai.trajectories_per_task) == (  # equal environment samples
+        archer.rounds, archer.tasks_per_round, archer.trajectories_per_task)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("train_policy:\n  dpo: {beta: -1}\n", "train_policy.dpo.beta"),
+    ("rl_text:\n  algorithm: ppo\n", "rl_text.algorithm"),
+    ("rl_nethack:\n  preset: motif\n", "rl_nethack.preset"),
+    ("pairs_text:\n  strategy: multiturn\n  num_sample: 3\n", "pairs_text.num_sample: unknown key"),
+])
+def test_a_bad_preset_is_one_line_naming_the_key_exit_2(tmp_path, text, key):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_params(REPO / "params.yaml", preset_overrides(preset))
+    assert key in str(e.value) and "\n" not in str(e.value)
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "preset", str(preset)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and not res.stdout
+    assert res.stderr.strip().count("\n") == 0 and key in res.stderr
+
+
+def test_a_preset_that_is_not_a_mapping_is_one_line_exit_2(tmp_path):
+    preset = tmp_path / "list.yaml"
+    preset.write_text("- rl_text.rounds=2\n")
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "preset", str(preset)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "not a mapping" in res.stderr
+
+
+# -- each published system's preset end to end at a toy budget (slow tier) -----------------------------------
+# The preset's overrides, then the toy budget on top (conftest's SMALL / NETHACK_TINY, plus what keeps the
+# preset's own loops short); only the stages the preset is about. Text presets start from the session's `trained`
+# project: its bootstrap model, and for the RL presets its SFT / DPO policies (they change nothing upstream).
+TEXT_TOY = [*SMALL, "tracking.enabled=false"]
+CRITIC_TOY = ["rl_text.critic.steps=2", "rl_text.critic.batch_size=4"]
+UPSTREAM = ["rollout-text", "annotate-text", "pairs-text"]
+RUNS = {
+    "paprika.yaml": (["rollout_text.curriculum.tasks_per_round=6"],
+                     [*UPSTREAM, "train-sft", "reflogprobs", "train-dpo", "evaluate-text"], ["bootstrap"]),
+    "twenty-questions-dpo.yaml": (["pairs_text.states_per_task=2"],
+                                  [*UPSTREAM, "reflogprobs", "train-dpo", "evaluate-text"], ["bootstrap"]),
+    "archer.yaml": ([*CRITIC_TOY, "rl_text.archer.batch_size=2", "rl_text.archer.warmup_rounds=1"],
+                    ["rl-text", "evaluate-text"], ["bootstrap", "train_policy"]),
+    "chai.yaml": (CRITIC_TOY, ["rl-text", "evaluate-text"], ["bootstrap", "train_policy"]),
+    "motif.yaml": ([], ["rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward", "rl-nethack",
+                        "evaluate-nethack"], []),
+    "oni.yaml": (["evaluate_nethack.policies=[random, all]"],
+                 ["rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward", "rl-nethack",
+                  "evaluate-nethack"], []),
+}
+NETHACK = ("motif.yaml", "oni.yaml")
+
+
+def toy_params(name: str, data, extra: list[str] = ()):
+    """The preset's params at the toy budget, writing under ``data``."""
+    toy = [*NETHACK_TINY] if name in NETHACK else [*TEXT_TOY]
+    return load_params(REPO / "params.yaml", [*preset_overrides(REPO / "presets" / name), *toy, *RUNS[name][0],
+                                              *extra, f"data_dir={data}"])
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_toy_budget_resolves_and_changes_only_budgets(name, tmp_path):
+    """What the slow test below runs: the preset's values survive except the keys the toy budget sets."""
+    toy = [o.split("=", 1)[0] for o in [*(NETHACK_TINY if name in NETHACK else TEXT_TOY), *RUNS[name][0]]]
+    params = toy_params(name, tmp_path / "data")
+    kept = {k: v for k, v in PUBLISHED[name].items() if not any(k == t or k.startswith(f"{t}.") for t in toy)}
+    assert {k: value(params, k) for k in kept} == kept
+    assert len(kept) >= 3  # the budget does not replace what the preset is about
+    if name == "oni.yaml":
+        assert len(params.rl_nethack.variants) == 6 and params.rl_nethack.extended_actions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_preset_runs_its_stages_end_to_end_at_a_toy_budget(name, tmp_path, request, monkeypatch):
+    from pipeline.core.stage import execute
+
+    _, stages, linked = RUNS[name]
+    data = tmp_path / "data"
+    data.mkdir()
+    if linked:
+        trained = request.getfixturevalue("trained")
+        for upstream in linked:
+            os.symlink(trained / "data" / upstream, data / upstream)
+    params = toy_params(name, data)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    for stage in stages:
+        execute(stage, params)
+    metrics = {s: json.loads(params.metrics_path("stages", f"{s}.json").read_text()) for s in stages}
+    CHECKS[name](params, metrics)
+
+
+def check_text_eval(params, metrics, policies):
+    evaluated = metrics["evaluate-text"]
+    for p in policies:
+        assert evaluated[f"{p}/episodes"] == 6  # 6 held-out tasks, once each
+        assert 0 <= evaluated[f"{p}/success_rate"] <= 1
+    assert not {k.split("/")[0] for k in evaluated} & ({"base", "sft", "dpo", "rl"} - set(policies))
+
+
+def check_paprika(params, metrics):
+    assert metrics["rollout-text"]["curriculum/rounds"] == 2  # 12 train tasks, 6 picked per round
+    assert metrics["pairs-text"]["strategy"] == "paprika" and metrics["pairs-text"]["pairs"] >= 1
+    assert metrics["train-dpo"]["dpo/pairs_scored"] >= 1
+    check_text_eval(params, metrics, ["base", "sft", "dpo"])
+
+
+def check_twenty_questions_dpo(params, metrics):
+    pairs = metrics["pairs-text"]
+    assert pairs["strategy"] == "multiturn" and pairs["pairs"] >= 1
+    assert pairs["mean_chosen_reward"] > pairs["mean_rejected_reward"]
+    check_text_eval(params, metrics, ["base", "dpo"])
+
+
+def check_rl(params, metrics, algorithm):
+    rl = metrics["rl-text"]
+    assert rl["rl/transitions"] > 0 and 0 <= rl["rollouts/success_rate"] <= 1
+    if algorithm == "archer":
+        assert "rl/actor_loss" in rl
+    history = json.loads(params.plots_path("rl_rounds.json").read_text())
+    assert [h["episodes"] for h in history] == [8, 16] and {h["algorithm"] for h in history} == {algorithm}
+    check_text_eval(params, metrics, ["base", "sft", "dpo", "rl"])
+
+
+def check_nethack(params, metrics, variants):
+    assert metrics["train-reward"]  # the reward model's metrics
+    rl, evaluated = metrics["rl-nethack"], metrics["evaluate-nethack"]
+    for v in variants:
+        assert rl[f"{v}/env_steps"] >= params.rl_nethack.train_for_env_steps
+        config = json.loads(params.data_path("rl_nethack", v, "config.json").read_text())
+        assert (config["ext_coef"], config["int_coef"]) == (params.rl_nethack.variants[v].ext_coef,
+                                                            params.rl_nethack.variants[v].int_coef)
+    for p in ("random", *variants):
+        assert evaluated[f"{p}/episodes"] == 2 and evaluated[f"{p}/length"] <= 150
+
+
+CHECKS = {
+    "paprika.yaml": check_paprika,
+    "twenty-questions-dpo.yaml": check_twenty_questions_dpo,
+    "archer.yaml": lambda params, metrics: check_rl(params, metrics, "archer"),
+    "chai.yaml": lambda params, metrics: check_rl(params, metrics, "chai"),
+    "motif.yaml": lambda params, metrics: check_nethack(params, metrics, ["motif"]),
+    "oni.yaml": lambda params, metrics: check_nethack(params, metrics, list(params.rl_nethack.variants)),
+}
