@@ -41,6 +41,7 @@ from pipeline.nethack.config import (
     TrainRewardConfig,
 )
 from pipeline.text.config import (
+    EXACT_GROUPS,
     RULES_MODELS,
     AnnotateTextConfig,
     BootstrapConfig,
@@ -161,6 +162,13 @@ def check_params(params: Params) -> None:
     if params.rollout_nethack.policy == "checkpoint" and not Path(params.rollout_nethack.checkpoint).is_dir():
         raise ConfigError(f"params: rollout_nethack.checkpoint: {params.rollout_nethack.checkpoint!r} "
                           "is not a directory")
+    rl = params.rl_text
+    if rl.reward == "judge" and rl.judge_reward.judge.backend == "rules":
+        inexact = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
+        if inexact:
+            raise ConfigError(f"params: rl_text.reward: judge with the rules 'exact' judge needs a knowledge base "
+                              f"({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(inexact)}: set "
+                              "rl_text.judge_reward.judge to an LLM judge (hf, vllm, openai)")
     known = {"random", "all", *params.rl_nethack.variants}
     for name in params.evaluate_nethack.policies:
         if name not in known:

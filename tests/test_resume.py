@@ -88,6 +88,98 @@ def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_pa
     assert not (out / "checkpoints").exists() and (out / "model").is_dir()  # nothing stale left behind
 
 
+CURRICULUM_RUN = ["games.max_train_tasks=6", "rl_text.rounds=3", "rl_text.tasks_per_round=2",
+                  "rl_text.trajectories_per_task=2", "rollout_text.max_new_tokens=8", "rl_text.epochs=1",
+                  "rl_text.batch_size=2", "rl_text.curriculum.enabled=true", "rl_text.judge_reward.num_samples=1",
+                  "rl_text.judge_reward.window_size=1", "rl_text.critic.steps=1", "rl_text.critic.batch_size=4",
+                  "rl_text.critic.max_state_tokens=64", "rl_text.archer.actor_steps=1", "rl_text.archer.batch_size=2",
+                  "rl_text.archer.warmup_rounds=0"]
+
+
+def played_rounds(out, algorithm: str, rounds: int) -> list[list[dict]]:
+    """Each round's episodes as the stage stored them (filtered BC: its rollouts; ArCHer: data/rl_text/episodes)."""
+    import json
+
+    if algorithm == "filtered_bc":
+        rows = read_rows(out / "rollouts")
+        return [[r for r in rows if r["policy"] == f"rl-round-{i}"] for i in range(rounds)]
+    return [json.loads((out / "episodes" / f"round-{i:03d}.json").read_text()) for i in range(rounds)]
+
+
+@pytest.mark.parametrize(("algorithm", "reward"), [("filtered_bc", "outcome"), ("filtered_bc", "judge"),
+                                                   ("archer", "judge")])
+def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_same(
+        bootstrapped, tmp_path, monkeypatch, algorithm, reward):
+    """rl_text.curriculum.enabled: each round plays the curriculum's picks, updated from the rounds the stage itself
+    played; killed once round 1's episodes (and, with reward=judge, their utterance rewards) are stored, the
+    resumed run plays and learns from exactly what an uninterrupted run does."""
+    import stages.rl.archer as archer
+    import stages.rl.filtered_bc as fbc
+    from pipeline.text.curriculum import task_key
+    from pipeline.text.policies import game_tasks, make_games
+    from stages.rl.text import online_curriculum
+
+    run = [*CURRICULUM_RUN, f"rl_text.algorithm={algorithm}", f"rl_text.reward={reward}",
+           # the tiny policy rarely writes <Answer> tags: its first lines are its moves, so utterances get judged
+           f"policy.free_answers={str(reward == 'judge').lower()}"]
+    kill, calls = [False], []
+    if algorithm == "filtered_bc":
+        def killing(real):
+            def ranked(rows, fraction):
+                calls.append(1)
+                if kill[0] and len(calls) == 2:
+                    raise Killed
+                return real(rows, fraction)
+            return ranked
+
+        for name in ("top_fraction", "top_by_turn_reward"):  # called once per round, after its rollouts are stored
+            monkeypatch.setattr(fbc, name, killing(getattr(fbc, name)))
+    else:
+        real_save = archer.save_round
+
+        def save_round(state_dir, r, *args):
+            if kill[0] and r == 1:
+                raise Killed
+            return real_save(state_dir, r, *args)
+        monkeypatch.setattr(archer, "save_round", save_round)
+
+    results = {}
+    for name, killed in (("whole", False), ("resumed", True)):
+        root = tmp_path / name
+        shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", root / "data" / "train_policy" / "dpo")
+        params = params_at(root, *run)
+        if killed:
+            kill[0] = True
+            calls.clear()
+            with pytest.raises(Killed):
+                stage_module("rl-text").run(params, StageContext())
+            kill[0] = False
+        metrics = stage_module("rl-text").run(params, StageContext()).metrics
+        results[name] = (params, metrics, played_rounds(params.data_path("rl_text"), algorithm, 3))
+
+    params, metrics, rounds = results["whole"]
+    picks = [[(r["task_id"], r["sample"]) for r in part] for part in rounds]
+    assert picks == [[(r["task_id"], r["sample"]) for r in part] for part in results["resumed"][2]]
+    assert [[r["score"] for r in part] for part in rounds] == [[r["score"] for r in part]
+                                                               for part in results["resumed"][2]]
+    # The picks are the curriculum's over the stage's own episodes, round by round.
+    jobs = [(g, t) for g in make_games(params) for t in game_tasks(params, g, "train")]
+    curriculum = online_curriculum(params, jobs, lambda i: rounds[i])
+    for i, part in enumerate(rounds):
+        assert [(task_key(r["group"], r["task_id"]), r["sample"]) for r in part] == curriculum.episodes(i)
+    assert sum(v for k, v in metrics.items() if k.endswith("/pulls")) == 3 * 2
+    if reward == "judge" and algorithm == "filtered_bc":
+        judged = [r["turn_rewards"] for r in read_rows(params.data_path("rl_text", "rollouts"))]
+        assert [len(x) for x in judged] == [r["turns"] for r in read_rows(params.data_path("rl_text", "rollouts"))]
+        assert sum(map(len, judged)) > 0
+        assert judged == [r["turn_rewards"] for r in read_rows(results["resumed"][0].data_path("rl_text", "rollouts"))]
+        assert metrics["rl/mean_turn_reward"] == results["resumed"][1]["rl/mean_turn_reward"]
+    if reward == "judge" and algorithm == "archer":
+        replay = read_rows(params.data_path("rl_text", "replay"), ["reward"])
+        assert replay and any(r["reward"] not in (-1.0, 0.0) for r in replay)  # the judge's, not the outcome's
+        assert replay == read_rows(results["resumed"][0].data_path("rl_text", "replay"), ["reward"])
+
+
 def test_a_finished_phase_skipped_still_leaves_its_declared_plot(bootstrapped, tmp_path):
     """A finished train-sft (its model restored by DVC, or copied in) trains nothing on a rerun, yet writes the loss
     plot dvc.yaml declares, with the curve it trained — else `dvc commit` fails on a missing output — and reports

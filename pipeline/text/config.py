@@ -132,6 +132,18 @@ class RewardWeightsConfig(Section):
 
 #: ``pairs_text.judge`` rules programs: ``exact`` = the scores computed from the game's knowledge base.
 MULTITURN_RULES_JUDGES = ("exact",)
+#: Games whose knowledge base gives the rules ``exact`` judge its scores.
+EXACT_GROUPS = ("twenty_questions", "guess_my_city")
+
+
+def check_multiturn_judge(judge: LLMConfig) -> None:
+    """The judge of continuations must answer the multiturn_judge prompt or be a known rules program."""
+    if judge.backend == "embedding":
+        raise ValueError("judge: the embedding backend cannot score continuations; use rules, hf, "
+                         "vllm or openai")
+    if judge.backend == "rules" and judge.model not in MULTITURN_RULES_JUDGES:
+        raise ValueError(f"judge.model: unknown rules judge {judge.model!r} "
+                         f"(known: {', '.join(MULTITURN_RULES_JUDGES)})")
 
 
 class PairsTextConfig(Section):
@@ -162,12 +174,7 @@ class PairsTextConfig(Section):
 
     @model_validator(mode="after")
     def _judge_usable(self) -> PairsTextConfig:
-        if self.judge.backend == "embedding":
-            raise ValueError("judge: the embedding backend cannot score continuations; use rules, hf, "
-                             "vllm or openai")
-        if self.judge.backend == "rules" and self.judge.model not in MULTITURN_RULES_JUDGES:
-            raise ValueError(f"judge.model: unknown rules judge {self.judge.model!r} "
-                             f"(known: {', '.join(MULTITURN_RULES_JUDGES)})")
+        check_multiturn_judge(self.judge)
         return self
 
 
@@ -215,10 +222,53 @@ class ChaiConfig(Section):
     num_samples: int = Field(5, ge=1, description="utterances sampled per turn; the argmax of min(Q1,Q2) is played")
 
 
+class JudgeRewardConfig(Section):
+    """``rl_text.reward: judge``: each played utterance's CollabLLM-style multi-turn-aware reward, as
+    ``pairs_text.strategy: multiturn`` scores a candidate turn (pipeline/text/multiturn_pairs.py)."""
+
+    num_samples: int = Field(3, ge=1, le=64, description="forward continuations per utterance, played by the "
+                             "round's policy from the utterance on")
+    window_size: int = Field(2, ge=0, le=20, description="agent turns played after the utterance in each "
+                             "continuation (0 = the utterance and the reply to it only)")
+    reward_weights: RewardWeightsConfig = Field(default_factory=RewardWeightsConfig,
+                                                description="weights of the CollabLLM-style reward")
+    judge: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(backend="rules", model="exact"),
+        description="who scores interactivity / information gain / accuracy of a continuation: rules 'exact' = "
+        "computed from the game's knowledge base (twenty_questions, guess_my_city); any chat backend = the "
+        "multiturn_judge prompt")
+
+    @model_validator(mode="after")
+    def _judge_usable(self) -> JudgeRewardConfig:
+        check_multiturn_judge(self.judge)
+        return self
+
+
+class RLCurriculumConfig(Section):
+    """PAPRIKA's UCB curriculum (pipeline/text/curriculum.py) inside rl-text: it picks each round's tasks."""
+
+    enabled: bool = Field(False, description="each round's rl_text.tasks_per_round tasks are the curriculum's "
+                          "picks, updated by the learning potential of the policy's own rollouts of the rounds "
+                          "before (needs trajectories_per_task >= 2); false = a uniform sample of train tasks")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the UCB exploration bonus")
+    arms: Literal["difficulty", "group_difficulty"] = Field(
+        "difficulty", description="difficulty: one arm per label, pooled over groups; group_difficulty: one "
+        "arm per (group, label)")
+
+
 class RLTextConfig(Section):
     algorithm: Literal["filtered_bc", "archer", "chai"] = Field(
         "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
         "online CHAI (critic re-ranks sampled utterances, no actor update)")
+    reward: Literal["outcome", "judge"] = Field(
+        "outcome", description="the per-utterance reward the algorithm learns from: outcome = the game's (-1 per "
+        "turn, 0 on the winning one; reward games: the episode's reward on its last turn; filtered_bc ranks "
+        "successes first, then fewer turns) | judge = the multi-turn-aware reward of forward-simulated "
+        "continuations (rl_text.judge_reward; filtered_bc ranks by the mean over a trajectory's utterances)")
+    judge_reward: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig,
+                                            description="reward judge: forward simulation and its judge")
+    curriculum: RLCurriculumConfig = Field(default_factory=RLCurriculumConfig,
+                                           description="PAPRIKA's curriculum picks each round's tasks")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
     tasks_per_round: int = Field(64, ge=1, description="train tasks played per round")
     trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
@@ -234,6 +284,13 @@ class RLTextConfig(Section):
                                  description="archer and chai: utterance-level double critic with a Polyak target")
     archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")
     chai: ChaiConfig = Field(default_factory=ChaiConfig, description="chai: the critic re-ranks sampled utterances")
+
+    @model_validator(mode="after")
+    def _curriculum_has_spread(self) -> RLTextConfig:
+        if self.curriculum.enabled and self.trajectories_per_task < 2:
+            raise ValueError("curriculum.enabled: the curriculum reads a task's learning potential from the "
+                             "spread of its scores; set rl_text.trajectories_per_task >= 2")
+        return self
 
 
 class EvaluateTextConfig(Section):
@@ -260,4 +317,5 @@ RULES_MODELS = {
     "rollout_text.environment": ("oracle",),
     "annotate_text.judge": ("exact_match",),
     "pairs_text.judge": MULTITURN_RULES_JUDGES,
+    "rl_text.judge_reward.judge": MULTITURN_RULES_JUDGES,
 }

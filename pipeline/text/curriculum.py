@@ -9,6 +9,9 @@ bonus α·√(2 ln N / n_arm). ``select`` picks the best arm, then a task unifor
 Pulls are counted when a task is selected, not when its potential arrives, so one batch of selections
 spreads over the arms the way one-at-a-time play would. The whole state is a JSON-able dict, so a run that is
 stopped and resumed makes the same choices as one that is not.
+
+:class:`OnlineCurriculum` picks the tasks of each round of an online loop (rl-text,
+``rl_text.curriculum.enabled``) from the learning policy's own rollouts of the rounds before.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipeline.envs.base import Task
@@ -132,3 +136,63 @@ class UCBCurriculum:
         self.potential_sum = {arm: float(state["potential_sum"][arm]) for arm in self.arms}
         self.potential_count = {arm: int(state["potential_count"][arm]) for arm in self.arms}
         self.task_potential = {k: float(v) for k, v in state["task_potential"].items()}
+
+
+def task_key(group: str, task_id: str) -> str:
+    return f"{group}/{task_id}"
+
+
+class OnlineCurriculum:
+    """Each round's picks of an online loop whose policy changes between rounds (rl-text).
+
+    Round i's picks = a fresh curriculum, then for each round j < i: ``select`` with round j's rng and
+    ``update`` with the learning potential of each pick's k episodes in round j's rows (the policy's own rollouts,
+    as that round played them), then ``select`` with round i's rng. Rebuilt from the rows every time, so a
+    resumed run picks exactly what an uninterrupted one does.
+
+    Args:
+        arm_of: task key (:func:`task_key`) -> arm.
+        per_round: tasks picked per round; each is played ``k`` times.
+        rng_of: round index -> the round's own ``random.Random``.
+        rows_of: round index -> that round's episode rows (``group``, ``task_id``, ``sample``, ``score``).
+    """
+
+    def __init__(self, arm_of: Mapping[str, str], alpha: float, per_round: int, k: int,
+                 rng_of: Callable[[int], random.Random], rows_of: Callable[[int], list[dict]]) -> None:
+        self.arm_of, self.alpha, self.per_round, self.k = dict(arm_of), alpha, per_round, k
+        self.rng_of, self.rows_of = rng_of, rows_of
+
+    def state_before(self, index: int) -> UCBCurriculum:
+        curriculum = UCBCurriculum(self.arm_of, alpha=self.alpha)
+        for r in range(index):
+            picked = curriculum.select(self.rng_of(r), self.per_round)
+            self._update(curriculum, r, picked, self.rows_of(r))
+        return curriculum
+
+    def picks(self, index: int) -> list[str]:
+        """Round ``index``'s task keys, in pick order (a key may repeat once its arm has no unused task)."""
+        return self.state_before(index).select(self.rng_of(index), self.per_round)
+
+    def episodes(self, index: int) -> list[tuple[str, int]]:
+        """Round ``index``'s (task key, sample): k samples per pick; a task picked twice gets samples k..2k-1."""
+        seen: Counter[str] = Counter()
+        out = []
+        for key in self.picks(index):
+            first = seen[key] * self.k
+            seen[key] += 1
+            out.extend((key, first + s) for s in range(self.k))
+        return out
+
+    def _update(self, curriculum: UCBCurriculum, index: int, picked: list[str], rows: list[dict]) -> None:
+        scores: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+        for r in rows:
+            scores[(task_key(r["group"], r["task_id"]), r["sample"] // self.k)].append((r["sample"], r["score"]))
+        seen: Counter[str] = Counter()
+        for key in picked:
+            got = sorted(scores.pop((key, seen[key]), []))
+            seen[key] += 1
+            if len(got) != self.k:
+                raise RuntimeError(f"curriculum round {index} holds {len(got)} episodes of {key}, {self.k} expected")
+            curriculum.update(key, [s for _, s in got])
+        if scores:
+            raise RuntimeError(f"curriculum round {index} holds tasks it did not pick, e.g. {next(iter(scores))[0]}")

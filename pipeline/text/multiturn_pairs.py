@@ -10,7 +10,8 @@ the continuation found the secret; interactivity = mean binary entropy of each q
 secrets still possible; information gain = the share of the entropy removed by the continuation); any chat
 backend answers the ``multiturn_judge`` prompt (``pipeline/text/prompts/multiturn_judge.yaml``). A candidate
 without a parseable ``<Answer>`` never reaches the environment: it gets R's floor, −1, below every playable turn.
-The ``pairs-text`` stage (``strategy: multiturn``) runs :func:`multiturn_chunk` per chunk of tasks.
+The ``pairs-text`` stage (``strategy: multiturn``) runs :func:`multiturn_chunk` per chunk of tasks; rl-text
+(``rl_text.reward: judge``) scores every utterance its policy plays the same way (:func:`utterance_rewards`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import random
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from pipeline.llm.cache import ask
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.ledger import Ledger
 from pipeline.llm.prompts import load_prompt, render
-from pipeline.text.config import PairsTextConfig
+from pipeline.text.config import EXACT_GROUPS, JudgeRewardConfig, PairsTextConfig
 from pipeline.text.multiturn_reward import (
     ACCURACY_SCORES,
     ConsistentCandidates,
@@ -46,7 +47,7 @@ from pipeline.text.multiturn_reward import (
     multiturn_aware_reward,
     prefer_turn,
 )
-from pipeline.text.play import PROMPT_MESSAGES, history_of, resume_episodes
+from pipeline.text.play import PROMPT_MESSAGES, history_of, resume_episodes, task_from_row
 
 _prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
 
@@ -112,8 +113,6 @@ MULTITURN_PAIR_SCHEMA = pa.schema([
     ("rejected_reward", pa.float64()),
     ("mean_rewards", pa.list_(pa.float64())),  # every candidate's mean reward
 ])
-#: Groups whose knowledge base gives the exact scores (the rules ``exact`` judge).
-EXACT_GROUPS = ("twenty_questions", "guess_my_city")
 #: Reward of a candidate turn without a parseable <Answer>: R's floor (all scores 0, the whole token cost), so
 #: a format failure ranks below every playable turn whatever their continuations cost.
 UNPARSEABLE_REWARD = -1.0
@@ -206,7 +205,7 @@ class ContinuationJudge:
 
     @staticmethod
     def _exact(game: Game, task: Task, prefix: list[dict], row: dict) -> Scores:
-        moves = history_of(row["conversation"])
+        moves = history_of(row["conversation"], parse=game.parse_action)  # free answers too
         n = row["start_turns"]
         accuracy = 0.0
         if row["success"] and row["final_action"] is not None:
@@ -274,28 +273,12 @@ def multiturn_chunk(
         for g in gens[i * cfg.num_candidates : (i + 1) * cfg.num_candidates]:
             unique.setdefault(g.text, Candidate(g.text, g.tokens_out, []))
         per_state.append(list(unique.values()))
-    starts, owners = [], []
-    for (game, task, prefix, _), cands in zip(states, per_state, strict=True):
-        if len(cands) < 2:
-            continue
-        for c in cands:
-            if game.parse_action(c.text) is None:
-                stats["unparseable_candidates"] += 1
-                c.rewards.append(UNPARSEABLE_REWARD)
-                continue
-            for s in range(cfg.num_samples):
-                starts.append((game, task, s, [*prefix, {"role": "assistant", "content": c.text}]))
-                owners.append((game, task, prefix, c))
-    rows = resume_episodes(policy, starts, sampling, seed=seed ^ 0x5EED, max_format_retries=max_format_retries,
-                           max_new_turns=cfg.window_size) if starts else []
-    stats["continuations"] += len(rows)
-    scores = judge.score([(game, task, prefix, row) for (game, task, prefix, _), row in zip(owners, rows,
-                                                                                               strict=True)])
-    for (_, _, _, cand), row, sc in zip(owners, rows, scores, strict=True):
-        if sc is None:
-            stats["unscored_continuations"] += 1
-            continue
-        cand.rewards.append(candidate_reward(sc, cand.tokens + row["tokens_out"], weights(cfg)))
+    compared = [(game, task, prefix, c) for (game, task, prefix, _), cands in zip(states, per_state, strict=True)
+                if len(cands) >= 2 for c in cands]
+    rewards = continuation_rewards(policy, judge, [(g, t, p, c.text, c.tokens) for g, t, p, c in compared], cfg,
+                                   sampling, seed ^ 0x5EED, max_format_retries, stats)
+    for (_, _, _, cand), got in zip(compared, rewards, strict=True):
+        cand.rewards.extend(got)
     pairs = []
     for (_, task, prefix, turn), cands in zip(states, per_state, strict=True):
         pref = choose_pair(cands, cfg.min_margin)
@@ -317,6 +300,75 @@ def multiturn_chunk(
     return pairs
 
 
-def weights(cfg: PairsTextConfig) -> RewardWeights:
+def continuation_rewards(
+    policy: ChatBackend,
+    judge: ContinuationJudge,
+    turns: list[tuple[Game, Task, list[dict], str, int]],
+    cfg: PairsTextConfig | JudgeRewardConfig,
+    sampling: Sampling,
+    seed: int,
+    max_format_retries: int,
+    stats: dict[str, int] | None = None,
+) -> list[list[float]]:
+    """The multi-turn-aware reward R of each of ``cfg.num_samples`` continuations of each turn, given as (game,
+    task, prefix, the turn's text, the tokens generated for it): the continuations are played by ``policy`` from
+    the turn on (the environment's reply to it first, then ``cfg.window_size`` agent turns, seeded by ``seed``)
+    and scored by ``judge``; a continuation the judge could not read has no R. A turn without a parseable
+    ``<Answer>`` is not played: its only R is the floor, ``UNPARSEABLE_REWARD``."""
+    stats = stats if stats is not None else defaultdict(int)
+    out: list[list[float]] = [[] for _ in turns]
+    starts, owners = [], []
+    for j, (game, task, prefix, text, _) in enumerate(turns):
+        if game.parse_action(text) is None:
+            stats["unparseable_candidates"] += 1
+            out[j].append(UNPARSEABLE_REWARD)
+            continue
+        for s in range(cfg.num_samples):
+            starts.append((game, task, s, [*prefix, {"role": "assistant", "content": text}]))
+            owners.append(j)
+    rows = resume_episodes(policy, starts, sampling, seed=seed, max_format_retries=max_format_retries,
+                           max_new_turns=cfg.window_size) if starts else []
+    stats["continuations"] += len(rows)
+    scores = judge.score([(turns[j][0], turns[j][1], turns[j][2], row) for j, row in zip(owners, rows,
+                                                                                          strict=True)])
+    for j, row, sc in zip(owners, rows, scores, strict=True):
+        if sc is None:
+            stats["unscored_continuations"] += 1
+            continue
+        out[j].append(candidate_reward(sc, turns[j][4] + row["tokens_out"], weights(cfg)))
+    return out
+
+
+def utterance_rewards(
+    policy: ChatBackend,
+    judge: ContinuationJudge,
+    rows: list[dict],
+    games: dict[str, Game],
+    cfg: JudgeRewardConfig,
+    sampling: Sampling,
+    seed: int,
+    max_format_retries: int,
+    count_tokens: Callable[[str], int],
+    stats: dict[str, int] | None = None,
+) -> list[list[float]]:
+    """Per played episode row (``pipeline.text.play`` rows; ``games`` by group), the reward of each of its agent
+    utterances in order, as rl-text learns from it with ``rl_text.reward: judge``: the mean R over the
+    utterance's scored continuations (:func:`continuation_rewards`; its tokens: ``count_tokens`` of its text),
+    0.0 when the judge could read none of them."""
+    turns, owners = [], []
+    for j, row in enumerate(rows):
+        game, task, conv = games[row["group"]], task_from_row(row), row["conversation"]
+        for i in range(PROMPT_MESSAGES, len(conv)):
+            if conv[i]["role"] == "assistant":
+                turns.append((game, task, conv[:i], conv[i]["content"], count_tokens(conv[i]["content"])))
+                owners.append(j)
+    out: list[list[float]] = [[] for _ in rows]
+    for j, got in zip(owners, continuation_rewards(policy, judge, turns, cfg, sampling, seed, max_format_retries,
+                                                   stats), strict=True):
+        out[j].append(sum(got) / len(got) if got else 0.0)
+    return out
+
+
+def weights(cfg: PairsTextConfig | JudgeRewardConfig) -> RewardWeights:
     w = cfg.reward_weights
     return RewardWeights(llm=w.llm, task=w.task, cost=w.cost)

@@ -7,8 +7,11 @@ High level, an utterance-level off-policy critic; low level, a token-level polic
   Targets: Q_i(s, a) ← r + γ(1−d)·V̄_i(s′) and V_i(s) ← Q̄_i(s, a_π), a_π freshly sampled from the policy.
 - actor: A = min(Q1, Q2)(s, a_π) − min(V1, V2)(s); loss −mean(log π(a_π|s)·A), log π summed over the
   utterance's tokens (batched, left-padded with explicit position ids: see ``utterance_logprobs``).
-- reward: games scored by turns (twenty questions, …) pay −1 per turn and 0 on the winning turn; games scored
-  by reward (bandits) pay the episode's reward on its last turn.
+- reward (``rl_text.reward``): ``outcome``, games scored by turns (twenty questions, …) pay −1 per turn and 0 on
+  the winning turn, games scored by reward (bandits) pay the episode's reward on its last turn; ``judge``, each
+  transition pays its utterance's multi-turn-aware judge reward (stages/rl/text.py), stored in the replay buffer.
+- tasks: a uniform sample per round, or the curriculum's picks (``rl_text.curriculum.enabled``) over the policy's
+  own episodes of the rounds before (``data/rl_text/episodes``).
 
 A round (the unit of resume): the policy plays ``tasks_per_round × trajectories_per_task`` train episodes; their
 transitions (s, a, r, s′, done) become part r of the replay buffer (chunked Parquet, ``data/rl_text/replay``);
@@ -32,6 +35,7 @@ import copy
 import json
 import random
 import shutil
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -63,12 +67,23 @@ from pipeline.params import Params
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
-from stages.rl.text import NAME, STAGE
+from stages.rl.text import (
+    NAME,
+    STAGE,
+    curriculum_metrics,
+    episode_jobs,
+    judge_rewards,
+    make_judge,
+    online_curriculum,
+    round_episodes,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
 T = TypeVar("T")
+#: What data/rl_text/episodes keeps of each episode: the round's success statistics and the curriculum's scores.
+EPISODE_KEYS = ("group", "task_id", "sample", "success", "invalid", "turns", "score")
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 TRANSITION_SCHEMA = pa.schema([
     ("group", pa.string()), ("task_id", pa.string()), ("sample", pa.int32()), ("turn", pa.int32()),
@@ -235,15 +250,20 @@ def process_seed(seed: int, name: str, index: int, accelerator: Accelerator | No
 
 
 # -- replay buffer ------------------------------------------------------------------------------------------
-def transitions(row: dict, round_index: int, score_by_turns: bool) -> list[dict]:
+def transitions(row: dict, round_index: int, score_by_turns: bool,
+                turn_rewards: list[float] | None = None) -> list[dict]:
     """An episode row's utterance-level transitions. The last one is terminal (win, turn limit, or an
-    unparseable turn that ended the episode)."""
+    unparseable turn that ended the episode). ``turn_rewards`` (one per utterance) replace the game's reward."""
     conv, start = row["conversation"], 2  # system prompt + first user message open every game
     turns = [i for i in range(start, len(conv)) if conv[i]["role"] == "assistant"]
+    if turn_rewards is not None and len(turn_rewards) != len(turns):
+        raise ValueError(f"{len(turn_rewards)} utterance rewards for {len(turns)} utterances")
     out = []
     for k, i in enumerate(turns):
         last = k == len(turns) - 1
-        if score_by_turns:
+        if turn_rewards is not None:
+            reward = float(turn_rewards[k])
+        elif score_by_turns:
             reward = 0.0 if last and row["success"] else -1.0
         else:
             reward = float(row["reward"]) if last else 0.0
@@ -353,6 +373,9 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     score_by_turns = {g.name: g.score_by_turns for g in games}
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
+    curriculum = online_curriculum(  # read by the main process only: it holds the episodes
+        params, jobs, lambda i: json.loads((out / "episodes" / f"round-{i:03d}.json").read_text()))
+    judge, judge_stats = make_judge(params), defaultdict(int)
 
     ckpt = out / "state" / f"round-{start - 1:03d}" if start else None
     policy, tokenizer = load_policy(ckpt / "policy" if ckpt else init, device)
@@ -384,8 +407,8 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
             seed = chunk_seed(params.seed, NAME, r)
             if not from_main(main and r in replay.data.finished(), accelerator):
-                picked = random.Random(seed).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
-                episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
+                keys = round_episodes(params, jobs, r, curriculum) if main or curriculum is None else None
+                episodes = episode_jobs(jobs, keys if curriculum is None else from_main(keys, accelerator))
                 if accelerator is not None:  # each process plays a contiguous part; gathered back in order
                     with accelerator.split_between_processes(episodes) as part:
                         episodes = part
@@ -394,6 +417,11 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
                                          seed=process_seed(params.seed, NAME, r, accelerator),
                                          max_format_retries=params.rollout_text.max_format_retries,
                                          policy_name=f"{cfg.algorithm}-round-{r}")
+                    if judge is not None:  # continuations by the policy itself (CHAI: before re-ranking)
+                        rewards = judge_rewards(params, judge, backend, tokenizer, games, rows,
+                                                process_seed(params.seed, f"{NAME}/judge", r, accelerator),
+                                                judge_stats)
+                        rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
                 if accelerator is not None:
                     from accelerate.utils import gather_object
 
@@ -401,9 +429,9 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
                 if main:
                     # before the part that marks r played
                     atomic_write_json(out / "episodes" / f"round-{r:03d}.json",
-                                      [{k: row[k] for k in ("group", "task_id", "success", "invalid", "turns", "score")}
-                                       for row in rows])
-                    replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]])])
+                                      [{k: row[k] for k in EPISODE_KEYS} for row in rows])
+                    replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]],
+                                                                            row.get("turn_rewards"))])
                 point.text += " (its episodes played)"  # kept: the rerun redoes its gradient steps only
                 stop_here(accelerator)
             # same RNG whether rollouts ran or not
@@ -430,6 +458,8 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         if r + 1 < cfg.rounds:
             stop_here(accelerator)  # the round is checkpointed: the next one starts the rerun
 
+    if judge is not None:
+        judge.close()
     if not main:
         return StageResult()
     final = out / "model"
@@ -439,7 +469,11 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     if extra_outputs:
         extra_outputs(final, critic)
     replay.data.mark_complete(cfg.rounds)
-    return finish(params, out)
+    result = finish(params, out)
+    result.metrics.update(curriculum_metrics(params, curriculum))
+    if judge is not None:
+        result.metrics.update({f"rl/judge_computed/{k}": v for k, v in sorted(judge_stats.items())})
+    return result
 
 
 def stop_here(accelerator: Accelerator | None) -> None:

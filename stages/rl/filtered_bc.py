@@ -3,18 +3,26 @@ Filtered BC" baseline).
 
 Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
 (success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
-current policy. Rollouts are one Parquet part per round and the policy is saved after every round, so a
-killed run resumes at the first unfinished round. On SIGTERM it stops once the round's rollouts are written, or
-with a checkpoint of the round's cloning at the step it is on (``pipeline.models.training``), or after the round.
+current policy. With ``rl_text.reward: judge`` the ranking is by the mean of a trajectory's per-utterance judge
+rewards instead (highest first, ties in play order; stored in the round's rollouts as ``turn_rewards``): the mean,
+not the sum, because every utterance's reward is mostly positive, so a sum would rank long, failed conversations
+above short wins. Format-invalid trajectories are never cloned, with either reward. With
+``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (stages/rl/text.py).
+
+Rollouts are one Parquet part per round and the policy is saved after every round, so a killed run resumes at
+the first unfinished round. On SIGTERM it stops once the round's rollouts are written, or with a checkpoint of
+the round's cloning at the step it is on (``pipeline.models.training``), or after the round.
 Output: ``data/rl_text/model`` (+ rounds, rollouts).
 """
 
 from __future__ import annotations
 
 import math
-import random
 import shutil
+from collections import defaultdict
 from pathlib import Path
+
+import pyarrow as pa
 
 from pipeline.core import interrupt
 from pipeline.core.artifacts import (
@@ -34,7 +42,18 @@ from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
-from stages.rl.text import NAME, STAGE
+from stages.rl.text import (
+    NAME,
+    STAGE,
+    curriculum_metrics,
+    episode_jobs,
+    judge_rewards,
+    make_judge,
+    online_curriculum,
+    round_episodes,
+)
+
+JUDGED_SCHEMA = EPISODE_SCHEMA.append(pa.field("turn_rewards", pa.list_(pa.float64())))
 
 
 def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
@@ -42,6 +61,18 @@ def top_fraction(rows: list[dict], fraction: float) -> list[dict]:
     valid = [r for r in rows if not r["invalid"]]
     ranked = sorted(valid, key=lambda r: (not r["success"], r["turns"]))
     return ranked[: max(1, math.ceil(fraction * len(valid)))] if valid else []
+
+
+def top_by_turn_reward(rows: list[dict], fraction: float) -> list[dict]:
+    """The best ``fraction`` of trajectories by the mean of their per-utterance rewards (``turn_rewards``),
+    highest first (ties keep input order); format-invalid ones are left out."""
+    valid = [r for r in rows if not r["invalid"]]
+    ranked = sorted(valid, key=lambda r: -mean_reward(r["turn_rewards"]))
+    return ranked[: max(1, math.ceil(fraction * len(valid)))] if valid else []
+
+
+def mean_reward(rewards: list[float]) -> float:
+    return sum(rewards) / len(rewards) if rewards else 0.0
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -57,43 +88,22 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     games = make_games(params)
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
+    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts, i))
+    judge, judge_stats = make_judge(params), defaultdict(int)
     current = Path(init)
-    for r in range(cfg.rounds):
-        round_dir = rounds_dir / f"round-{r:03d}"
-        if (round_dir / "DONE").exists() and r in rollouts.finished():
-            current = round_dir
-            continue
-        with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
-            model, tokenizer = load_policy(current, params.policy.device)
-            seed = chunk_seed(params.seed, NAME, r)
-            if r not in rollouts.finished():
-                rng = random.Random(seed)
-                picked = rng.sample(jobs, min(cfg.tasks_per_round, len(jobs)))
-                policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                                   tokenizer=tokenizer)
-                episodes = [(g, t, s) for g, t in picked for s in range(cfg.trajectories_per_task)]
-                rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
-                                     max_format_retries=params.rollout_text.max_format_retries)
-                rollouts.write_part(r, rows, EPISODE_SCHEMA)
-                point.text += " (its episodes played)"  # kept: the rerun clones them
-                interrupt.check()
-            so_far = [row for i in sorted(rollouts.finished()) if i <= r
-                      for row in read_part(rollouts, i)]
-            keep = top_fraction(so_far, cfg.top_quantile)
-            if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
-                model, _, _ = sft_train(
-                    model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
-                    lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
-                    prefix=f"rl_round_{r}", lora=lora,
-                )
-            stats = summarize(read_part(rollouts, r))
-            ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
-            tiny.save(model, tokenizer, round_dir)
-            atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
-            shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
-            current = round_dir
-        if r + 1 < cfg.rounds:
-            interrupt.check()  # the round is saved: the next one starts the rerun
+    try:
+        for r in range(cfg.rounds):
+            round_dir = rounds_dir / f"round-{r:03d}"
+            if (round_dir / "DONE").exists() and r in rollouts.finished():
+                current = round_dir
+                continue
+            current = play_and_clone(params, ctx, r, current, round_dir, rollouts, checkpoints, jobs, games,
+                                     sampling, curriculum, judge, judge_stats, lora)
+            if r + 1 < cfg.rounds:
+                interrupt.check()  # the round is saved: the next one starts the rerun
+    finally:
+        if judge is not None:
+            judge.close()
     final = out / "model"
     if final.exists():
         shutil.rmtree(final)
@@ -107,7 +117,54 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         episodes += len(part)
         history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
     atomic_write_json(params.plots_path("rl_rounds.json"), history)
-    return StageResult(metrics={f"rollouts/{k}": v for k, v in summarize(rows).items()}, outputs=[str(final)])
+    metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()}
+    metrics.update(curriculum_metrics(params, curriculum))
+    if judge is not None and cfg.rounds:
+        judged = read_rows(out / "rollouts", ["turn_rewards"])
+        metrics["rl/mean_turn_reward"] = mean_reward([x for r in judged for x in r["turn_rewards"]])
+        metrics.update({f"rl/judge_computed/{k}": v for k, v in sorted(judge_stats.items())})  # this run's rounds
+    return StageResult(metrics=metrics, outputs=[str(final)])
+
+
+def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, round_dir: Path,
+                   rollouts: ChunkedDataset, checkpoints: Path, jobs, games, sampling, curriculum, judge,
+                   judge_stats: dict[str, int], lora) -> Path:
+    """Round ``r``: play (unless its rollouts are on disk), clone the best so far, save; returns the round's model."""
+    cfg = params.rl_text
+    with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
+        model, tokenizer = load_policy(current, params.policy.device)
+        seed = chunk_seed(params.seed, NAME, r)
+        if r not in rollouts.finished():
+            policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
+                               tokenizer=tokenizer)
+            episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
+            rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
+                                 max_format_retries=params.rollout_text.max_format_retries)
+            schema = EPISODE_SCHEMA
+            if judge is not None:
+                rewards = judge_rewards(params, judge, policy, tokenizer, games, rows,
+                                        chunk_seed(params.seed, f"{NAME}/judge", r), judge_stats)
+                rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
+                schema = JUDGED_SCHEMA
+            rollouts.write_part(r, rows, schema)
+            point.text += " (its episodes played)"  # kept: the rerun clones them
+            interrupt.check()
+        so_far = [row for i in sorted(rollouts.finished()) if i <= r
+                  for row in read_part(rollouts, i)]
+        keep = top_fraction(so_far, cfg.top_quantile) if judge is None else top_by_turn_reward(
+            so_far, cfg.top_quantile)
+        if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
+            model, _, _ = sft_train(
+                model, tokenizer, [k["conversation"] for k in keep], checkpoints / f"round-{r:03d}",
+                lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
+                prefix=f"rl_round_{r}", lora=lora,
+            )
+        stats = summarize(read_part(rollouts, r))
+        ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
+        tiny.save(model, tokenizer, round_dir)
+        atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
+        shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
+    return round_dir
 
 
 def read_part(ds: ChunkedDataset, index: int) -> list[dict]:
