@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -26,12 +27,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _api(url: str, path: str, body: dict | None = None) -> dict | list:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"}, method="POST" if body is not None
-                                 else "GET")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+def _api(url: str, path: str, body: dict | None = None, attempts: int = 6) -> dict | list:
+    """One call of the server's REST API. A busy server (its SQLite database locked by another writer) answers 503:
+    retried with backoff on 429 / 502 / 503, as Prefect's own client does."""
+    for attempt in range(attempts):
+        req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"}, method="POST" if body is not None
+                                     else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code not in (429, 502, 503) or attempt == attempts - 1:
+                raise
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
