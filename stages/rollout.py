@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter, defaultdict
 from functools import partial
 
 from tqdm.auto import tqdm
@@ -29,7 +28,7 @@ from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_accounting, environment_metrics
 from pipeline.params import Params
-from pipeline.text.curriculum import UCBCurriculum
+from pipeline.text.curriculum import UCBCurriculum, round_samples, task_key, update_from_round
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
@@ -49,10 +48,6 @@ STAGE = Stage(
     needs=_needs,
     outs=[Out("data/rollout_text", persist=True)],
 )
-
-
-def task_key(group: str, task_id: str) -> str:
-    return f"{group}/{task_id}"
 
 
 class CurriculumRounds:
@@ -82,31 +77,12 @@ class CurriculumRounds:
 
     def episode_jobs(self, picked: list[str]) -> list[tuple[Game, Task, int]]:
         """k samples per pick; a task picked twice in a round gets samples k..2k-1 the second time."""
-        seen: Counter[str] = Counter()
-        jobs = []
-        for key in picked:
-            game, task = self.task_of[key]
-            first = seen[key] * self.k
-            seen[key] += 1
-            jobs.extend((game, task, first + s) for s in range(self.k))
-        return jobs
+        return [(*self.task_of[key], sample) for key, sample in round_samples(picked, self.k)]
 
     def apply(self, index: int, picked: list[str], rows: list[dict]) -> None:
         """Update the arms with the round's rows: one learning potential per pick, from its k scores."""
-        scores: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
-        for r in rows:
-            scores[(task_key(r["group"], r["task_id"]), r["sample"] // self.k)].append((r["sample"], r["score"]))
-        seen: Counter[str] = Counter()
-        for key in picked:
-            got = sorted(scores.pop((key, seen[key]), []))
-            seen[key] += 1
-            if len(got) != self.k:
-                raise RuntimeError(f"{self.out}: round {index} holds {len(got)} episodes of {key}, the curriculum "
-                                   f"expected {self.k}; remove the dataset to rebuild it")
-            self.curriculum.update(key, [s for _, s in got])
-        if scores:
-            raise RuntimeError(f"{self.out}: round {index} holds tasks the curriculum did not pick, e.g. "
-                               f"{next(iter(scores))[0]}; remove the dataset to rebuild it")
+        update_from_round(self.curriculum, picked, rows, self.k, f"{self.out}: round {index}",
+                          "; remove the dataset to rebuild it")
 
     def state_before(self, index: int) -> UCBCurriculum:
         if self.applied > index:

@@ -142,6 +142,36 @@ def task_key(group: str, task_id: str) -> str:
     return f"{group}/{task_id}"
 
 
+def round_samples(picked: Sequence[str], k: int) -> list[tuple[str, int]]:
+    """A round's (task key, sample): k samples per pick; a task picked twice gets samples k..2k-1 the second time."""
+    seen: Counter[str] = Counter()
+    out = []
+    for key in picked:
+        first = seen[key] * k
+        seen[key] += 1
+        out.extend((key, first + s) for s in range(k))
+    return out
+
+
+def update_from_round(curriculum: UCBCurriculum, picked: Sequence[str], rows: list[dict], k: int, where: str,
+                      hint: str = "") -> None:
+    """Update the arms with a round's rows (``group``, ``task_id``, ``sample``, ``score``): one learning potential
+    per pick, from its k scores in sample order. RuntimeError (``where`` and ``hint`` in it) if the rows do not hold
+    exactly the k episodes of each pick."""
+    scores: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        scores[(task_key(r["group"], r["task_id"]), r["sample"] // k)].append((r["sample"], r["score"]))
+    seen: Counter[str] = Counter()
+    for key in picked:
+        got = sorted(scores.pop((key, seen[key]), []))
+        seen[key] += 1
+        if len(got) != k:
+            raise RuntimeError(f"{where} holds {len(got)} episodes of {key}, the curriculum expected {k}{hint}")
+        curriculum.update(key, [s for _, s in got])
+    if scores:
+        raise RuntimeError(f"{where} holds tasks the curriculum did not pick, e.g. {next(iter(scores))[0]}{hint}")
+
+
 class OnlineCurriculum:
     """Each round's picks of an online loop whose policy changes between rounds (rl-text).
 
@@ -175,24 +205,7 @@ class OnlineCurriculum:
 
     def episodes(self, index: int) -> list[tuple[str, int]]:
         """Round ``index``'s (task key, sample): k samples per pick; a task picked twice gets samples k..2k-1."""
-        seen: Counter[str] = Counter()
-        out = []
-        for key in self.picks(index):
-            first = seen[key] * self.k
-            seen[key] += 1
-            out.extend((key, first + s) for s in range(self.k))
-        return out
+        return round_samples(self.picks(index), self.k)
 
     def _update(self, curriculum: UCBCurriculum, index: int, picked: list[str], rows: list[dict]) -> None:
-        scores: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
-        for r in rows:
-            scores[(task_key(r["group"], r["task_id"]), r["sample"] // self.k)].append((r["sample"], r["score"]))
-        seen: Counter[str] = Counter()
-        for key in picked:
-            got = sorted(scores.pop((key, seen[key]), []))
-            seen[key] += 1
-            if len(got) != self.k:
-                raise RuntimeError(f"curriculum round {index} holds {len(got)} episodes of {key}, {self.k} expected")
-            curriculum.update(key, [s for _, s in got])
-        if scores:
-            raise RuntimeError(f"curriculum round {index} holds tasks it did not pick, e.g. {next(iter(scores))[0]}")
+        update_from_round(curriculum, picked, rows, self.k, f"curriculum round {index}")
