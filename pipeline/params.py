@@ -44,6 +44,7 @@ from pipeline.text.config import (
     EXACT_GROUPS,
     RULES_MODELS,
     AnnotateTextConfig,
+    AnnotateUtterancesConfig,
     BootstrapConfig,
     EvalSweepConfig,
     EvaluateTextConfig,
@@ -54,6 +55,7 @@ from pipeline.text.config import (
     RLTextConfig,
     RolloutTextConfig,
     TrainPolicyConfig,
+    TrainRewardTextConfig,
 )
 
 
@@ -82,6 +84,10 @@ class Params(Section, Locations):
                                            description="the reference policy's log-probs of each pair, stored for DPO")
     train_policy: TrainPolicyConfig = Field(default_factory=TrainPolicyConfig,
                                             description="SFT then DPO of the policy, with LoRA adapters")
+    annotate_utterances: AnnotateUtterancesConfig = Field(default_factory=AnnotateUtterancesConfig,
+        description="rl_text.reward: motif: a judge prefers one of two moves of the same task")
+    train_reward_text: TrainRewardTextConfig = Field(default_factory=TrainRewardTextConfig,
+        description="rl_text.reward: motif: the utterance reward model (Bradley-Terry on the move pairs)")
     rl_text: RLTextConfig = Field(default_factory=RLTextConfig,
                                   description="online RL of the text policy from the DPO policy")
     evaluate_text: EvaluateTextConfig = Field(default_factory=EvaluateTextConfig,
@@ -163,12 +169,14 @@ def check_params(params: Params) -> None:
         raise ConfigError(f"params: rollout_nethack.checkpoint: {params.rollout_nethack.checkpoint!r} "
                           "is not a directory")
     rl = params.rl_text
-    if rl.reward == "judge" and rl.judge_reward.judge.backend == "rules":
+    exact_judge = {"judge": ("rl_text.judge_reward.judge", rl.judge_reward.judge),
+                   "motif": ("annotate_utterances.judge", params.annotate_utterances.judge)}.get(rl.reward)
+    if exact_judge is not None and exact_judge[1].backend == "rules":
         inexact = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
         if inexact:
-            raise ConfigError(f"params: rl_text.reward: judge with the rules 'exact' judge needs a knowledge base "
-                              f"({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(inexact)}: set "
-                              "rl_text.judge_reward.judge to an LLM judge (hf, vllm, openai)")
+            raise ConfigError(f"params: rl_text.reward: {rl.reward} with the rules 'exact' judge needs a knowledge "
+                              f"base ({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(inexact)}: "
+                              f"set {exact_judge[0]} to an LLM judge (hf, vllm, openai)")
     known = {"random", "all", *params.rl_nethack.variants}
     for name in params.evaluate_nethack.policies:
         if name not in known:

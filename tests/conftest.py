@@ -98,7 +98,7 @@ def judge_sources() -> list[str]:
 
 
 TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
-               "rl-text", "evaluate-text"]
+               "annotate-utterances", "train-reward-text", "rl-text", "evaluate-text"]
 READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.core.stage)
 
 

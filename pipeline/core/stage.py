@@ -309,11 +309,16 @@ def _tracked(name: str, params: Any, stage: Stage, view: Any, tracker: Tracker, 
         tracker.log_text(json.dumps(lineage, indent=2), "lineage.json")
         log_samples(tracker, outs)  # a few rows of each dataset written, as MLflow tables (pipeline/core/samples.py)
         for model in models:
-            if model.exists():
+            if model.exists() and not (model / IDLE).exists():
                 tracker.log_model(model, name, params.tracking.experiment, stage.model_loader)
                 tracker.log_text(model_card(name, model, lineage, result.metrics, picked),
                                  f"models/{model.name}/MODEL_CARD.md")
     return result
+
+
+#: What a stage writes in an output instead of a result when its params leave it nothing to do (e.g.
+#: train-reward-text unless rl_text.reward is motif): ``{"idle": "<why>"}``; no model is logged from it.
+IDLE = "idle.json"
 
 
 class ReadRecorder:

@@ -11,25 +11,18 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
-from pipeline.llm.cache import CachedBackend, ask
+from pipeline.llm.base import ChatBackend, Conversation, Sampling
+from pipeline.llm.cache import ask
 from pipeline.llm.embedding import EmbeddingBackend
 from pipeline.llm.ledger import Ledger, Usage
+from pipeline.llm.pairwise import Annotation, ask_pairwise, raw_text
 from pipeline.llm.prompts import load_prompt, render
 
 PreferenceLabel = Literal["FIRST", "SECOND", "TIE", "UNKNOWN"]
 MessageLabel = Literal["helpful", "unhelpful", "UNKNOWN"]
 _prompt = functools.partial(load_prompt, Path(__file__).parent / "prompts")
-
-
-class Annotation(NamedTuple):
-    """One answer: the parsed label, the raw text (or the failure), what its requests cost."""
-
-    label: str
-    raw: str
-    usage: Usage = Usage()
 
 
 # -- Motif pairwise preference ------------------------------------------------------------------------------
@@ -106,23 +99,14 @@ def parse_message_label(text: str) -> MessageLabel:
 # Motif: temperature 0.1, top-p 0.95. The seed makes the answer a function of the prompt, hence cacheable.
 PREFERENCE_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=512, seed=0)
 LABEL_SAMPLING = Sampling(temperature=0.1, top_p=0.95, max_tokens=256, seed=0)
-RETRY_SEPARATOR = "\n[retry]\n"
 
 
 def _ledger(backend: object) -> Ledger | None:
     return getattr(backend, "ledger", None)
 
 
-def _preference_parses(text: str) -> bool:
-    return parse_preference(text) != "UNKNOWN"
-
-
 def _label_parses(text: str) -> bool:
     return parse_message_label(text) != "UNKNOWN"
-
-
-def _raw(g: Generation) -> str:
-    return g.text if g.error is None else f"[request failed] {g.error}"
 
 
 def annotate_preferences(
@@ -157,40 +141,12 @@ def annotate_preferences(
             results[i] = Annotation(label, f"similarity 1={x:.4f} 2={y:.4f}")
         return [r for r in results if r is not None]
 
-    sampling = sampling or PREFERENCE_SAMPLING
-    conversations = {i: preference_messages(*pairs[i], goal=goal, template=template) for i in asked}
-    first = dict(zip(asked, ask(backend, [conversations[i] for i in asked], sampling, _preference_parses),
-                     strict=True))
-    retry: list[int] = []
-    for i, g in first.items():
-        label = parse_preference(g.text) if g.error is None else "UNKNOWN"
-        results[i] = Annotation(label, _raw(g), Usage.of(g))
-        if label == "UNKNOWN" and g.error is None and not g.meta.get("given_up"):  # a given-up row stays put
-            retry.append(i)
-    if retry:
-        follow_ups = [
-            [
-                *conversations[i],
-                {"role": "assistant", "content": first[i].text},
-                {"role": "user", "content": RETRY_PROMPT},
-            ]
-            for i in retry
-        ]
-        resolved = []
-        for i, g in zip(retry, ask(backend, follow_ups, sampling, _preference_parses), strict=True):
-            label = parse_preference(g.text) if g.error is None else "UNKNOWN"
-            before = results[i]
-            assert before is not None
-            results[i] = Annotation(label, before.raw + RETRY_SEPARATOR + _raw(g), before.usage + Usage.of(g))
-            if label != "UNKNOWN":
-                resolved.append(i)
-        if resolved and isinstance(backend, CachedBackend):  # the first answer led to a label: replay it
-            backend.keep([conversations[i] for i in resolved], sampling, [first[i] for i in resolved])
-    out = [r for r in results if r is not None]
-    ledger = _ledger(backend)
-    if ledger is not None:
-        ledger.count_unknown(sum(a.label == "UNKNOWN" for a in out))
-    return out
+    asked_conversations = [preference_messages(*pairs[i], goal=goal, template=template) for i in asked]
+    got = ask_pairwise(backend, asked_conversations, parse_preference, RETRY_PROMPT,
+                       sampling or PREFERENCE_SAMPLING)
+    for i, annotation in zip(asked, got, strict=True):
+        results[i] = annotation
+    return [r for r in results if r is not None]
 
 
 def label_messages(
@@ -224,7 +180,7 @@ def label_messages(
     for i, g in zip(asked, ask(backend, conversations, sampling or LABEL_SAMPLING, _label_parses), strict=True):
         label = parse_message_label(g.text) if g.error is None else "UNKNOWN"
         unknown += label == "UNKNOWN"
-        results[i] = Annotation(label, _raw(g), Usage.of(g))
+        results[i] = Annotation(label, raw_text(g), Usage.of(g))
     ledger = _ledger(backend)
     if ledger is not None:
         ledger.count_unknown(unknown)

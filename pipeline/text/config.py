@@ -244,6 +244,49 @@ class JudgeRewardConfig(Section):
         return self
 
 
+class AnnotateUtterancesConfig(Section):
+    """``rl_text.reward: motif``: a judge prefers one of two moves of the same task (Motif's pairwise annotation,
+    on the base policy's rollouts); idle (one line in its output) for the other rewards."""
+
+    num_pairs: int = Field(4096, ge=1, description="pairs of moves (same task, same agent turn, two plays), a "
+                           "seeded sample of all such pairs")
+    context_messages: int = Field(4, ge=0, le=64, description="messages before a move that the reward model "
+                                  "reads with it (newest first; the opening prompt never)")
+    judge: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(backend="rules", model="exact"),
+        description="who prefers a move: rules 'exact' = the larger one-turn reward from the game's knowledge "
+        "base (twenty_questions, guess_my_city); any chat backend = the Motif-style utterance_preference prompt "
+        "(temperature 0.1, top-p 0.95 as Motif's annotator)")
+
+
+class TrainRewardTextConfig(Section):
+    """The utterance reward model: Motif's byte-level network and soft-label Bradley-Terry loss."""
+
+    val_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="pairs held out for agreement (Motif: 80/20)")
+    epochs: int = Field(10, ge=1, description="passes over the training pairs (Motif: 10)")
+    batch_size: int = Field(64, ge=1, description="pairs per step (Motif: 1024 over 100k+ pairs)")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate (Motif: 1e-5 over 500k pairs)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_len: int = Field(256, ge=8, le=2048, description="bytes of a move and its context the network reads")
+    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
+    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
+    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
+
+
+class MotifRewardConfig(Section):
+    """``rl_text.reward: motif``: r = outcome_coef·r_outcome + intrinsic_coef·1[r̃ > ε]·r̃ / N_ep(move)^β."""
+
+    threshold_quantile: float | None = Field(0.5, ge=0.0, le=1.0, description="ε = this quantile of the "
+                                             "normalised reward r̃ over the training moves (Motif: 0.5); null = "
+                                             "no threshold")
+    count_exponent: float = Field(3.0, ge=0.0, description="β: a move repeated in one episode earns r̃ / N^β, "
+                                  "N = its count so far in the episode (Motif: 3)")
+    intrinsic_coef: float = Field(1.0, ge=0.0, description="weight of the reward model's reward")
+    outcome_coef: float = Field(0.0, ge=0.0, description="weight of the game's outcome reward (-1 per turn, 0 "
+                                "on the winning one; reward games: the reward on the last turn); 0 = "
+                                "intrinsic only, Motif's headline agent")
+
+
 class RLCurriculumConfig(Section):
     """PAPRIKA's UCB curriculum (pipeline/text/curriculum.py) inside rl-text: it picks each round's tasks."""
 
@@ -260,13 +303,17 @@ class RLTextConfig(Section):
     algorithm: Literal["filtered_bc", "archer", "chai"] = Field(
         "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
         "online CHAI (critic re-ranks sampled utterances, no actor update)")
-    reward: Literal["outcome", "judge"] = Field(
+    reward: Literal["outcome", "judge", "motif", "oni"] = Field(
         "outcome", description="the per-utterance reward the algorithm learns from: outcome = the game's (-1 per "
         "turn, 0 on the winning one; reward games: the episode's reward on its last turn; filtered_bc ranks "
         "successes first, then fewer turns) | judge = the multi-turn-aware reward of forward-simulated "
-        "continuations (rl_text.judge_reward; filtered_bc ranks by the mean over a trajectory's utterances)")
+        "continuations (rl_text.judge_reward) | motif = the utterance reward model of train-reward-text "
+        "(rl_text.motif) | oni = the judge labels moves while rl-text plays, a reward model refit between "
+        "rounds (rl_text.oni); filtered_bc ranks by the mean over a trajectory's utterances for all but outcome")
     judge_reward: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig,
                                             description="reward judge: forward simulation and its judge")
+    motif: MotifRewardConfig = Field(default_factory=MotifRewardConfig,
+                                     description="reward: motif: normalised, thresholded, count-discounted")
     curriculum: RLCurriculumConfig = Field(default_factory=RLCurriculumConfig,
                                            description="PAPRIKA's curriculum picks each round's tasks")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
@@ -318,4 +365,5 @@ RULES_MODELS = {
     "annotate_text.judge": ("exact_match",),
     "pairs_text.judge": MULTITURN_RULES_JUDGES,
     "rl_text.judge_reward.judge": MULTITURN_RULES_JUDGES,
+    "annotate_utterances.judge": MULTITURN_RULES_JUDGES,
 }

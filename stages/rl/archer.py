@@ -8,8 +8,8 @@ High level, an utterance-level off-policy critic; low level, a token-level polic
 - actor: A = min(Q1, Q2)(s, a_π) − min(V1, V2)(s); loss −mean(log π(a_π|s)·A), log π summed over the
   utterance's tokens (batched, left-padded with explicit position ids: see ``utterance_logprobs``).
 - reward (``rl_text.reward``): ``outcome``, games scored by turns (twenty questions, …) pay −1 per turn and 0 on
-  the winning turn, games scored by reward (bandits) pay the episode's reward on its last turn; ``judge``, each
-  transition pays its utterance's multi-turn-aware judge reward (stages/rl/text.py), stored in the replay buffer.
+  the winning turn, games scored by reward (bandits) pay the episode's reward on its last turn; ``judge``, ``motif``
+  and ``oni``, each transition pays its utterance's dense reward (stages/rl/text.py), stored in the replay buffer.
 - tasks: a uniform sample per round, or the curriculum's picks (``rl_text.curriculum.enabled``) over the policy's
   own episodes of the rounds before (``data/rl_text/episodes``).
 
@@ -35,7 +35,6 @@ import copy
 import json
 import random
 import shutil
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -72,9 +71,9 @@ from stages.rl.text import (
     STAGE,
     curriculum_metrics,
     episode_jobs,
-    judge_rewards,
-    make_judge,
+    make_turn_rewards,
     online_curriculum,
+    outcome_rewards,
     round_episodes,
 )
 
@@ -258,18 +257,12 @@ def transitions(row: dict, round_index: int, score_by_turns: bool,
     turns = [i for i in range(start, len(conv)) if conv[i]["role"] == "assistant"]
     if turn_rewards is not None and len(turn_rewards) != len(turns):
         raise ValueError(f"{len(turn_rewards)} utterance rewards for {len(turns)} utterances")
+    rewards = turn_rewards if turn_rewards is not None else outcome_rewards(row, score_by_turns)
     out = []
     for k, i in enumerate(turns):
-        last = k == len(turns) - 1
-        if turn_rewards is not None:
-            reward = float(turn_rewards[k])
-        elif score_by_turns:
-            reward = 0.0 if last and row["success"] else -1.0
-        else:
-            reward = float(row["reward"]) if last else 0.0
         out.append({"group": row["group"], "task_id": row["task_id"], "sample": row["sample"], "turn": k,
-                    "state": conv[:i], "action": conv[i]["content"], "reward": reward,
-                    "next_state": conv[: i + 2], "done": last, "round": round_index})
+                    "state": conv[:i], "action": conv[i]["content"], "reward": float(rewards[k]),
+                    "next_state": conv[: i + 2], "done": k == len(turns) - 1, "round": round_index})
     return out
 
 
@@ -375,7 +368,7 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(  # read by the main process only: it holds the episodes
         params, jobs, lambda i: json.loads((out / "episodes" / f"round-{i:03d}.json").read_text()))
-    judge, judge_stats = make_judge(params), defaultdict(int)
+    rewarder = make_turn_rewards(params)
 
     ckpt = out / "state" / f"round-{start - 1:03d}" if start else None
     policy, tokenizer = load_policy(ckpt / "policy" if ckpt else init, device)
@@ -417,10 +410,9 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
                                          seed=process_seed(params.seed, NAME, r, accelerator),
                                          max_format_retries=params.rollout_text.max_format_retries,
                                          policy_name=f"{cfg.algorithm}-round-{r}")
-                    if judge is not None:  # continuations by the policy itself (CHAI: before re-ranking)
-                        rewards = judge_rewards(params, judge, backend, tokenizer, games, rows,
-                                                process_seed(params.seed, f"{NAME}/judge", r, accelerator),
-                                                judge_stats)
+                    if rewarder is not None:  # judge: continuations by the policy itself (CHAI: before re-ranking)
+                        rewards = rewarder(backend, tokenizer, games, rows,
+                                           process_seed(params.seed, f"{NAME}/judge", r, accelerator), r)
                         rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
                 if accelerator is not None:
                     from accelerate.utils import gather_object
@@ -458,8 +450,8 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         if r + 1 < cfg.rounds:
             stop_here(accelerator)  # the round is checkpointed: the next one starts the rerun
 
-    if judge is not None:
-        judge.close()
+    if rewarder is not None:
+        rewarder.close()
     if not main:
         return StageResult()
     final = out / "model"
@@ -471,8 +463,8 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     replay.data.mark_complete(cfg.rounds)
     result = finish(params, out)
     result.metrics.update(curriculum_metrics(params, curriculum))
-    if judge is not None:
-        result.metrics.update({f"rl/judge_computed/{k}": v for k, v in sorted(judge_stats.items())})
+    if rewarder is not None:
+        result.metrics.update(rewarder.metrics())
     return result
 
 

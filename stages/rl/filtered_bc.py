@@ -3,10 +3,10 @@ Filtered BC" baseline).
 
 Each round: the current policy plays ``tasks_per_round`` train tasks × k; all trajectories so far are ranked
 (success first, then fewer turns); the top ``top_quantile`` fraction is cloned (assistant-only SFT) into the
-current policy. With ``rl_text.reward: judge`` the ranking is by the mean of a trajectory's per-utterance judge
-rewards instead (highest first, ties in play order; stored in the round's rollouts as ``turn_rewards``): the mean,
-not the sum, because every utterance's reward is mostly positive, so a sum would rank long, failed conversations
-above short wins. Format-invalid trajectories are never cloned, with either reward. With
+current policy. With a dense ``rl_text.reward`` (judge, motif, oni) the ranking is by the mean of a trajectory's
+per-utterance rewards instead (highest first, ties in play order; stored in the round's rollouts as
+``turn_rewards``): the mean, not the sum, because a judge's reward is mostly positive, so a sum would rank long,
+failed conversations above short wins. Format-invalid trajectories are never cloned, with either reward. With
 ``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (stages/rl/text.py).
 
 Rollouts are one Parquet part per round and the policy is saved after every round, so a killed run resumes at
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -45,10 +44,10 @@ from pipeline.text.policies import game_tasks, make_games, require_policy
 from stages.rl.text import (
     NAME,
     STAGE,
+    TurnRewards,
     curriculum_metrics,
     episode_jobs,
-    judge_rewards,
-    make_judge,
+    make_turn_rewards,
     online_curriculum,
     round_episodes,
 )
@@ -89,7 +88,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts, i))
-    judge, judge_stats = make_judge(params), defaultdict(int)
+    rewarder = make_turn_rewards(params)
     current = Path(init)
     try:
         for r in range(cfg.rounds):
@@ -98,12 +97,12 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 current = round_dir
                 continue
             current = play_and_clone(params, ctx, r, current, round_dir, rollouts, checkpoints, jobs, games,
-                                     sampling, curriculum, judge, judge_stats, lora)
+                                     sampling, curriculum, rewarder, lora)
             if r + 1 < cfg.rounds:
                 interrupt.check()  # the round is saved: the next one starts the rerun
     finally:
-        if judge is not None:
-            judge.close()
+        if rewarder is not None:
+            rewarder.close()
     final = out / "model"
     if final.exists():
         shutil.rmtree(final)
@@ -119,16 +118,16 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     atomic_write_json(params.plots_path("rl_rounds.json"), history)
     metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()}
     metrics.update(curriculum_metrics(params, curriculum))
-    if judge is not None and cfg.rounds:
+    if rewarder is not None and cfg.rounds:
         judged = read_rows(out / "rollouts", ["turn_rewards"])
         metrics["rl/mean_turn_reward"] = mean_reward([x for r in judged for x in r["turn_rewards"]])
-        metrics.update({f"rl/judge_computed/{k}": v for k, v in sorted(judge_stats.items())})  # this run's rounds
+        metrics.update(rewarder.metrics())
     return StageResult(metrics=metrics, outputs=[str(final)])
 
 
 def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, round_dir: Path,
-                   rollouts: ChunkedDataset, checkpoints: Path, jobs, games, sampling, curriculum, judge,
-                   judge_stats: dict[str, int], lora) -> Path:
+                   rollouts: ChunkedDataset, checkpoints: Path, jobs, games, sampling, curriculum,
+                   rewarder: TurnRewards | None, lora) -> Path:
     """Round ``r``: play (unless its rollouts are on disk), clone the best so far, save; returns the round's model."""
     cfg = params.rl_text
     with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
@@ -141,9 +140,8 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
             rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
                                  max_format_retries=params.rollout_text.max_format_retries)
             schema = EPISODE_SCHEMA
-            if judge is not None:
-                rewards = judge_rewards(params, judge, policy, tokenizer, games, rows,
-                                        chunk_seed(params.seed, f"{NAME}/judge", r), judge_stats)
+            if rewarder is not None:
+                rewards = rewarder(policy, tokenizer, games, rows, chunk_seed(params.seed, f"{NAME}/judge", r), r)
                 rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
                 schema = JUDGED_SCHEMA
             rollouts.write_part(r, rows, schema)
@@ -151,7 +149,7 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
             interrupt.check()
         so_far = [row for i in sorted(rollouts.finished()) if i <= r
                   for row in read_part(rollouts, i)]
-        keep = top_fraction(so_far, cfg.top_quantile) if judge is None else top_by_turn_reward(
+        keep = top_fraction(so_far, cfg.top_quantile) if rewarder is None else top_by_turn_reward(
             so_far, cfg.top_quantile)
         if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
             model, _, _ = sft_train(

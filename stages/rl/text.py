@@ -12,11 +12,20 @@ Each round's tasks are a uniform sample of the train tasks (seeded by the round)
 ``rl_text.curriculum.enabled`` the picks of PAPRIKA's UCB curriculum updated by the learning potential of the
 policy's own episodes of the rounds before (``pipeline.text.curriculum.OnlineCurriculum``, rebuilt from the
 rounds' rows on disk: a resumed run picks what an uninterrupted one does). ``rl_text.reward`` picks what the
-algorithms learn from: ``outcome``, the game's reward, or ``judge``, each utterance's CollabLLM-style
-multi-turn-aware reward (``pipeline.text.multiturn_pairs.utterance_rewards``): the mean R of
-``judge_reward.num_samples`` continuations that the round's policy plays from the utterance on, scored by
-``judge_reward.judge``. It is computed once per round, right after the round is played, and stored with the
-round's episodes, so a resumed round learns from the same numbers.
+algorithms learn from (:func:`make_turn_rewards`):
+
+- ``outcome``: the game's reward;
+- ``judge``: each utterance's CollabLLM-style multi-turn-aware reward
+  (``pipeline.text.multiturn_pairs.utterance_rewards``): the mean R of ``judge_reward.num_samples`` continuations
+  that the round's policy plays from the utterance on, scored by ``judge_reward.judge``;
+- ``motif``: the utterance reward model of train-reward-text (Motif's Bradley-Terry model, distilled from the
+  judge's pairwise preferences of annotate-utterances), normalised, thresholded and count-discounted
+  (:func:`motif_rewards`);
+- ``oni``: the judge labels the moves while rl-text plays, in ONI's asynchronous annotator process; a reward
+  model refit between rounds gives the unlabelled ones theirs (stages/rl/oni_text.py).
+
+Dense rewards are computed once per round, right after the round is played, and stored with the round's
+episodes (``turn_rewards``), so a resumed round learns from the same numbers.
 """
 
 from __future__ import annotations
@@ -24,24 +33,26 @@ from __future__ import annotations
 import importlib
 import random
 import shutil
+from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.params import Params
+from pipeline.text.play import PROMPT_MESSAGES
 from pipeline.text.policies import policy_deps
 
 if TYPE_CHECKING:
     from pipeline.envs.base import Game, Task
     from pipeline.llm.base import ChatBackend
     from pipeline.text.curriculum import OnlineCurriculum
-    from pipeline.text.multiturn_pairs import ContinuationJudge
 
 NAME = "rl-text"
 
 
 def _needs(params: Params) -> list[str]:
-    return policy_deps(params, "dpo", served=False)  # every algorithm starts from the DPO policy
+    reward_model = ["data/reward_model_text"] if params.rl_text.reward == "motif" else []
+    return policy_deps(params, "dpo", served=False) + reward_model  # every algorithm starts from the DPO policy
 
 
 STAGE = Stage(
@@ -54,9 +65,10 @@ STAGE = Stage(
         "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py", "pipeline/text/critic.py",
         "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py", "pipeline/envs",
         "pipeline/text/curriculum.py", "pipeline/text/multiturn_pairs.py", "pipeline/text/multiturn_reward.py",
-        "pipeline/text/prompts/multiturn_judge.yaml",
+        "pipeline/text/prompts/multiturn_judge.yaml", "pipeline/models/reward_net.py",
+        "pipeline/text/utterance_prefs.py",
     ],
-    data=["data/train_policy/sft", "data/train_policy/dpo"],
+    data=["data/train_policy/sft", "data/train_policy/dpo", "data/reward_model_text"],
     needs=_needs,
     outs=[Out("data/rl_text", persist=True)],
     plots=[
@@ -130,24 +142,134 @@ def curriculum_metrics(params: Params, curriculum: OnlineCurriculum | None) -> d
     return out
 
 
-def make_judge(params: Params) -> ContinuationJudge | None:
-    """The judge of ``rl_text.reward: judge`` (None for ``outcome``)."""
-    if params.rl_text.reward != "judge":
-        return None
-    from pipeline.text.multiturn_pairs import ContinuationJudge
+class TurnRewards:
+    """The dense per-utterance reward of ``rl_text.reward`` (all but ``outcome``): called once per played round."""
 
-    return ContinuationJudge(params.rl_text.judge_reward.judge)
+    def __call__(self, policy: ChatBackend, tokenizer, games: list[Game], rows: list[dict], seed: int,
+                 round_index: int) -> list[list[float]]:
+        """Per played row, the reward of each of its agent utterances in order."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
-def judge_rewards(params: Params, judge: ContinuationJudge, policy: ChatBackend, tokenizer, games: list[Game],
-                  rows: list[dict], seed: int, stats: dict[str, int]) -> list[list[float]]:
-    """Each row's per-utterance judge rewards, continuations played by ``policy`` (sampled as rollouts are)."""
-    from pipeline.llm import sampling_from_config
-    from pipeline.text.multiturn_pairs import utterance_rewards
+def make_turn_rewards(params: Params) -> TurnRewards | None:
+    """The reward of ``rl_text.reward`` (None: ``outcome``, the game's own, which each algorithm reads itself)."""
+    reward = params.rl_text.reward
+    if reward == "judge":
+        return JudgeTurnRewards(params)
+    if reward == "motif":
+        return MotifTurnRewards(params)
+    if reward == "oni":
+        from stages.rl.oni_text import OniTurnRewards
 
-    def count_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return OniTurnRewards(params)
+    return None
 
-    return utterance_rewards(policy, judge, rows, {g.name: g for g in games}, params.rl_text.judge_reward,
-                             sampling_from_config(params.rollout_text), seed,
-                             params.rollout_text.max_format_retries, count_tokens, stats)
+
+class JudgeTurnRewards(TurnRewards):
+    """Each utterance's multi-turn-aware reward: continuations played by the round's policy, judged."""
+
+    def __init__(self, params: Params) -> None:
+        from pipeline.text.multiturn_pairs import ContinuationJudge
+
+        self.params = params
+        self.judge = ContinuationJudge(params.rl_text.judge_reward.judge)
+        self.stats: dict[str, int] = defaultdict(int)
+
+    def __call__(self, policy, tokenizer, games, rows, seed, round_index):
+        from pipeline.llm import sampling_from_config
+        from pipeline.text.multiturn_pairs import utterance_rewards
+
+        def count_tokens(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        params = self.params
+        return utterance_rewards(policy, self.judge, rows, {g.name: g for g in games}, params.rl_text.judge_reward,
+                                 sampling_from_config(params.rollout_text), seed,
+                                 params.rollout_text.max_format_retries, count_tokens, self.stats)
+
+    def metrics(self):
+        return {f"rl/judge_computed/{k}": v for k, v in sorted(self.stats.items())}  # this run's rounds
+
+    def close(self):
+        self.judge.close()
+
+
+def outcome_rewards(row: dict, score_by_turns: bool) -> list[float]:
+    """The game's reward of each agent utterance of a played row: games scored by turns pay −1 per turn and 0 on
+    the winning one; games scored by reward pay the episode's reward on the last turn."""
+    n = sum(m["role"] == "assistant" for m in row["conversation"][PROMPT_MESSAGES:])
+    if score_by_turns:
+        return [0.0 if k == n - 1 and row["success"] else -1.0 for k in range(n)]
+    return [float(row["reward"]) if k == n - 1 else 0.0 for k in range(n)]
+
+
+def motif_rewards(normalised: list[float], moves: list[str], threshold: float | None, count_exponent: float
+                  ) -> list[float]:
+    """Motif's intrinsic reward of one episode's utterances: r_int = 1[r̃ > ε]·r̃ / N^β, with r̃ the normalised
+    reward-model output, ε the threshold (None: none) and N the count of the same move in the episode so far
+    (this one included)."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for r, move in zip(normalised, moves, strict=True):
+        seen[move.strip()] += 1
+        kept = r if threshold is None or r > threshold else 0.0
+        out.append(kept / seen[move.strip()] ** count_exponent)
+    return out
+
+
+class MotifTurnRewards(TurnRewards):
+    """train-reward-text's model: r = outcome_coef·r_outcome + intrinsic_coef·1[r̃ > ε]·r̃ / N^β (rl_text.motif)."""
+
+    def __init__(self, params: Params) -> None:
+        import json
+
+        from pipeline.core.errors import InputError
+        from pipeline.core.stage import IDLE
+        from pipeline.models.reward_net import STATS, load_reward_model
+
+        path = params.data_path("reward_model_text")
+        if (path / IDLE).exists() or not (path / STATS).exists():
+            raise InputError(f"rl_text.reward: motif needs the utterance reward model at {path}, which holds none "
+                             "(written for another rl_text.reward): run annotate-utterances and train-reward-text "
+                             "with rl_text.reward=motif first")
+        self.cfg = params.rl_text.motif
+        self.model, self.stats = load_reward_model(path)
+        self.context_messages = json.loads((path / STATS).read_text())["context_messages"]
+        self.threshold = self.stats.threshold(self.cfg.threshold_quantile)
+        self.scored: list[float] = []
+
+    def __call__(self, policy, tokenizer, games, rows, seed, round_index):
+        import numpy as np
+
+        from pipeline.text.utterance_prefs import assistant_indices, utterance_text
+
+        by_turns = {g.name: g.score_by_turns for g in games}
+        texts, owners = [], []
+        for j, row in enumerate(rows):
+            for i in assistant_indices(row["conversation"]):
+                texts.append(utterance_text(row["conversation"], i, self.context_messages))
+                owners.append(j)
+        normalised = np.asarray(self.stats.normalize(self.model.score(texts)), dtype=float)
+        self.scored.extend(normalised.tolist())
+        out = []
+        for j, row in enumerate(rows):
+            mine = [float(x) for x, o in zip(normalised, owners, strict=True) if o == j]
+            moves = [row["conversation"][i]["content"] for i in assistant_indices(row["conversation"])]
+            intrinsic = motif_rewards(mine, moves, self.threshold, self.cfg.count_exponent)
+            outcome = outcome_rewards(row, by_turns[row["group"]])
+            out.append([self.cfg.intrinsic_coef * a + self.cfg.outcome_coef * b
+                        for a, b in zip(intrinsic, outcome, strict=True)])
+        return out
+
+    def metrics(self):
+        if not self.scored:
+            return {}
+        above = sum(x > self.threshold for x in self.scored) if self.threshold is not None else len(self.scored)
+        return {"rl/motif/mean_normalised": sum(self.scored) / len(self.scored),
+                "rl/motif/above_threshold": above / len(self.scored)}
