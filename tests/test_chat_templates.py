@@ -66,6 +66,21 @@ def test_masked_tokens_are_assistant_contents_and_end_of_turn(real, family):
         assert [tok.decode(r[:-1]) for r in runs] == [m["content"] for m in completion if m["role"] == "assistant"]
 
 
+@pytest.mark.parametrize("family", [*FAMILIES, "own"])
+def test_multiturn_prompt_counts_only_the_completions_turn(real, family):
+    """A multi-turn pair (pairs_text.strategy=multiturn): the prompt holds an earlier assistant turn, which is
+    context; the completion's turn alone is masked, and prompt + completion ids are the conversation's."""
+    _, tok = use(real, family)
+    eot = tok.convert_tokens_to_ids(EOT[family])
+    prompt = PROMPT + CHOSEN[:2]
+    pair = tokenize_pair(tok, prompt, CHOSEN[2:3], REJECTED[:1])
+    for side, completion in (("chosen", CHOSEN[2:3]), ("rejected", REJECTED[:1])):
+        ids, _, _ = assistant_token_mask(tok, prompt + completion)
+        assert pair["prompt_ids"] + pair[f"{side}_ids"] == ids
+        runs = masked_runs(pair[f"{side}_ids"], pair[f"{side}_mask"])
+        assert [tok.decode(r[:-1]) for r in runs] == [completion[0]["content"]] and runs[0][-1] == eot
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_sft_and_dpo_train_on_real_weights(real, family, tmp_path):
     """Two LoRA steps each (adapters removed afterwards, so every family starts from the same weights): SFT

@@ -1,5 +1,6 @@
 """DPO/RPO on stored reference log-probs, checked against the formulas on numbers computed here."""
 
+import copy
 import math
 
 import pytest
@@ -34,6 +35,26 @@ def test_mask_covers_assistant_content_and_its_end_of_turn_only(tiny_lm):
     assert sum(t == end for t in pair["chosen_ids"]) == 4 and sum(
         m for t, m in zip(pair["chosen_ids"], pair["chosen_mask"], strict=False) if t == end) == 2
     assert "Yes." not in kept and "Goal reached" not in kept
+
+
+@pytest.mark.parametrize("markers", [True, False], ids=["generation-markers", "offsets"])
+def test_multiturn_prompt_keeps_its_own_assistant_turns_out_of_the_completion_mask(tiny_lm, markers):
+    """A multi-turn pair's prompt holds the agent's earlier moves (pairs_text.strategy=multiturn, state_turn > 0):
+    they are context, not a counted token inside the prompt; only the completion's turn is masked. Both ways of
+    finding assistant tokens: the built-in template's {% generation %} markers, and the same template without
+    them (located from the rendered text, as for HF templates without markers)."""
+    _, tok = tiny_lm
+    if not markers:
+        tok = copy.deepcopy(tok)
+        tok.chat_template = tiny.CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    prompt = PROMPT + CHOSEN[:2]  # system, user, assistant (an earlier move), user (its reply)
+    pair = tokenize_pair(tok, prompt, CHOSEN[2:3], REJECTED[:1])
+    assert pair["prompt_ids"] == tok.apply_chat_template(prompt, tokenize=True)
+    for side, completion in (("chosen", CHOSEN[2:3]), ("rejected", REJECTED[:1])):
+        ids, mask = pair[f"{side}_ids"], pair[f"{side}_mask"]
+        assert pair["prompt_ids"] + ids == tok.apply_chat_template(prompt + completion, tokenize=True)
+        assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == completion[0]["content"] + "<|end|>"
+        assert mask[0] == 0  # the role header before the content
 
 
 def test_sequence_logps_is_masked_sum(tiny_lm):

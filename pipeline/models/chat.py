@@ -81,19 +81,34 @@ def stop_token_ids(tokenizer) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id)
 
 
-def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+def assistant_token_mask(tokenizer, messages: list[dict], count_from: int = 0
+                         ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Token ids of the rendered conversation, the mask of the tokens that count (see module doc) and, when the
-    mask was derived from the text (no generation markers), each token's character offsets (else [])."""
+    mask was derived from the text (no generation markers), each token's character offsets (else []).
+
+    Only assistant turns from message ``count_from`` on count: a preference pair's prompt may hold the agent's
+    earlier turns (a multi-turn state), which are context there, not part of the completion."""
     if has_generation_markers(tokenizer):
         enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)
-        return list(enc["input_ids"]), [int(m) for m in enc["assistant_masks"]], []
+        ids, mask = list(enc["input_ids"]), [int(m) for m in enc["assistant_masks"]]
+        if any(m["role"] == "assistant" for m in messages[:count_from]):
+            # the markers mark every assistant turn: uncount those of the first messages, which render (the
+            # template being prefix-preserving) as the first tokens of the conversation with the same mask
+            head = tokenizer.apply_chat_template(messages[:count_from], tokenize=True, return_dict=True,
+                                                 return_assistant_tokens_mask=True)
+            if ids[: len(head["input_ids"])] != list(head["input_ids"]):
+                raise ValueError("chat template does not render the first messages as a prefix of the "
+                                 "conversation: cannot tell their assistant turns from the later ones")
+            mask = [0 if i < len(head["assistant_masks"]) and head["assistant_masks"][i] else m
+                    for i, m in enumerate(mask)]
+        return ids, mask, []
     if not tokenizer.is_fast:
         raise ValueError("assistant masks without {% generation %} markers need a fast tokenizer (offsets)")
     text = _render(tokenizer, messages)
     spans: list[tuple[int, int]] = []
     for k, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or k < count_from:
             continue
         before, after = _turn_frame(tokenizer, messages[:k])
         upto = _render(tokenizer, messages[: k + 1])

@@ -249,10 +249,12 @@ def tokenize_pair(tokenizer, prompt: list[dict], chosen: list[dict], rejected: l
     The mask covers each assistant turn's content and the end-of-turn token that stops it, for any chat template
     (``pipeline.models.chat``): environment (user) turns, role headers and separators are excluded (PAPRIKA built
     such a mask but summed over the template tokens too; see RECIPES.md, Known bugs). SFT uses the same mask.
+    Assistant turns inside ``prompt`` (a multi-turn state's earlier moves) are context: only the completion's
+    turns count.
     """
     out: dict[str, Any] = {}
     for name, completion in (("chosen", chosen), ("rejected", rejected)):
-        ids, mask, offsets = assistant_token_mask(tokenizer, prompt + completion)
+        ids, mask, offsets = assistant_token_mask(tokenizer, prompt + completion, count_from=len(prompt))
         n = prompt_boundary(tokenizer, prompt, prompt + completion, ids, mask, offsets)
         if "prompt_ids" in out and out["prompt_ids"] != ids[:n]:
             raise ValueError("chosen and rejected render the prompt differently")
