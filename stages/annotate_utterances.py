@@ -39,7 +39,7 @@ from pipeline.text.utterance_prefs import UtterancePair, UtterancePreferenceJudg
 NAME = "annotate-utterances"
 STAGE = Stage(
     NAME,
-    params=["seed", "rl_text.reward", "annotate_utterances"],
+    params=["seed", "rl_text.reward", "policy.free_answers", "annotate_utterances"],
     code=["pipeline/text/utterance_prefs.py", "pipeline/text/prompts/utterance_preference.yaml",
           "pipeline/llm/pairwise.py"],
     data=["data/rollout_text"],
@@ -92,6 +92,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         raise ValueError("annotate-utterances: no two plays of one task in data/rollout_text to compare (set "
                          "rollout_text.trajectories_per_task >= 2)")
     games = {g: make_game(g) for g in sorted({p.group for p in pairs})}
+    for game in games.values():  # moves parse as they did in play
+        game.free_answers = params.policy.free_answers
     judge = UtterancePreferenceJudge(cfg.judge, games, cfg.context_messages)
     chunks = [list(range(i, min(i + PAIRS_PER_CHUNK, len(pairs)))) for i in range(0, len(pairs), PAIRS_PER_CHUNK)]
 

@@ -106,12 +106,27 @@ def played_rounds(out, algorithm: str, rounds: int) -> list[list[dict]]:
     return [json.loads((out / "episodes" / f"round-{i:03d}.json").read_text()) for i in range(rounds)]
 
 
+def save_utterance_reward_model(path):
+    """A small utterance reward model (train-reward-text's output) that prefers questions to guesses."""
+    import numpy as np
+
+    from pipeline.models.reward_net import RewardNetConfig, fit_reward_model, save_reward_model
+
+    first = ["Is it alive?", "Is it big?", "Does it fly?", "Is it red?"]
+    second = ["cat", "dog", "car", "pen"]
+    fit = fit_reward_model(first, second, np.zeros(4, dtype=np.float32), np.ones(4, dtype=bool),
+                           RewardNetConfig(max_len=64), epochs=5, batch_size=2, lr=1e-2, weight_decay=0.0, seed=0,
+                           shuffle_seed=1)
+    save_reward_model(fit.model, fit.stats, path, extra={"metrics": fit.metrics, "context_messages": 2})
+
+
 @pytest.mark.parametrize(("algorithm", "reward"), [("filtered_bc", "outcome"), ("filtered_bc", "judge"),
-                                                   ("archer", "judge")])
+                                                   ("archer", "judge"), ("filtered_bc", "motif"),
+                                                   ("archer", "motif")])
 def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_same(
         bootstrapped, tmp_path, monkeypatch, algorithm, reward):
     """rl_text.curriculum.enabled: each round plays the curriculum's picks, updated from the rounds the stage itself
-    played; killed once round 1's episodes (and, with reward=judge, their utterance rewards) are stored, the
+    played; killed once round 1's episodes (and, with a dense reward, their utterance rewards) are stored, the
     resumed run plays and learns from exactly what an uninterrupted run does."""
     import stages.rl.archer as archer
     import stages.rl.filtered_bc as fbc
@@ -121,7 +136,7 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
 
     run = [*CURRICULUM_RUN, f"rl_text.algorithm={algorithm}", f"rl_text.reward={reward}",
            # the tiny policy rarely writes <Answer> tags: its first lines are its moves, so utterances get judged
-           f"policy.free_answers={str(reward == 'judge').lower()}"]
+           f"policy.free_answers={str(reward != 'outcome').lower()}"]
     kill, calls = [False], []
     if algorithm == "filtered_bc":
         def killing(real):
@@ -147,6 +162,8 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
     for name, killed in (("whole", False), ("resumed", True)):
         root = tmp_path / name
         shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", root / "data" / "train_policy" / "dpo")
+        if reward == "motif":
+            save_utterance_reward_model(root / "data" / "reward_model_text")
         params = params_at(root, *run)
         if killed:
             kill[0] = True
@@ -168,15 +185,15 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
     for i, part in enumerate(rounds):
         assert [(task_key(r["group"], r["task_id"]), r["sample"]) for r in part] == curriculum.episodes(i)
     assert sum(v for k, v in metrics.items() if k.endswith("/pulls")) == 3 * 2
-    if reward == "judge" and algorithm == "filtered_bc":
+    if reward != "outcome" and algorithm == "filtered_bc":
         judged = [r["turn_rewards"] for r in read_rows(params.data_path("rl_text", "rollouts"))]
         assert [len(x) for x in judged] == [r["turns"] for r in read_rows(params.data_path("rl_text", "rollouts"))]
         assert sum(map(len, judged)) > 0
         assert judged == [r["turn_rewards"] for r in read_rows(results["resumed"][0].data_path("rl_text", "rollouts"))]
         assert metrics["rl/mean_turn_reward"] == results["resumed"][1]["rl/mean_turn_reward"]
-    if reward == "judge" and algorithm == "archer":
+    if reward != "outcome" and algorithm == "archer":
         replay = read_rows(params.data_path("rl_text", "replay"), ["reward"])
-        assert replay and any(r["reward"] not in (-1.0, 0.0) for r in replay)  # the judge's, not the outcome's
+        assert replay and any(r["reward"] not in (-1.0, 0.0) for r in replay)  # the dense reward, not the outcome
         assert replay == read_rows(results["resumed"][0].data_path("rl_text", "replay"), ["reward"])
 
 

@@ -134,15 +134,18 @@ def test_online_curriculum_picks_from_the_rounds_own_rows():
 @pytest.mark.parametrize("override", ["rl_text.reward=judge", "rl_text.curriculum.enabled=true"])
 def test_switching_the_reward_or_the_curriculum_makes_rl_text_alone_stale(override):
     """Both are rl_text keys: rl-text's params hash (its resume key) changes and dvc.yaml's rl-text params cover
-    them, so `dvc status` shows rl-text (and what reads its model) changed; no other stage's output depends on
-    them. The
-    judge's continuations are played by rl-text's own policy: no other input is needed."""
+    them, so `dvc status` shows rl-text (and what reads its model) changed. rl_text.reward is also declared by
+    the two stages of the motif reward (tests/test_motif_text.py), idle for judge: they rerun in a second and
+    write the same bytes, so nothing downstream of them reruns. The judge's continuations are played by rl-text's
+    own policy: no other input is needed."""
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     key = override.split("=")[0]
     base, changed = load_params(REPO / "params.yaml"), load_params(REPO / "params.yaml", [override])
     declaring = [name for name, entry in spec.items()
                  if any(key == p or key.startswith(p + ".") for p in entry.get("params", []))]
-    assert declaring == ["check-params", "rl-text"]  # check-params' stamp is the same bytes: it reruns nothing
+    idle_unless_motif = ["annotate-utterances", "train-reward-text"] if key == "rl_text.reward" else []
+    # check-params' stamp is the same bytes: it reruns nothing
+    assert declaring == ["check-params", *idle_unless_motif, "rl-text"]
     stage = declaration("rl-text")
     assert stage.slice(changed).section_hash(stage.params) != stage.slice(base).section_hash(stage.params)
     assert stage.needs(changed) == stage.needs(base)
@@ -156,7 +159,8 @@ def test_default_is_the_outcome_reward_without_curriculum():
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
-    (["rl_text.reward=motif"], "rl_text.reward"),
+    (["rl_text.reward=motif", "games.groups=[wordle]"], "annotate_utterances.judge"),
+    (["rl_text.reward=bandit"], "rl_text.reward"),
     (["rl_text.reward=judge", "games.groups=[wordle]"], "rl_text.reward"),
     (["rl_text.curriculum.enabled=true", "rl_text.trajectories_per_task=1"], "trajectories_per_task"),
     (["rl_text.judge_reward.judge.backend=embedding"], "rl_text"),

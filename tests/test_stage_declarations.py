@@ -182,5 +182,6 @@ OTHER_BRANCH = {("pairs-text", key): "pairs_text.strategy=multiturn (samples can
                             "rollout_text.batch_size", "rollout_text.environment")}
 OTHER_BRANCH[("rl-text", "train_policy.lora")] = "rl_text.lora=true (filtered BC clones into LoRA adapters)"
 OTHER_BRANCH.update({(stage, key): "rl_text.reward=motif (the stage is idle for the other rewards)" for stage, key in [
-    ("annotate-utterances", "seed"), ("annotate-utterances", "annotate_utterances"), ("train-reward-text", "seed"),
+    ("annotate-utterances", "seed"), ("annotate-utterances", "annotate_utterances"),
+    ("annotate-utterances", "policy.free_answers"), ("train-reward-text", "seed"),
     ("train-reward-text", "annotate_utterances.context_messages"), ("train-reward-text", "train_reward_text")]})
