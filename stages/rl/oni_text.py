@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -57,6 +58,9 @@ class OniTurnRewards(TurnRewards):
     """Spools each round's moves to the annotator process; per move, its label or the refit model's reward."""
 
     def __init__(self, params: Params, *, poll_s: float = 0.1) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would spool its part of a round as the round
+            raise CurioError("rl_text.reward: oni runs in one process (one annotator, one spool per round); "
+                             "run ArCHer / CHAI on one device with it")
         self.cfg = params.rl_text.oni
         self.directory = oni_directory(params)
         self.settings = annotator_settings(params)

@@ -168,10 +168,8 @@ def make_turn_rewards(params: Params) -> TurnRewards | None:
         return JudgeTurnRewards(params)
     if reward == "motif":
         return MotifTurnRewards(params)
-    if reward == "oni":
-        from stages.rl.oni_text import OniTurnRewards
-
-        return OniTurnRewards(params)
+    if reward == "oni":  # imported by name, as the algorithms: stages/rl/oni_text.py builds on this module
+        return importlib.import_module("stages.rl.oni_text").OniTurnRewards(params)
     return None
 
 
