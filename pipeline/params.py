@@ -170,7 +170,8 @@ def check_params(params: Params) -> None:
                           "is not a directory")
     rl = params.rl_text
     exact_judge = {"judge": ("rl_text.judge_reward.judge", rl.judge_reward.judge),
-                   "motif": ("annotate_utterances.judge", params.annotate_utterances.judge)}.get(rl.reward)
+                   "motif": ("annotate_utterances.judge", params.annotate_utterances.judge),
+                   "oni": ("rl_text.oni.annotator", rl.oni.annotator)}.get(rl.reward)
     if exact_judge is not None and exact_judge[1].backend == "rules":
         inexact = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
         if inexact:

@@ -161,6 +161,7 @@ def test_default_is_the_outcome_reward_without_curriculum():
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["rl_text.reward=motif", "games.groups=[wordle]"], "annotate_utterances.judge"),
     (["rl_text.reward=bandit"], "rl_text.reward"),
+    (["rl_text.reward=oni", "games.groups=[wordle]"], "rl_text.reward"),
     (["rl_text.reward=judge", "games.groups=[wordle]"], "rl_text.reward"),
     (["rl_text.curriculum.enabled=true", "rl_text.trajectories_per_task=1"], "trajectories_per_task"),
     (["rl_text.judge_reward.judge.backend=embedding"], "rl_text"),

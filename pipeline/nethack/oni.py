@@ -7,12 +7,13 @@ sample-factory's serial runner, with parallel rollout workers, and across a kill
   message it has not seen yet in its own spool file ``seen/<pid>.jsonl`` and answers r_LLM(m) from the latest
   published table (``rewards.json``, re-read when it changes, at most every ``refresh_s``); a message not in
   the table is worth 0. A step costs a dict lookup: the worker never waits for the annotator.
-- :class:`OnlineAnnotator` (its own process, started and watched by the trainer, see ``sf.py``): gathers the
-  spooled messages (exact-string dedup), labels the unlabelled ones in batches through Curio's LLM layer
-  (``pipeline.nethack.annotation.label_messages``: cache, ledger, any backend), appends them to ``labels.jsonl``,
-  trains the reward model on the labels so far (many updates per batch early, fewer later), and publishes the
-  rewards of every seen message. A failed or unparseable answer leaves the message pending (asked again, at
-  most ``max_attempts`` times); an exception in a batch is logged and retried after a pause — RL goes on.
+- :class:`OnlineAnnotator` (its own process, started and watched by the trainer, see ``sf.py``): the shared
+  annotator (``pipeline.llm.online_annotation``: spool gathering with exact-string dedup, batches, retries,
+  ``labels.jsonl``, publishing, status, the process) with NetHack's labeller
+  (``pipeline.nethack.annotation.label_messages``: cache, ledger, any backend) and reward model (trained on the
+  labels so far, many updates per batch early, fewer later). A failed or unparseable answer leaves the message
+  pending (asked again, at most ``max_attempts`` times); an exception in a batch is logged and retried after a
+  pause — RL goes on.
 - The reward types (``r_LLM`` per message; the count exponent is applied per step in ``intrinsic.py``):
 
   ============== ==================================================================================
@@ -29,45 +30,47 @@ Resume: the spools, ``labels.jsonl`` (appended and flushed per batch) and ``mode
 the pending queue is "seen but not labelled". Answers paid for are also in the LLM response cache, so a batch
 cut by a kill costs nothing again unless its requests were still in flight.
 
-    python -m pipeline.nethack.oni --dir EXPERIMENT/oni --config '{"reward": "classification", ...}'
+    python -m pipeline.llm.online_annotation --factory pipeline.nethack.oni:OnlineAnnotator --dir EXPERIMENT/oni \
+        --config '{"reward": "classification", ...}'
+
+(``python -m pipeline.nethack.oni --dir ... --config ...`` is the same process.)
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
-import signal
 import sys
-import time
-import traceback
-import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline.core.artifacts import atomic_write_json
 from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm import online_annotation as shared
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.llm.online_annotation import (  # noqa: F401 — the NetHack track's names for the shared machinery
+    ANNOTATOR_NICE,
+    FAILED,
+    LABELLED,
+    LABELS,
+    PROGRESS,
+    SEEN,
+    STATUS,
+    TABLE,
+    OnlineRewards,
+    annotator_preexec,
+    is_held_back,
+    online_rewards,
+    updates_for_batch,
+)
 from pipeline.nethack.annotation import label_messages, nethack_goal
 
 ONLINE_REWARDS = ("retrieval", "classification", "ranking", "cosine")
 REWARD_TYPES = ("motif", *ONLINE_REWARDS, "none")
-LABELLED = {"helpful", "unhelpful"}
-FAILED = "[request failed]"  # how label_messages marks an answer that never came
-
-SEEN = "seen"
-LABELS = "labels.jsonl"
-TABLE = "rewards.json"
 MODEL = "model.pt"
-STATUS = "status.json"
-PROGRESS = "progress.csv"
-# niceness of the annotator process: under contention it gets ~10 % of a core (Linux CFS weights 110 vs 1024)
-ANNOTATOR_NICE = 10
+#: The annotator class the process runs (``python -m pipeline.llm.online_annotation --factory ...``).
+FACTORY = "pipeline.nethack.oni:OnlineAnnotator"
 
 
 # -- reward types: r_LLM per message, from labels / model outputs ---------------------------------------------
@@ -95,87 +98,6 @@ def cosine_rewards(cosines: np.ndarray, threshold: float) -> np.ndarray:
     """1[c > τ]·c."""
     c = np.asarray(cosines, dtype=np.float64)
     return np.where(c > threshold, c, 0.0)
-
-
-def updates_for_batch(batch_number: int, first: int, least: int) -> int:
-    """Gradient steps after the ``batch_number``-th (1-based) labelled batch: first/k, never below ``least``."""
-    return max(least, first // max(batch_number, 1))
-
-
-def is_held_back(message: str, every: int) -> bool:
-    """Every ``every``-th message (by a hash of its text, so stable across restarts) is kept for accuracy."""
-    if every <= 0:
-        return False
-    return int(hashlib.sha1(message.encode()).hexdigest()[:8], 16) % every == 0
-
-
-# -- worker side ----------------------------------------------------------------------------------------------
-class OnlineRewards:
-    """r_LLM(m) in a rollout worker: the published table, refreshed; unseen messages go to the spool."""
-
-    def __init__(self, directory: str | Path, refresh_s: float = 2.0) -> None:
-        self.directory = Path(directory)
-        self.refresh_s = refresh_s
-        self.table: dict[str, float] = {}
-        self.version = -1
-        self._mtime = 0.0
-        self._seen: set[str] = set()
-        self._buffer: list[str] = []
-        self._next_check = 0.0
-        self._spool: Any = None
-
-    def __call__(self, message: str) -> float:
-        if message and message not in self._seen:
-            self._seen.add(message)
-            self._buffer.append(message)
-        now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + self.refresh_s
-            self.flush()
-            self.refresh()
-        return self.table.get(message, 0.0)
-
-    def flush(self) -> None:
-        """Append the buffered new messages to this process's spool (one JSON string per line)."""
-        if not self._buffer:
-            return
-        if self._spool is None:
-            spool_dir = self.directory / SEEN
-            spool_dir.mkdir(parents=True, exist_ok=True)
-            self._spool = open(spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl", "a")  # noqa: SIM115
-        self._spool.write("".join(json.dumps(m) + "\n" for m in self._buffer))
-        self._spool.flush()
-        self._buffer.clear()
-
-    def refresh(self) -> None:
-        path = self.directory / TABLE
-        try:
-            mtime = path.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if mtime == self._mtime:
-            return
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return  # a torn read cannot happen (atomic rename) but a vanished file can; keep the old table
-        self._mtime = mtime
-        self.version = int(data.get("version", 0))
-        self.table = {m: float(r) for m, r in data["rewards"].items()}
-
-
-_ONLINE: dict[str, OnlineRewards] = {}
-
-
-def online_rewards(directory: str | Path, refresh_s: float = 2.0) -> OnlineRewards:
-    """One table and one spool per process and experiment, shared by all envs of a worker."""
-    key = str(directory)
-    if key not in _ONLINE:
-        import atexit
-
-        _ONLINE[key] = OnlineRewards(directory, refresh_s)
-        atexit.register(_ONLINE[key].flush)
-    return _ONLINE[key]
 
 
 # -- the online reward model ----------------------------------------------------------------------------------
@@ -256,8 +178,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class OnlineAnnotator:
-    """Labels spooled messages in batches, trains the online model, publishes the reward table.
+class OnlineAnnotator(shared.OnlineAnnotator):
+    """The shared annotator with NetHack's labeller (the ONI message prompt or the embedding backend) and reward
+    types (retrieval, classification, ranking, cosine).
 
     Args:
         directory: the experiment's ``oni/`` directory (spools, labels, model, table, status).
@@ -266,46 +189,24 @@ class OnlineAnnotator:
         embedder: the embedding backend for features and cosine (default: built from ``config["embedder"]``).
     """
 
+    defaults = DEFAULTS
+
     def __init__(
-        self, directory: str | Path, config: dict | None = None, *, backend: Any = None, embedder: Any = None
+        self, directory, config: dict | None = None, *, backend: Any = None, embedder: Any = None
     ) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.cfg = {**DEFAULTS, **(config or {})}
+        self._embedder = embedder
+        super().__init__(directory, config, backend=backend)
+
+    def setup(self) -> None:
         if self.cfg["reward"] not in ONLINE_REWARDS:
             known = ", ".join(ONLINE_REWARDS)
             raise ValueError(f"oni: reward {self.cfg['reward']!r} is not an online reward ({known})")
         self.kind = self.cfg["reward"]
-        self._backend = backend
-        self._embedder = embedder
-        self.seen: dict[str, None] = {}  # insertion-ordered set
-        self._offsets: dict[Path, int] = {}
-        self.labels: dict[str, str] = {}  # final labels (helpful / unhelpful, or UNKNOWN after max_attempts)
-        self.attempts: dict[str, int] = {}
-        self.batches = 0
         self.version = 0
         self.model: OnlineModel | None = None
         self.accuracy: float | None = None
-        self.started = time.monotonic()
-        self.labelled_this_run = 0
-        self.errors = 0
-        self._published = False
-        self._load()
 
-    # -- state
-    def _load(self) -> None:
-        path = self.directory / LABELS
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a kill: its message is asked again (it is still in the cache)
-                m, label = row["message"], row["label"]
-                self.attempts[m] = self.attempts.get(m, 0) + 1
-                if label in LABELLED or self.attempts[m] >= self.cfg["max_attempts"]:
-                    self.labels[m] = label
-                self.batches = max(self.batches, int(row.get("batch", 0)))
+    def load_model(self) -> None:
         model = self.directory / MODEL
         if model.exists() and self.kind in {"classification", "ranking"}:
             import torch
@@ -333,74 +234,19 @@ class OnlineAnnotator:
             dim = int(self.embedder.embed(["."]).shape[1])
             self.model = OnlineModel(self.kind, dim, seed=self.cfg["seed"], lr=self.cfg["lr"])
 
-    # -- the queue
-    def poll(self) -> int:
-        """Read what the workers spooled since the last poll; returns how many messages were new."""
-        new = 0
-        spool_dir = self.directory / SEEN
-        for path in sorted(spool_dir.glob("*.jsonl")) if spool_dir.exists() else []:
-            offset = self._offsets.get(path, 0)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-            for line in data[:end].splitlines():
-                try:
-                    m = json.loads(line)
-                except ValueError:
-                    continue
-                if m not in self.seen:
-                    self.seen[m] = None
-                    new += 1
-            self._offsets[path] = offset + end
-        return new
+    def asks_labels(self) -> bool:
+        return self.kind != "cosine"  # ELLM-style: no labels asked
 
-    def pending(self) -> list[str]:
-        if self.kind == "cosine":
-            return []  # ELLM-style: no labels asked
-        return [m for m in self.seen if m not in self.labels]
-
-    # -- one round
-    def step(self) -> bool:
-        """Poll, label one batch, train, publish; True if anything changed."""
-        new = self.poll()
-        batch = self.pending()[: self.cfg["batch_size"]]
-        if batch:
-            self._label(batch)
-        if batch or new or not self._published:
-            if self.kind in {"classification", "ranking"} and batch:
-                self._train()
-            self._publish()
-            self.write_status()
-            return True
-        return False
-
-    def _label(self, batch: list[str]) -> None:
-        """Label one batch and append it to labels.jsonl. A request that failed (server down, timeout) is not an
-        attempt: the message stays pending as it was; an unparseable answer is, up to ``max_attempts``."""
+    def label(self, batch: list[str]) -> list[tuple[str, str]]:
         sampling = sampling_from_config(LLMConfig(**self.cfg["annotator"]))
         answers = label_messages(
             self.backend, batch, sampling, goal=self.cfg["goal"], threshold=self.cfg["label_threshold"]
         )
-        self.batches += 1
-        rows = []
-        failed = 0
-        for m, (label, raw, _) in zip(batch, answers, strict=True):
-            if label == "UNKNOWN" and raw.startswith(FAILED):
-                failed += 1
-                continue
-            self.attempts[m] = self.attempts.get(m, 0) + 1
-            if label in LABELLED or self.attempts[m] >= self.cfg["max_attempts"]:
-                self.labels[m] = label
-                self.labelled_this_run += label in LABELLED
-            rows.append(json.dumps({"message": m, "label": label, "raw": raw, "batch": self.batches}) + "\n")
-        if rows:
-            with open(self.directory / LABELS, "a") as f:
-                f.write("".join(rows))
-                f.flush()
-                os.fsync(f.fileno())
-        if failed == len(batch):
-            raise RuntimeError(f"oni: all {failed} label requests of batch {self.batches} failed")
+        return [(label, raw) for label, raw, _ in answers]
+
+    def fit(self) -> None:
+        if self.kind in {"classification", "ranking"}:
+            self._train()
 
     def _train(self) -> None:
         import torch
@@ -442,86 +288,15 @@ class OnlineAnnotator:
             r = ranking_rewards(self.model.scores(self.embedder.embed(seen)), self.cfg["ranking_quantile"])
         return dict(zip(seen, r.tolist(), strict=True))
 
-    def _publish(self) -> None:
-        table = {m: r for m, r in self.rewards().items() if r != 0.0}  # absent = 0: keeps the file small
-        atomic_write_json(self.directory / TABLE, {"version": self.batches, "rewards": table})
-        self._published = True
-
     def status(self) -> dict[str, float | int]:
-        final = [label for label in self.labels.values() if label in LABELLED]
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        ledger = getattr(self._backend, "ledger", None) if self.kind != "cosine" else None
-        out: dict[str, float | int] = {
-            "seen": len(self.seen),
-            "labels": len(final),
-            "pending": len(self.pending()),
-            "given_up": sum(label not in LABELLED for label in self.labels.values()),
-            "helpful_share": round(sum(label == "helpful" for label in final) / len(final), 4) if final else 0.0,
-            "labels_per_s": round(self.labelled_this_run / elapsed, 3),
-            "batches": self.batches,
-            "errors": self.errors,
-        }
+        out = super().status()
         if self.accuracy is not None:
             out["heldout_accuracy"] = round(self.accuracy, 4)
-        if ledger is not None:
-            out.update(ledger.metrics(prefix="llm"))
         return out
-
-    def write_status(self) -> None:
-        atomic_write_json(self.directory / STATUS, {**self.status(), "time": time.time()})
-
-    def run(self, should_stop: Any = lambda: False) -> None:
-        """Work until ``should_stop()``; an exception in a round (a dead server, a bug in a backend) is logged
-        and retried after a growing pause, never raised: the agent keeps training on the last table."""
-        pause = self.cfg["poll_s"]
-        while not should_stop():
-            try:
-                busy = self.step()
-                pause = self.cfg["poll_s"]
-            except Exception:  # noqa: BLE001 — labelling must never take RL down
-                self.errors += 1
-                traceback.print_exc()
-                busy = False
-                pause = min(pause * 2, 30.0)
-                try:
-                    self.write_status()
-                except OSError:
-                    pass
-            if not busy:
-                time.sleep(pause)
-
-
-def annotator_preexec() -> None:
-    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a low CPU priority
-    (``ANNOTATOR_NICE``): when the cores are busy RL keeps its pace and labels lag (ONI's design: labelling is
-    asynchronous); a server-backed annotator mostly waits on the network anyway."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.nice(ANNOTATOR_NICE)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ONI annotator: label spooled NetHack messages online")
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--config", default="{}", help="JSON object overriding the defaults")
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    import torch
-
-    torch.set_num_threads(1)  # the trainer has the cores; labelling only has to keep up
-    parent = os.getppid()
-    stop = {"now": False}
-
-    def on_term(signum: int, frame: Any) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    annotator = OnlineAnnotator(args.dir, json.loads(args.config))
-    annotator.run(lambda: stop["now"] or os.getppid() != parent)
-    annotator.write_status()
-    return 0
+    return shared.main(argv, factory=FACTORY)
 
 
 if __name__ == "__main__":

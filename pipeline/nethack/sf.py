@@ -36,6 +36,7 @@ from sample_factory.model.encoder import Encoder
 from torch import nn
 
 from pipeline.core.artifacts import atomic_write_json
+from pipeline.llm import online_annotation
 from pipeline.nethack import oni
 from pipeline.nethack.clock import DEFAULT_CLOCK
 from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env, seed_env
@@ -471,16 +472,8 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
         last = 0.0
 
         def _launch(self) -> None:
-            directory.mkdir(parents=True, exist_ok=True)
-            log = open(directory / "annotator.log", "a")  # noqa: SIM115 — the child holds it
-            root = str(Path(__file__).resolve().parents[2])
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.nethack.oni", "--dir", str(directory),
-                 "--config", json.dumps(settings)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=oni.annotator_preexec,
-            )
-            log.close()
+            # the shared annotator process (pipeline.llm.online_annotation) with NetHack's labeller and model
+            self.proc = online_annotation.launch(directory, oni.FACTORY, settings)
 
         def on_init(self, runner) -> None:
             # Before sample-factory starts its workers: the annotator's imports and model loading overlap theirs.
@@ -515,11 +508,7 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
         def on_stop(self, runner) -> None:
             if self.proc is None:
                 return
-            self.proc.terminate()  # it finishes its batch's bookkeeping; the queue is on disk
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            online_annotation.stop(self.proc)  # it finishes its batch's bookkeeping; the queue is on disk
             self.record(int(sum(runner.env_steps.values())))
 
     return OnlineAnnotation()

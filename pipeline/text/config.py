@@ -287,6 +287,48 @@ class MotifRewardConfig(Section):
                                 "intrinsic only, Motif's headline agent")
 
 
+class OniModelConfig(Section):
+    """The ONI reward model of the text agent: the byte-level network with a logistic head, refit from scratch on
+    the labels so far each time the annotator has caught up with a round."""
+
+    steps: int = Field(200, ge=1, description="Adam steps of a refit (minibatches drawn from the labels)")
+    batch_size: int = Field(64, ge=1, description="labelled moves per step")
+    lr: float = Field(3e-3, gt=0, description="Adam learning rate")
+    max_len: int = Field(256, ge=8, le=2048, description="bytes of a move and its context the network reads")
+    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
+    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
+    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
+
+
+class OniTextConfig(Section):
+    """``rl_text.reward: oni``: ONI for the text agent. The shared annotator process (the NetHack track's) labels
+    each move helpful / unhelpful while rl-text plays; a move's reward is its label (1 / 0) once labelled, else
+    ONI's classification reward 1[p(helpful) > 0.5] of the reward model refit on the labels between rounds."""
+
+    annotator: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(backend="rules", model="exact"),
+        description="who labels a move: rules 'exact' = helpful iff the move's one-turn reward from the game's "
+        "knowledge base exceeds label_threshold (twenty_questions, guess_my_city); any chat backend = the "
+        "ONI-style prompt (prompts/oni_label.yaml, a final <label>helpful|unhelpful</label> tag)")
+    label_threshold: float = Field(0.25, description="rules 'exact': helpful iff R > this, R = mean(split quality, "
+                                    "share of the entropy removed) + 1 if the move named the secret (-1: no "
+                                    "parseable move); 0.25 = a question that halves about half the candidates")
+    context_messages: int = Field(4, ge=0, le=64, description="messages before a move that the label prompt and "
+                                  "the reward model read (the move is labelled once, in its first context)")
+    batch_size: int = Field(32, ge=1, description="moves per labelling batch")
+    max_attempts: int = Field(3, ge=1, description="an unparseable answer is asked again up to this many times, "
+                              "then the move stays unlabelled (the model's reward)")
+    model: OniModelConfig = Field(default_factory=OniModelConfig, description="the refit reward model")
+    wait_for_labels: bool = Field(
+        True, description="true: before a round's rewards are computed, wait until every move of the rounds "
+        "before is labelled and the model refit on them (the rewards are a function of the params: reproducible, "
+        "resumable to the same numbers; with the rules labeller waiting costs nothing) | false: ONI's asynchronous "
+        "behaviour, the round takes whatever the annotator has published (faster with a slow LLM, not "
+        "reproducible)")
+    wait_timeout_s: float = Field(3600.0, gt=0, description="wait_for_labels: give up (an error) after this long "
+                                  "without the annotator catching up")
+
+
 class RLCurriculumConfig(Section):
     """PAPRIKA's UCB curriculum (pipeline/text/curriculum.py) inside rl-text: it picks each round's tasks."""
 
@@ -314,6 +356,8 @@ class RLTextConfig(Section):
                                             description="reward judge: forward simulation and its judge")
     motif: MotifRewardConfig = Field(default_factory=MotifRewardConfig,
                                      description="reward: motif: normalised, thresholded, count-discounted")
+    oni: OniTextConfig = Field(default_factory=OniTextConfig,
+                               description="reward: oni: online labels of the moves and the refit reward model")
     curriculum: RLCurriculumConfig = Field(default_factory=RLCurriculumConfig,
                                            description="PAPRIKA's curriculum picks each round's tasks")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
@@ -366,4 +410,5 @@ RULES_MODELS = {
     "pairs_text.judge": MULTITURN_RULES_JUDGES,
     "rl_text.judge_reward.judge": MULTITURN_RULES_JUDGES,
     "annotate_utterances.judge": MULTITURN_RULES_JUDGES,
+    "rl_text.oni.annotator": MULTITURN_RULES_JUDGES,
 }

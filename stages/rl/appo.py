@@ -59,6 +59,7 @@ STAGE = Stage(
     params=["seed", "nethack", "rl_nethack"],
     code=[
         "pipeline/nethack/sf.py", "pipeline/nethack/intrinsic.py", "pipeline/nethack/oni.py",
+        "pipeline/llm/online_annotation.py",
         "pipeline/nethack/env.py", "pipeline/nethack/reward.py", "pipeline/nethack/clock.py",
         "pipeline/nethack/clock.c",
     ],

@@ -21,8 +21,9 @@ algorithms learn from (:func:`make_turn_rewards`):
 - ``motif``: the utterance reward model of train-reward-text (Motif's Bradley-Terry model, distilled from the
   judge's pairwise preferences of annotate-utterances), normalised, thresholded and count-discounted
   (:func:`motif_rewards`);
-- ``oni``: the judge labels the moves while rl-text plays, in ONI's asynchronous annotator process; a reward
-  model refit between rounds gives the unlabelled ones theirs (stages/rl/oni_text.py).
+- ``oni``: the judge labels the moves while rl-text plays, in ONI's annotator process (the NetHack track's,
+  ``pipeline.llm.online_annotation``); a move's reward is its label, or for an unlabelled one the
+  classification reward of the model refit between rounds (stages/rl/oni_text.py, ``rl_text.oni``).
 
 Dense rewards are computed once per round, right after the round is played, and stored with the round's
 episodes (``turn_rewards``), so a resumed round learns from the same numbers.
@@ -66,7 +67,8 @@ STAGE = Stage(
         "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py", "pipeline/envs",
         "pipeline/text/curriculum.py", "pipeline/text/multiturn_pairs.py", "pipeline/text/multiturn_reward.py",
         "pipeline/text/prompts/multiturn_judge.yaml", "pipeline/models/reward_net.py",
-        "pipeline/text/utterance_prefs.py",
+        "pipeline/text/utterance_prefs.py", "stages/rl/oni_text.py", "pipeline/text/oni.py",
+        "pipeline/text/prompts/oni_label.yaml", "pipeline/llm/online_annotation.py",
     ],
     data=["data/train_policy/sft", "data/train_policy/dpo", "data/reward_model_text"],
     needs=_needs,
@@ -89,6 +91,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     out = params.data_path("rl_text")
     for name in set().union(*OUTPUT_DIRS.values()) - OUTPUT_DIRS[algorithm]:
         shutil.rmtree(out / name, ignore_errors=True)
+    if params.rl_text.reward != "oni":
+        shutil.rmtree(out / "oni", ignore_errors=True)  # the ONI annotator's state (stages/rl/oni_text.py)
     return importlib.import_module(f"stages.rl.{algorithm}").run(params, ctx)
 
 
@@ -164,10 +168,8 @@ def make_turn_rewards(params: Params) -> TurnRewards | None:
         return JudgeTurnRewards(params)
     if reward == "motif":
         return MotifTurnRewards(params)
-    if reward == "oni":
-        from stages.rl.oni_text import OniTurnRewards
-
-        return OniTurnRewards(params)
+    if reward == "oni":  # imported by name, as the algorithms: stages/rl/oni_text.py builds on this module
+        return importlib.import_module("stages.rl.oni_text").OniTurnRewards(params)
     return None
 
 
