@@ -1,14 +1,18 @@
-"""Filtered BC vs ArCHer vs Online CHAI at equal environment samples, from one shared DPO policy.
+"""rl-text's algorithms × rewards × curriculum at equal environment samples, from one shared DPO policy.
 
-    python bench/compare_rl_text.py --project /tmp/rlcmp -S games.max_train_tasks=40 ...
+    python bench/compare_rl_text.py --project /tmp/rlcmp -S games.val_fraction=0.2 \
+        --rows filtered_bc/outcome,filtered_bc/judge,filtered_bc/motif,filtered_bc/oni,filtered_bc/outcome+curriculum
 
 1. A project dir (params.yaml = the repo's plus ``-S`` overrides; ``games.val_fraction`` must be > 0) runs
-   bootstrap → … → train-policy once; every rl-text run below starts from that DPO policy.
-2. Every algorithm × every configuration of its small grid (``GRID``) runs rl-text in its own data dir with the
-   same ``rl_text.rounds × tasks_per_round × trajectories_per_task`` (equal environment samples), and is scored
-   on the validation split (``val``, carved from the train tasks): success rate, then fewer turns.
-3. Only each algorithm's chosen configuration is then played once on the held-out split (``eval``) of every
-   group in ``games.groups``: success ± standard error and mean turns. Writes ``compare.md`` (the table),
+   bootstrap → … → train-dpo once; every rl-text run below starts from that DPO policy. When a row uses the
+   motif reward, annotate-utterances and train-reward-text run once too (their reward model is shared).
+2. Every row (``ALGORITHM/REWARD[+curriculum]``: ``rl_text.algorithm``, ``rl_text.reward``,
+   ``rl_text.curriculum.enabled``) × every configuration of its algorithm's small grid (``GRID``; ``--configs N``
+   keeps the first N) runs rl-text in its own data dir with the same ``rl_text.rounds × tasks_per_round ×
+   trajectories_per_task`` (equal environment samples), and is scored on the validation split (``val``, carved
+   from the train tasks): success rate, then fewer turns.
+3. Only each row's chosen configuration is then played once on the held-out split (``eval``) of every group in
+   ``games.groups``: success ± standard error and mean turns. Writes ``compare.md`` (the table),
    ``compare.json`` and ``rl_compare.json`` (success vs environment samples of the chosen runs' rollouts, a
    dvc-plottable list of rows) into the project dir. The held-out split never informs a choice.
 """
@@ -21,12 +25,15 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 UPSTREAM = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo"]
+MOTIF_UPSTREAM = ["annotate-utterances", "train-reward-text"]
+REWARDS = ("outcome", "judge", "motif", "oni")
 GRID: dict[str, list[list[str]]] = {
     "filtered_bc": [["rl_text.top_quantile=0.1"], ["rl_text.top_quantile=0.25"]],
     "archer": [["rl_text.archer.actor_lr=0.00001"], ["rl_text.archer.actor_lr=0.0001"]],
@@ -75,43 +82,62 @@ def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float)
     return out
 
 
+def parse_row(row: str) -> tuple[str, str, bool]:
+    """``ALGORITHM/REWARD[+curriculum]`` → (algorithm, reward, curriculum on)."""
+    spec, _, extra = row.partition("+")
+    alg, _, reward = spec.partition("/")
+    reward = reward or "outcome"
+    if alg not in GRID or reward not in REWARDS or extra not in ("", "curriculum"):
+        raise SystemExit(f"--rows: bad row {row!r} (ALGORITHM/REWARD[+curriculum]; algorithms {', '.join(GRID)}; "
+                         f"rewards {', '.join(REWARDS)})")
+    return alg, reward, extra == "curriculum"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--project", type=Path, required=True)
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="params override, key=value")
-    ap.add_argument("--algorithms", default="filtered_bc,archer,chai")
+    ap.add_argument("--rows", default="filtered_bc/outcome,archer/outcome,chai/outcome",
+                    help="comma-separated ALGORITHM/REWARD[+curriculum]")
     ap.add_argument("--val-k", type=int, default=4, help="samples per val task")
     ap.add_argument("--eval-k", type=int, default=8, help="samples per held-out task")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--configs", type=int, default=None, help="first N configurations of each grid only")
     args = ap.parse_args()
+    rows = [parse_row(r) for r in args.rows.split(",")]
     proj = args.project.resolve()
     make_project(proj, args.overrides)
     for stage in UPSTREAM:  # each resumes / is a no-op when already finished
         curio(proj, ["stage", stage])
+    if any(reward == "motif" for _, reward, _ in rows):
+        for stage in MOTIF_UPSTREAM:
+            curio(proj, ["stage", stage, "-S", "rl_text.reward=motif"])
     results = {}
-    for alg in args.algorithms.split(","):
+    for alg, reward, curriculum in rows:
+        name = f"{alg}/{reward}" + ("+curriculum" if curriculum else "")
         runs = []
         for i, cfg in enumerate(GRID[alg][: args.configs]):
-            data = proj / f"data_{alg}_{i}"
-            (data / "train_policy").parent.mkdir(parents=True, exist_ok=True)
-            for name in ("bootstrap", "train_policy"):
-                if not (data / name).exists():
-                    os.symlink(proj / "data" / name, data / name)
-            sets = [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={alg}", *cfg]
+            data = proj / f"data_{alg}_{reward}{'_curriculum' if curriculum else ''}_{i}"
+            data.mkdir(parents=True, exist_ok=True)
+            for upstream in ("bootstrap", "train_policy", "reward_model_text"):
+                if not (data / upstream).exists() and (proj / "data" / upstream).exists():
+                    os.symlink(proj / "data" / upstream, data / upstream)
+            sets = [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={alg}",
+                    f"rl_text.reward={reward}", f"rl_text.curriculum.enabled={str(curriculum).lower()}", *cfg]
+            start = time.time()
             curio(proj, ["stage", "rl-text", *[x for s in sets for x in ("-S", s)]])
             val = evaluate(proj, data, "val", args.val_k, args.temperature)["all"]
-            runs.append({"config": cfg, "data": str(data), "val": val})
-            print(f"{alg} {cfg}: val success {val['success_rate']:.3f} ± {val['se']:.3f}", flush=True)
+            runs.append({"config": cfg, "data": str(data), "val": val, "rl_seconds": round(time.time() - start)})
+            print(f"{name} {cfg}: val success {val['success_rate']:.3f} ± {val['se']:.3f}", flush=True)
         best = max(runs, key=lambda r: (r["val"]["success_rate"], -r["val"]["mean_turns"]))
         best["eval"] = evaluate(proj, Path(best["data"]), "eval", args.eval_k, args.temperature)
         best["history"] = json.loads((Path(best["data"]) / "metrics" / "plots" / "rl_rounds.json").read_text())
-        results[alg] = {"chosen": best, "grid": runs}
+        results[name] = {"chosen": best, "grid": runs}
         write(proj, results, args)
 
 
 def write(proj: Path, results: dict, args) -> None:
-    lines = ["| algorithm | chosen on val | val success | env episodes | group | held-out success ± s.e. | "
+    lines = ["| algorithm / reward | chosen on val | val success | env episodes | group | held-out success ± s.e. | "
              "mean turns (wins) | episodes |", "|---|---|---|---|---|---|---|---|"]
     curve = []
     for alg, res in results.items():

@@ -12,6 +12,7 @@ from conftest import NETHACK_TINY, REPO, SMALL
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.core.artifacts import read_rows
 from pipeline.core.config import ConfigError, preset_overrides
 from pipeline.params import load_params
 
@@ -52,6 +53,17 @@ PUBLISHED = {
         "rl_nethack.preset": "oni", "rl_nethack.extended_actions": True, "rl_nethack.count_exponent": 3.0,
         "rl_nethack.variants.oni_ranking.int_coef": 0.4, "rl_nethack.variants.oni_retrieval.ext_coef": 0.1,
         "rl_nethack.variants.motif.int_coef": 0.4, "evaluate_nethack.policies": ["random", "all"],
+    },
+    # the combinations one DAG makes possible (their headers name each paper's values they keep)
+    "archer-motif-curriculum.yaml": {
+        "rl_text.algorithm": "archer", "rl_text.reward": "motif", "rl_text.curriculum.enabled": True,
+        "rl_text.motif.threshold_quantile": 0.5, "rl_text.motif.count_exponent": 3.0,
+        "train_reward_text.val_fraction": 0.2, "train_reward_text.epochs": 10, "rl_text.critic.tau": 0.1,
+        "rl_text.archer.actor_steps": 3,
+    },
+    "filtered-bc-oni.yaml": {
+        "rl_text.algorithm": "filtered_bc", "rl_text.reward": "oni", "rl_text.oni.wait_for_labels": True,
+        "rl_text.top_quantile": 0.1,
     },
 }
 
@@ -132,6 +144,11 @@ RUNS = {
     "archer.yaml": ([*CRITIC_TOY, "rl_text.archer.batch_size=2", "rl_text.archer.warmup_rounds=1"],
                     ["rl-text", "evaluate-text"], ["bootstrap", "train_policy"]),
     "chai.yaml": (CRITIC_TOY, ["rl-text", "evaluate-text"], ["bootstrap", "train_policy"]),
+    "archer-motif-curriculum.yaml": ([*CRITIC_TOY, "rl_text.archer.batch_size=2", "rl_text.archer.warmup_rounds=1",
+                                      "annotate_utterances.num_pairs=200", "train_reward_text.epochs=2"],
+                                     ["annotate-utterances", "train-reward-text", "rl-text", "evaluate-text"],
+                                     ["bootstrap", "train_policy", "rollout_text"]),
+    "filtered-bc-oni.yaml": ([], ["rl-text", "evaluate-text"], ["bootstrap", "train_policy"]),
     "motif.yaml": ([], ["rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward", "rl-nethack",
                         "evaluate-nethack"], []),
     "oni.yaml": (["evaluate_nethack.policies=[random, all]"],
@@ -212,6 +229,25 @@ def check_rl(params, metrics, algorithm):
     check_text_eval(params, metrics, ["base", "sft", "dpo", "rl"])
 
 
+def check_mixed(params, metrics, algorithm):
+    """A combination: the algorithm learnt from the dense reward, not the outcome's."""
+    check_rl(params, metrics, algorithm)
+    rl = metrics["rl-text"]
+    if params.rl_text.reward == "motif":
+        assert metrics["train-reward-text"]["train_pairs"] > 0 and "rl/motif/above_threshold" in rl
+        assert sum(v for k, v in rl.items() if k.endswith("/pulls")) == 2 * 4  # the curriculum picked every task
+    if algorithm == "archer":
+        rewards = [r["reward"] for r in read_rows(params.data_path("rl_text", "replay"), ["reward"])]
+    else:
+        rewards = [x for r in read_rows(params.data_path("rl_text", "rollouts"), ["turn_rewards"])
+                   for x in r["turn_rewards"]]
+    assert rewards
+    if params.rl_text.reward == "motif":
+        assert any(x not in (-1.0, 0.0) for x in rewards)
+    else:  # oni: a label or the refit model's 1[p > 0.5] per move
+        assert set(rewards) <= {0.0, 1.0} and any(k.startswith("rl/oni/") for k in rl)
+
+
 def check_nethack(params, metrics, variants):
     assert metrics["train-reward"]  # the reward model's metrics
     rl, evaluated = metrics["rl-nethack"], metrics["evaluate-nethack"]
@@ -229,6 +265,8 @@ CHECKS = {
     "twenty-questions-dpo.yaml": check_twenty_questions_dpo,
     "archer.yaml": lambda params, metrics: check_rl(params, metrics, "archer"),
     "chai.yaml": lambda params, metrics: check_rl(params, metrics, "chai"),
+    "archer-motif-curriculum.yaml": lambda params, metrics: check_mixed(params, metrics, "archer"),
+    "filtered-bc-oni.yaml": lambda params, metrics: check_mixed(params, metrics, "filtered_bc"),
     "motif.yaml": lambda params, metrics: check_nethack(params, metrics, ["motif"]),
     "oni.yaml": lambda params, metrics: check_nethack(params, metrics, list(params.rl_nethack.variants)),
 }
