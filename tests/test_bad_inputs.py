@@ -160,7 +160,7 @@ PARAM_CASES = [
     (["-S", "games.groups"], "override"),
     (["-S", "data_dir=params.yaml"], "data_dir"),
     (["-S", "metrics_dir=params.yaml"], "metrics_dir"),
-    (["-S", "rl_text.reward=motif"], "rl_text.reward"),  # only the implemented rewards are values
+    (["-S", "rl_text.reward=bandit"], "rl_text.reward"),  # only the implemented rewards are values
     (["-S", "rl_text.reward=judge", "-S", "games.groups=[wordle]"], "rl_text.reward"),  # rules judge: no knowledge base
     (["-S", "rl_text.curriculum.enabled=true", "-S", "rl_text.trajectories_per_task=1"], "trajectories_per_task"),
 ]

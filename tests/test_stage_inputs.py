@@ -32,6 +32,8 @@ UNREAD_BY_DEFAULT = {
     ("train-dpo", "data/bootstrap"): "DPO starts from train_policy.dpo.init (sft by default; the bootstrap model "
                                      "only when it is base)",
     ("rl-text", "data/train_policy/sft"): "every RL algorithm starts from the DPO policy (a dep for DVC's order)",
+    ("rl-text", "data/reward_model_text"): "only rl_text.reward: motif reads the utterance reward model "
+                                           "(tests/test_motif_text.py: its absence then is one line, exit 2)",
 }
 
 
