@@ -118,9 +118,9 @@ def test_run_logo_walks_the_text_dag_with_the_logo_params(tmp_path, monkeypatch)
     monkeypatch.setattr(logo_mod, "execute", lambda name, p: seen.append((name, p.games.groups, p.data_dir)))
     logo = logo_params(params_in(tmp_path, f"games.groups=[{','.join(GROUPS)}]"), "mastermind")
     ran = run_logo(logo, REPO / "dvc.yaml")
-    assert ran == stages_for("evaluate-text", REPO / "dvc.yaml") == [
-        "bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo",
-        "rl-text", "evaluate-text"]
+    assert ran == stages_for("evaluate-text", REPO / "dvc.yaml") == [  # the two motif stages: idle by default
+        "bootstrap", "rollout-text", "annotate-text", "annotate-utterances", "pairs-text", "train-reward-text",
+        "train-sft", "reflogprobs", "train-dpo", "rl-text", "evaluate-text"]
     assert seen == [(n, GROUPS[:2], str(tmp_path / "logo_mastermind")) for n in ran]
 
 
