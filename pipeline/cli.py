@@ -122,12 +122,10 @@ def _stop_with_dvc() -> None:
     """Under ``dvc repro`` (which sets DVC_STAGE): SIGTERM when DVC dies. DVC has no SIGTERM handler of its own and
     does not pass the signal on, so ``kill DVC_PID`` would leave the stage running; this way the stage saves its
     progress and stops as when it gets the signal itself (pipeline.core.interrupt)."""
-    import signal
+    if "DVC_STAGE" in os.environ:
+        from pipeline.core.interrupt import stop_when_launcher_dies
 
-    if "DVC_STAGE" in os.environ and sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        stop_when_launcher_dies()
 
 
 @app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")

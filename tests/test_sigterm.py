@@ -254,7 +254,9 @@ def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapp
     shutil.copy(Path(__file__).resolve().parents[1] / ".gitignore", proj / ".gitignore")
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         run_in_project(cmd, proj)
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj),
+    # DVC runs the cmd with $SHELL -c; dash (Debian's /bin/sh, DVC's default) forks for it, so the stage's parent
+    # is the shell, which outlives DVC: the harder case
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj), "SHELL": "/bin/sh",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     err = tmp_path / "stderr.txt"
     dvc = subprocess.Popen(["dvc", "repro", "bootstrap"], cwd=proj, env=env, stdout=subprocess.DEVNULL,
@@ -289,6 +291,40 @@ def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapp
     assert metrics["resumed_from_step"] == saved
     assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
                          bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
+
+
+LAUNCHED = """
+import pathlib, signal, sys, time
+from pipeline.core.interrupt import stop_when_launcher_dies
+signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path(sys.argv[1]).write_text("SIGTERM"), sys.exit(0)))
+stop_when_launcher_dies(poll_s=0.1)
+pathlib.Path(sys.argv[2]).write_text("ready")
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash"])
+def test_a_stage_gets_sigterm_when_its_launcher_dies_behind_a_shell(shell, tmp_path):
+    """DVC runs a stage's cmd as `$SHELL -c CMD`: bash execs the command (DVC is the stage's parent), dash forks
+    for it (the shell is, and outlives DVC). Either way the stage gets SIGTERM once the launcher is gone."""
+    script, got, ready = tmp_path / "stage.py", tmp_path / "got", tmp_path / "ready"
+    script.write_text(LAUNCHED)
+    cmd = f"{sys.executable} {script} {got} {ready}"
+    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                 f"subprocess.Popen([{shell!r}, '-c', sys.argv[1]]); time.sleep(120)", cmd],
+                                env={**os.environ, "DVC_STAGE": "bootstrap", "PYTHONPATH": os.getcwd()})
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the launched process never started"
+    time.sleep(0.5)
+    assert not got.exists()  # nothing happens while the launcher lives
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 10
+    while not got.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert got.exists() and got.read_text() == "SIGTERM"
 
 
 def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):

@@ -219,3 +219,57 @@ def stopping(stage: str, grace_s: float | None = DEFAULT_GRACE_S) -> Iterator[No
             _STATE.signum = None
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"})
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3 first), or None for a process that is gone."""
+    try:
+        text = open(f"/proc/{pid}/stat").read()  # noqa: SIM115, PTH123 - read at once
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _identity(pid: int) -> tuple[int, str] | None:
+    """(pid, start time): a pid the kernel reuses for another process later is another identity."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] == "Z" else (pid, fields[19])
+
+
+def launcher_pid() -> int:
+    """The process that launched this one: the parent, or the parent's parent when the parent is a shell that ran
+    the command without exec'ing it (DVC runs a stage's cmd with ``$SHELL -c``, and dash, Debian's /bin/sh, forks
+    for it)."""
+    parent = os.getppid()
+    try:
+        argv = open(f"/proc/{parent}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115, PTH123
+    except OSError:
+        return parent
+    name = os.path.basename(argv[0].decode(errors="replace")).lstrip("-")
+    if name in SHELLS and b"-c" in argv and (fields := _stat(parent)) is not None:
+        return int(fields[1])
+    return parent
+
+
+def stop_when_launcher_dies(poll_s: float = 0.5) -> None:
+    """SIGTERM this process when the process that launched it dies: the kernel's PR_SET_PDEATHSIG for a direct
+    parent, and a watching thread for a launcher behind a shell (its death leaves the shell running, which sends
+    nothing). Linux only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    launcher = launcher_pid()
+    if launcher == os.getppid() or (identity := _identity(launcher)) is None:
+        return
+
+    def watch() -> None:
+        while _identity(launcher) == identity:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="curio-launcher-watch", daemon=True).start()
