@@ -252,17 +252,15 @@ class MotifTurnRewards(TurnRewards):
         from pipeline.text.utterance_prefs import assistant_indices, utterance_text
 
         by_turns = {g.name: g.score_by_turns for g in games}
-        texts, owners = [], []
-        for j, row in enumerate(rows):
-            for i in assistant_indices(row["conversation"]):
-                texts.append(utterance_text(row["conversation"], i, self.context_messages))
-                owners.append(j)
-        normalised = np.asarray(self.stats.normalize(self.model.score(texts)), dtype=float)
-        self.scored.extend(normalised.tolist())
-        out = []
-        for j, row in enumerate(rows):
-            mine = [float(x) for x, o in zip(normalised, owners, strict=True) if o == j]
-            moves = [row["conversation"][i]["content"] for i in assistant_indices(row["conversation"])]
+        moves_of = [assistant_indices(row["conversation"]) for row in rows]
+        texts = [utterance_text(row["conversation"], i, self.context_messages)
+                 for row, moves in zip(rows, moves_of, strict=True) for i in moves]
+        normalised = np.asarray(self.stats.normalize(self.model.score(texts)), dtype=float).tolist()
+        self.scored.extend(normalised)
+        out, start = [], 0
+        for row, indices in zip(rows, moves_of, strict=True):
+            mine, start = normalised[start:start + len(indices)], start + len(indices)
+            moves = [row["conversation"][i]["content"] for i in indices]
             intrinsic = motif_rewards(mine, moves, self.threshold, self.cfg.count_exponent)
             outcome = outcome_rewards(row, by_turns[row["group"]])
             out.append([self.cfg.intrinsic_coef * a + self.cfg.outcome_coef * b
