@@ -15,6 +15,9 @@
    ``games.groups``: success ± standard error and mean turns. Writes ``compare.md`` (the table),
    ``compare.json`` and ``rl_compare.json`` (success vs environment samples of the chosen runs' rollouts, a
    dvc-plottable list of rows) into the project dir. The held-out split never informs a choice.
+
+A rerun with the same ``--project`` resumes: a finished policy's scores are kept beside it (``compare_SPLIT.json``,
+keyed by the policy's bytes, ``k`` and the temperature), so widening the grid runs only the new configurations.
 """
 
 from __future__ import annotations
@@ -69,9 +72,37 @@ def score(rows: list[dict]) -> dict:
     return {**s, "se": math.sqrt(p * (1 - p) / n) if n else 0.0}
 
 
+def policy_hash(data_dir: Path) -> str | None:
+    """sha256 over the files of rl-text's final policy in ``data_dir`` (None before it is written)."""
+    import hashlib
+
+    model = data_dir / "rl_text" / "model"
+    if not model.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(model.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(model).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def scored(data_dir: Path, split: str) -> bool:
+    """The policy in ``data_dir`` was scored on ``split`` already (rl-text finished; no need to start it)."""
+    cached = data_dir / f"compare_{split}.json"
+    return cached.exists() and json.loads(cached.read_text())["key"]["policy"] == policy_hash(data_dir)
+
+
 def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float) -> dict[str, dict]:
-    """Group -> score of the rl policy in ``data_dir`` on ``split`` (plus ``all``)."""
+    """Group -> score of the rl policy in ``data_dir`` on ``split`` (plus ``all``); kept in
+    ``data_dir/compare_SPLIT.json`` with what it depends on, so a rerun (a larger grid, a killed run) scores each
+    finished policy once."""
     from pipeline.params import load_params
+
+    cached = data_dir / f"compare_{split}.json"
+    key = {"k": k, "temperature": temperature, "policy": policy_hash(data_dir)}
+    if cached.exists() and (old := json.loads(cached.read_text()))["key"] == key:
+        return old["scores"]
     from stages.evaluate import evaluate_policy
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])
@@ -79,6 +110,9 @@ def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float)
                            groups=params.games.groups)
     out = {g: score([r for r in rows if r["group"] == g]) for g in params.games.groups}
     out["all"] = score(rows)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "scores": out}, indent=1))
+    tmp.replace(cached)
     return out
 
 
@@ -125,7 +159,8 @@ def main() -> None:
             sets = [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={alg}",
                     f"rl_text.reward={reward}", f"rl_text.curriculum.enabled={str(curriculum).lower()}", *cfg]
             start = time.time()
-            curio(proj, ["stage", "rl-text", *[x for s in sets for x in ("-S", s)]])
+            if not scored(data, "val"):  # a finished, scored run of an earlier call: not started again
+                curio(proj, ["stage", "rl-text", *[x for s in sets for x in ("-S", s)]])
             val = evaluate(proj, data, "val", args.val_k, args.temperature)["all"]
             runs.append({"config": cfg, "data": str(data), "val": val, "rl_seconds": round(time.time() - start)})
             print(f"{name} {cfg}: val success {val['success_rate']:.3f} ± {val['se']:.3f}", flush=True)
