@@ -3,9 +3,9 @@
 ``curio report`` (and the report stage) writes ``report_pages/STAGE.html`` beside the report for every dataset
 present: text episodes (rollout-text, evaluate-text, rl-text), preference pairs (pairs-text, with reflogprobs'
 reference log-probabilities and train-dpo's implicit reward margins when present), annotations (annotate-text,
-annotate-nethack, with each row's attempts, cache hit and tokens) and NetHack episodes (rollout-nethack replays of
-the tty frames; evaluate-nethack's per-episode summaries with the replays it kept). Each page embeds its rows as JSON
-with its own script and style: no server, no network, nothing fetched.
+annotate-utterances, annotate-nethack, with each row's attempts, cache hit and tokens) and NetHack episodes
+(rollout-nethack replays of the tty frames; evaluate-nethack's per-episode summaries with the replays it kept).
+Each page embeds its rows as JSON with its own script and style: no server, no network, nothing fetched.
 
 A page holds at most ``ROW_CAP[kind]`` rows: above that, an evenly spaced sample (rows ``⌊i·n/cap⌋``, the same
 every time) that the page says it is, with the line that opens the full dataset with ``datasets``. Long texts are
@@ -34,7 +34,8 @@ from pipeline.core.samples import clean, frame_text, sample_indices
 
 PAGES_DIR = "report_pages"  # beside report.html
 TEXT_CAP = 4000  # characters of one message / raw reply kept on a page
-ROW_CAP = {"episodes": 1500, "pairs": 1000, "annotations-text": 1000, "annotations-nethack": 3000,
+ROW_CAP = {"episodes": 1500, "pairs": 1000, "annotations-text": 1000, "annotations-utterances": 1000,
+           "annotations-nethack": 3000,
            "nethack-steps": 12, "nethack-episodes": 5000}  # nethack-steps: episodes (of NLE steps each)
 STEP_CAP = 2000  # steps of one NetHack episode replayed on a page
 KEYFRAME = 64  # a full tty frame every KEYFRAME steps, changed runs of characters in between
@@ -55,6 +56,8 @@ class PageSpec:
 PAGES: list[PageSpec] = [
     PageSpec("rollout-text", "episodes", ("rollout_text",), "episodes the base policy played (training data)"),
     PageSpec("annotate-text", "annotations-text", ("annotate_text",), "the judge's verdict on every trajectory"),
+    PageSpec("annotate-utterances", "annotations-utterances", ("annotate_utterances",),
+             "pairs of moves and the move the judge prefers (rl_text.reward: motif)"),
     PageSpec("pairs-text", "pairs", ("reflogprobs", "pairs_text/preferences"), "preference pairs"),
     PageSpec("rl-text", "episodes", ("rl_text/rollouts", "rl_text/replay"), "episodes played during RL"),
     PageSpec("evaluate-text", "episodes", ("evaluate_text",), "held-out and train evaluation episodes"),
@@ -203,6 +206,14 @@ def annotation_nethack_rows(rows: list[dict], mode: str | None, goal: str, templ
                                             *message_label_messages(r["caption_second"], goal)])
         out.append(row)
     return out
+
+
+def annotation_utterance_rows(rows: list[dict]) -> list[dict]:
+    """Move pairs (the same task and agent turn in two plays) with the judge's label and raw reply; each side's text
+    is what the utterance reward model reads (the move, then its context, newest first)."""
+    keys = ("pair", "group", "task_id", "turn", "sample_first", "sample_second", "move_first", "move_second", "label")
+    return [{**{k: clean(r.get(k)) for k in keys}, "text_first": _cut(r.get("text_first")),
+             "text_second": _cut(r.get("text_second")), "raw": _cut(r.get("raw"))} for r in rows]
 
 
 def usage_of(r: dict, prefix: str = "") -> dict:
@@ -357,6 +368,17 @@ def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) ->
             notes.append("Prompt sent: rebuilt from the row with the judge's own prompt builder."
                          if llm else "Judge: the rules check (the game's program, exact match of the final guess): "
                          "no prompt is sent.")
+        elif kind == "annotations-utterances":
+            judge = getattr(getattr(params, "annotate_utterances", None), "judge", None)
+            llm = judge is not None and getattr(judge, "backend", "rules") != "rules"
+            rows = annotation_utterance_rows(raw)
+            for row, r in zip(rows, raw, strict=True):
+                row.update(usage_of(r))
+            notes.append("Judge: a chat model, asked with pipeline/text/prompts/utterance_preference.yaml about the "
+                         "two moves in their conversations (the prompt needs the rollout rows, so it is not rebuilt "
+                         "here); its raw reply is shown." if llm else
+                         "Judge: the rules check (the larger one-turn reward from the game's knowledge base; TIE "
+                         "when equal): no prompt is sent.")
         elif kind == "annotations-nethack":
             cfg = getattr(params, "annotate_nethack", None)
             mode = getattr(cfg, "mode", None)
@@ -446,6 +468,7 @@ FILTERS: dict[str, list[str]] = {
     "episodes": ["group", "policy", "split", "outcome", "difficulty"],
     "annotations-text": ["group", "policy", "split", "outcome", "label"],
     "pairs": ["group"],
+    "annotations-utterances": ["group", "label"],
     "annotations-nethack": ["label"],
     "nethack-steps": [],
     "nethack-episodes": ["policy", "end_status"],
@@ -454,6 +477,7 @@ COLUMNS_SHOWN: dict[str, list[str]] = {
     "episodes": ["group", "task_id", "policy", "split", "outcome", "turns", "score"],
     "annotations-text": ["group", "task_id", "policy", "outcome", "label"],
     "pairs": ["group", "task_id", "state_turn", "chosen_reward", "rejected_reward"],
+    "annotations-utterances": ["group", "task_id", "turn", "move_first", "move_second", "label"],
     "annotations-nethack": ["pair", "caption_first", "caption_second", "label"],
     "nethack-steps": ["episode", "steps", "return"],
     "nethack-episodes": ["policy", "episode", "return", "score", "depth", "length", "end_status"],

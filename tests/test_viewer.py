@@ -155,6 +155,14 @@ def write_datasets(data: Path) -> None:
                                        "label": ["FIRST", "SECOND", "TIE"][i % 3], "raw": "similarity 0.1 / 0.2",
                                        "attempts": 0, "cached": None, "tokens_in": 0, "tokens_out": 0}
                                       for i in range(6)])
+    # annotate-utterances: pair i asks "cat?" (first) against "dog?" (second) at agent turn 1 of task t{i % 2}
+    write(data / "annotate_utterances", [{"pair": i, "group": "twenty_questions", "task_id": f"t{i % 2}", "turn": 1,
+                                          "sample_first": 0, "sample_second": 1, "move_first": "Is it a cat?",
+                                          "move_second": "Is it a dog?", "text_first": "Is it a cat?\n---\nNo.",
+                                          "text_second": "Is it a dog?\n---\nNo.",
+                                          "label": ["FIRST", "SECOND", "TIE"][i % 3], "raw": "exact 0.25 / 0.5",
+                                          "attempts": 0, "cached": None, "tokens_in": 0, "tokens_out": 0}
+                                         for i in range(6)])
     frames = moving_frames(40)
     steps = pa.table({"episode": pa.array([0] * 40, pa.int32()), "step": pa.array(range(40), pa.int32()),
                       "action": pa.array([-1] + [3] * 39, pa.int16()), "reward": pa.array([0.0] * 39 + [1.0],
@@ -241,8 +249,8 @@ def pages(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_report_links_a_page_per_dataset_and_pages_are_deterministic(pages, tmp_path):
-    assert set(pages) == {"report", "rollout-text", "evaluate-text", "annotate-text", "pairs-text", "rl-text",
-                          "rollout-nethack", "annotate-nethack", "evaluate-nethack"}
+    assert set(pages) == {"report", "rollout-text", "evaluate-text", "annotate-text", "annotate-utterances",
+                          "pairs-text", "rl-text", "rollout-nethack", "annotate-nethack", "evaluate-nethack"}
     html = pages["report"].read_text()
     assert "Stage figures" not in html
     assert "<h3>Success by difficulty</h3>" in html and "Each policy against base on the same tasks" in html
@@ -310,6 +318,13 @@ def test_every_page_kind_renders_filters_and_replays_offline(pages, tmp_path):
     dom = dump_dom(pages["annotate-nethack"], "row=1", netlog)
     assert "It's a wall." in dom and "SECOND" in dom
     assert "<td>cached</td><td>no request</td>" in dom and "<td>attempts</td><td>0</td>" in dom  # the embedding model
+    dom = dump_dom(pages["annotate-utterances"], "label=SECOND", netlog)
+    assert re.findall(r'<tr data-i="(\d+)"', dom) == ["1", "4"]
+    dom = dump_dom(pages["annotate-utterances"], "row=4", netlog)
+    page = dom.split("<script")[0]
+    assert "Is it a cat?" in page and "Is it a dog?" in page and "exact 0.25 / 0.5" in page
+    assert "<td>agent turn</td><td>1</td>" in page and "<td>task</td><td>t0</td>" in page
+    assert "rules check" in pages["annotate-utterances"].read_text()
     dom = dump_dom(pages["evaluate-nethack"], "policy=motif", netlog)
     assert len(re.findall(r'<tr data-i="\d+"', dom)) == 3
     # evaluate-nethack's replays: motif's episode 1 (row 4) at step 7, the '@' in column 7 of row 5
@@ -332,7 +347,8 @@ def test_screenshots_of_each_page_kind(pages, tmp_path):
 
     out = Path(os.environ.get(SHOTS_ENV) or tmp_path)
     for stage, fragment in [("rollout-text", "group=wordle&row=0"), ("pairs-text", "row=0"),
-                            ("annotate-text", "row=1"), ("annotate-nethack", "row=0"),
+                            ("annotate-text", "row=1"), ("annotate-utterances", "row=0"),
+                            ("annotate-nethack", "row=0"),
                             ("rollout-nethack", "row=0&step=10"), ("evaluate-nethack", ""), ("report", "")]:
         shot = out / f"test-{stage}.png"
         screenshot(pages[stage], fragment, shot)

@@ -159,6 +159,13 @@ R.pairs = (r) => {
     + '</div>';
 };
 
+R['annotations-utterances'] = (r) => kv([['parsed label', r.label], ['pair', r.pair], ['group', r.group],
+  ['task', r.task_id], ['agent turn', r.turn], ['first: play', r.sample_first], ['second: play', r.sample_second],
+  ...usage(r)])
+  + '<div class="sides"><div><h3>first move</h3><pre>' + esc(r.text_first) + '</pre></div>'
+  + '<div><h3>second move</h3><pre>' + esc(r.text_second) + '</pre></div></div>'
+  + '<h3>Raw reply</h3><pre>' + esc(r.raw) + '</pre>';
+
 R['annotations-nethack'] = (r) => kv([['parsed label', r.label], ['pair', r.pair],
   ['first: episode / step', r.episode_first + ' / ' + r.step_first],
   ['second: episode / step', r.episode_second + ' / ' + r.step_second], ...usage(r)])
