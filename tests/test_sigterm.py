@@ -263,8 +263,14 @@ def test_under_dvc_repro_the_stage_gets_sigterm_and_the_rerun_resumes(bootstrapp
                            stderr=open(err, "w"))  # noqa: SIM115
     ckpts = proj / "data" / "bootstrap" / "checkpoints"
 
+    def command(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # DVC's short-lived children (git, the shell's own) end while being listed
+            return ""
+
     def training() -> list[psutil.Process]:
-        stage = [p for p in psutil.Process(dvc.pid).children(recursive=True) if "bootstrap" in " ".join(p.cmdline())]
+        stage = [p for p in psutil.Process(dvc.pid).children(recursive=True) if "bootstrap" in command(p)]
         return stage if stage and first_checkpoint(ckpts) else []
 
     deadline = time.time() + 300
