@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.core.errors import CurioError
 
@@ -227,7 +228,7 @@ SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"})
 def _stat(pid: int) -> list[str] | None:
     """/proc/PID/stat's fields after the command name (field 3 first), or None for a process that is gone."""
     try:
-        text = open(f"/proc/{pid}/stat").read()  # noqa: SIM115, PTH123 - read at once
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return text[text.rindex(")") + 2:].split()
@@ -245,7 +246,7 @@ def launcher_pid() -> int:
     for it)."""
     parent = os.getppid()
     try:
-        argv = open(f"/proc/{parent}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115, PTH123
+        argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return parent
     name = os.path.basename(argv[0].decode(errors="replace")).lstrip("-")
