@@ -18,6 +18,7 @@ from pipeline.models import tiny
 
 HISTORY = "loss_history.json"  # a finished phase's loss curve, kept beside its model
 METRICS = "phase_metrics.json"  # and the metrics it reported, which a rerun that skips it reports again
+RESUMED = "resumed_from_step"  # how this run went, not what it made: reported, never kept in the model's directory
 
 
 def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str, history: list[dict],
@@ -26,20 +27,22 @@ def finish(model, tokenizer, model_dir: Path, ckpt: Path, key: str, history: lis
     complete (the previous model and the ``checkpoints/`` inside it go with the swap)."""
     tiny.save(model, tokenizer, model_dir)
     atomic_write_json(model_dir / HISTORY, history)
-    atomic_write_json(model_dir / METRICS, metrics)
+    # an interrupted and an uninterrupted run leave the same bytes (and so the same hash downstream)
+    atomic_write_json(model_dir / METRICS, {k: v for k, v in metrics.items() if not k.endswith(f"/{RESUMED}")})
     mark_finished(model_dir, key)
     shutil.rmtree(model_dir / "checkpoints", ignore_errors=True)  # keep the DVC output small once done
 
 
 def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: list[dict]) -> dict[str, float]:
     """The metrics a finished SFT or DPO phase reports: what it trained on, where it resumed, its last loss."""
-    return {f"{prefix}/{items}": count, f"{prefix}/resumed_from_step": resumed,
+    return {f"{prefix}/{items}": count, f"{prefix}/{RESUMED}": resumed,
             f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}
 
 
 def kept_metrics(model_dir: Path) -> dict[str, float]:
     """The metrics a finished phase reported when it trained: a rerun that skips it (resumed after the phase
-    ended, or its outputs restored by DVC) reports the same, not an empty ``metrics/stages/*.json``."""
+    ended, or its outputs restored by DVC) reports the same, not an empty ``metrics/stages/*.json``; all but
+    ``resumed_from_step``, which only the run that trained reports."""
     path = model_dir / METRICS
     return json.loads(path.read_text()) if path.exists() else {}
 

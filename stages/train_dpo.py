@@ -85,6 +85,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         raise ConfigError(f"data/reflogprobs was not scored by the policy DPO starts from "
                           f"(train_policy.dpo.init={cfg.dpo.init}): run the reflogprobs stage first")
     key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(init))
+    trained: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(init, params.policy.device)
         pairs = read_rows(src)
@@ -95,10 +96,10 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             label_smoothing=cfg.dpo.label_smoothing, warmup_ratio=cfg.dpo.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, lora=cfg.lora,
         )
-        finish(model, tokenizer, out, ckpt, key, history,
-               phase_metrics("dpo", "pairs", len(pairs), resumed, history))
+        trained = phase_metrics("dpo", "pairs", len(pairs), resumed, history)
+        finish(model, tokenizer, out, ckpt, key, history, trained)
         del model  # scored below as saved (a finished phase skipped above has only that)
-    metrics = kept_metrics(out)  # what it reported when it trained, also when finished before this run
+    metrics = kept_metrics(out) | trained  # what it reported when it trained, also when finished before this run
     write_loss_plot(params.plots_path("dpo_loss.json"), out)
 
     margins = params.data_path("train_policy", "dpo_margins")

@@ -42,6 +42,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     out = params.data_path("train_policy", "sft")
     src = params.data_path("pairs_text", "sft")
     key = run_key(params.section_hash(STAGE.params), dataset_hash(src), dir_hash(base))
+    trained: dict[str, float] = {}
     if not finished(out, key):
         model, tokenizer = load_policy(base, params.policy.device)
         conversations = [r["messages"] for r in read_rows(src, ["messages"])]
@@ -51,8 +52,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             batch_size=cfg.sft.batch_size, warmup_ratio=cfg.sft.warmup_ratio, seed=params.seed,
             save_steps=cfg.save_steps, tracker=ctx.tracker, prefix="sft", lora=cfg.lora,
         )
-        finish(model, tokenizer, out, ckpt, key, history,
-               phase_metrics("sft", "trajectories", len(conversations), resumed, history))
-    metrics = kept_metrics(out)  # what it reported when it trained, also when finished before this run
+        trained = phase_metrics("sft", "trajectories", len(conversations), resumed, history)
+        finish(model, tokenizer, out, ckpt, key, history, trained)
+    metrics = kept_metrics(out) | trained  # what it reported when it trained, also when finished before this run
     write_loss_plot(params.plots_path("sft_loss.json"), out)
     return StageResult(metrics=metrics, outputs=[str(out)])

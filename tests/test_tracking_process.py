@@ -119,3 +119,32 @@ def test_a_tracking_store_that_cannot_open_fails_the_stage(tmp_path, monkeypatch
     with pytest.raises(TrackingError, match="MLflow tracking failed"), \
             stage_run("probe", {}, uri=f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}") as tracker:
         tracker.log_metrics({"x": 1.0})
+
+
+def test_a_stopped_stage_ends_its_run_killed_without_waiting_for_the_calls_queued(tmp_path, monkeypatch):
+    """SIGTERM = checkpoint now: the stage's grace period is not spent logging a model it had queued (seconds of
+    MLflow's transformers flavour); its tracking process drops that call and ends the run KILLED."""
+    from pipeline.core.interrupt import Stopped
+    from pipeline.models import tiny
+
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.chdir(tmp_path)
+    tokenizer = tiny.train_tokenizer(["guess the word", "is it an animal?"] * 20, 200)
+    tiny.save(tiny.build_model(tokenizer, 1, 16, 2, 64), tokenizer, tmp_path / "sft")
+
+    def statuses() -> list[str]:
+        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(store)) as db:
+            return [row[0] for row in db.execute("SELECT status FROM runs")]
+        return []
+
+    with pytest.raises(Stopped), stage_run("train-sft", {}, experiment="stopped") as tracker:
+        tracker.log_metrics({"x": 1.0})
+        deadline = time.time() + 120
+        while time.time() < deadline and statuses() != ["RUNNING"]:
+            time.sleep(0.2)  # the run is open: what follows is queued behind it
+        tracker.log_model(tmp_path / "sft", "train-sft", "stopped")
+        raise Stopped("stopped by SIGTERM")
+    (run,) = _runs(store, "stopped")
+    assert run.info.status == "KILLED"
+    assert _client(store).search_registered_models() == []  # the queued model was dropped, not logged

@@ -14,7 +14,7 @@ its own libraries: importing MLflow and opening its store (~4 s) then happens on
 loads torch and its model, instead of before them. The stage process sends each call down a pipe (fire and
 forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
 stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``; one stopped by a
-signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` itself.
+signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` at once, dropping the calls not yet carried out.
 """
 
 from __future__ import annotations
@@ -278,6 +278,9 @@ class StageTracking:
         try:
             yield Tracker(lambda name, args: self._write({"op": "call", "name": name, "args": args}))
         except (KeyboardInterrupt, Stopped):
+            if self.proc is not None:  # the calls still queued (a model being logged) are dropped, not waited for
+                with contextlib.suppress(OSError):
+                    self.proc.send_signal(signal.SIGTERM)
             self.close("KILLED", check=False)
             raise
         except BaseException:
@@ -315,19 +318,35 @@ class _Handler:
             self.mlflow.end_run(status=status)
 
 
+class _Abandoned(BaseException):
+    """SIGTERM / SIGINT in the tracking process: the stage is stopping (:mod:`pipeline.core.interrupt`)."""
+
+
+def _abandon(_signum: int, _frame: object) -> None:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)  # the run's end below is not interrupted again
+    raise _Abandoned
+
+
 def _serve(lines: Iterator[str]) -> int:
     """The tracking process: the set-up, then one run's calls, one JSON message per line (:class:`StageTracking`).
-    End of input before ``end`` (the stage process died) ends the run ``KILLED``."""
-    # Ctrl-C, or a SIGTERM sent to the whole process group, reaches the stage too, which saves its work and ends
-    # the run (KILLED); this process waits for that, or for the end of its input
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    End of input before ``end`` (the stage process died) ends the run ``KILLED``.
+
+    SIGTERM or SIGINT (sent to the whole process group, or by the stopping stage itself) ends the run ``KILLED`` at
+    once: the call in flight and those queued behind it are dropped. A model still being logged (seconds of
+    MLflow's flavour code) must not hold the stop past the stage's grace period."""
+    signal.signal(signal.SIGINT, _abandon)
+    signal.signal(signal.SIGTERM, _abandon)
     handler = _Handler()
     try:
         for line in lines:
             if handler(json.loads(line)):
                 return 0
         handler.abort("KILLED")
+        return 0
+    except _Abandoned:
+        with contextlib.suppress(Exception):
+            handler.abort("KILLED")
         return 0
     except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
         full = disk_full(e) is not None  # the stage process says it in one line (DiskFull)
