@@ -29,6 +29,13 @@ def _runs(store: Path, experiment: str) -> list:
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 
+def _statuses(store: Path) -> list[str]:
+    """The runs' statuses, read with sqlite3: an MlflowClient would race the store's creation."""
+    with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(store)) as db:
+        return [row[0] for row in db.execute("SELECT status FROM runs")]
+    return []
+
+
 LOGGING = textwrap.dedent("""
     import sys
     from pathlib import Path
@@ -97,17 +104,12 @@ def test_a_killed_stage_process_leaves_its_run_killed_not_running(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "working"
 
-    def statuses() -> list[str]:  # read with sqlite3: an MlflowClient would race the store's creation
-        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(store)) as db:
-            return [row[0] for row in db.execute("SELECT status FROM runs")]
-        return []
-
     deadline = time.time() + 120
-    while time.time() < deadline and statuses() != ["RUNNING"]:
+    while time.time() < deadline and _statuses(store) != ["RUNNING"]:
         time.sleep(0.5)  # the tracking process has opened the run
     proc.kill()  # SIGKILL: the stage process gets no chance to end its run
     proc.wait()
-    while time.time() < deadline and statuses() == ["RUNNING"]:
+    while time.time() < deadline and _statuses(store) == ["RUNNING"]:
         time.sleep(0.5)
     (run,) = _runs(store, "killed")
     assert run.info.status == "KILLED" and run.data.metrics == {"x": 1.0}
@@ -133,15 +135,10 @@ def test_a_stopped_stage_ends_its_run_killed_without_waiting_for_the_calls_queue
     tokenizer = tiny.train_tokenizer(["guess the word", "is it an animal?"] * 20, 200)
     tiny.save(tiny.build_model(tokenizer, 1, 16, 2, 64), tokenizer, tmp_path / "sft")
 
-    def statuses() -> list[str]:
-        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(store)) as db:
-            return [row[0] for row in db.execute("SELECT status FROM runs")]
-        return []
-
     with pytest.raises(Stopped), stage_run("train-sft", {}, experiment="stopped") as tracker:
         tracker.log_metrics({"x": 1.0})
         deadline = time.time() + 120
-        while time.time() < deadline and statuses() != ["RUNNING"]:
+        while time.time() < deadline and _statuses(store) != ["RUNNING"]:
             time.sleep(0.2)  # the run is open: what follows is queued behind it
         tracker.log_model(tmp_path / "sft", "train-sft", "stopped")
         raise Stopped("stopped by SIGTERM")
