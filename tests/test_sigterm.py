@@ -172,6 +172,18 @@ def test_a_trainer_stage_saves_the_step_it_is_on_and_resumes_there(bootstrapped,
     assert metrics["resumed_from_step"] == saved
     assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
                          bootstrapped / "data" / "bootstrap" / "model" / "model.safetensors")
+    # and its last checkpoint's log: TRL's count of the tokens trained on goes on from the stop (kept in each
+    # checkpoint). The Trainer averages its loss (TRL: entropy, token accuracy) over the steps since the last log:
+    # the first log after a resume between two logs averages the steps since the resume only; every other is the same
+    last = ckpts / "checkpoint-200" / "trainer_state.json"
+    log = json.loads(last.read_text())["log_history"]
+    straight = json.loads((bootstrapped / last.relative_to(proj)).read_text())["log_history"]
+    assert [h["num_tokens"] for h in log] == [h["num_tokens"] for h in straight]
+    window = ("loss", "entropy", "mean_token_accuracy")
+    for h, g in zip(log, straight, strict=True):
+        if h["step"] - saved in range(1, 5) and saved % 5:  # logging_steps=5
+            h, g = ({k: v for k, v in x.items() if k not in window} for x in (h, g))
+        assert h == g
     print(f"\nbootstrap (HF Trainer), optimizer steps the rerun trains again: SIGTERM 0 (stopped at step {saved}, "
           f"resumed there); a SIGKILL at the same moment at least {logged[-1] - on_disk} (resumes at step {on_disk})")
 
@@ -205,6 +217,38 @@ def test_rl_text_rounds_keep_the_episodes_in_flight_and_resume_as_if_never_stopp
     episodes = 3 * 2  # rl_text.tasks_per_round x trajectories_per_task
     print(f"\nrl-text (ArCHer rounds), episodes the rerun plays again: SIGTERM 0 (stopped at {where}, {played} "
           f"transitions kept); a SIGKILL at the same moment {episodes} (round 2's, in flight)")
+
+
+def test_a_trainer_signalled_while_torch_starts_its_shared_memory_manager_goes_on(tmp_path):
+    """sample-factory's first shared tensor starts torch's shared-memory manager; a signal with a handler landing
+    in that start made torch spin for ever, holding the GIL (an orphaned trainer in the 100-interruption soak). The
+    trainer starts it with the stop signals blocked: under SIGTERM every 2 ms it comes up, and the signals are
+    handled after. (Without the blocking, the same child never ends: `torch.zeros(1).share_memory_()` under the
+    file_system strategy hung 3 times out of 3.)"""
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, time\n"
+        "from pipeline.nethack.sf import start_shm_manager\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(0.3)\n"
+        "start_shm_manager()\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', len(got), flush=True)\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.002)
+    if proc.poll() is None:
+        proc.kill()
+        raise AssertionError("the child hung starting torch's shared-memory manager")
+    out = proc.stdout.read().split()
+    assert proc.returncode == 0 and out[0] == "up" and int(out[1]) > 0  # the signals were handled, after
 
 
 def test_sample_factory_ends_its_iteration_with_a_checkpoint_and_resumes_there(tmp_path):

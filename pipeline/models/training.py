@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from pipeline.core import interrupt
 from pipeline.core.config import ConfigError
@@ -63,6 +64,28 @@ class _CheckpointOnSignal(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+class _TokenCount(TrainerCallback, ExportableState):
+    """TRL's SFTTrainer counts the tokens it has trained on (its logged ``num_tokens``) but keeps no count in its
+    checkpoints, so a resumed run would count again from 0 and log other figures than an uninterrupted run. The count
+    goes into each checkpoint's trainer_state.json, where the Trainer keeps its callbacks' state
+    (``stateful_callbacks``), and :func:`_train` gives it back on resume."""
+
+    def __init__(self, trainer=None) -> None:
+        self.trainer = trainer
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"tokens": getattr(self.trainer, _TOKENS, 0)}}
+
+
+_TOKENS = "_total_train_tokens"  # SFTTrainer's counter
+
+
+def _restore_token_count(trainer, checkpoint: str) -> None:
+    saved = json.loads((Path(checkpoint) / "trainer_state.json").read_bytes()).get("stateful_callbacks", {})
+    if (tokens := saved.get(_TokenCount.__name__, {}).get("attributes", {}).get("tokens")) is not None:
+        setattr(trainer, _TOKENS, tokens)
 
 
 def _stop_agreed() -> bool:
@@ -163,6 +186,10 @@ def _train(trainer, checkpoint_dir: Path) -> int:
     resumed = int(Path(last).name.split("-")[-1]) if last else 0
     with interrupt.at(f"step {resumed}") as point:
         trainer.add_callback(_CheckpointOnSignal(point))
+        if hasattr(trainer, _TOKENS):
+            trainer.add_callback(_TokenCount(trainer))
+            if last:
+                _restore_token_count(trainer, last)
         trainer.train(resume_from_checkpoint=last)
         if trainer.state.global_step < trainer.state.max_steps:  # stopped early: the checkpoint is saved
             interrupt.check()

@@ -574,6 +574,26 @@ def _watch_parent(grace_s: float = 45.0) -> None:
     threading.Thread(target=watch, name="curio-parent-watch", daemon=True).start()
 
 
+def start_shm_manager() -> None:
+    """Start torch's shared-memory manager now, with SIGTERM and SIGINT blocked in this thread.
+
+    sample-factory shares its tensors with torch's ``file_system`` strategy, so the first tensor shared (the
+    learner's model, at start) launches a ``torch_shm_manager`` process and reads its handshake from a pipe. If a
+    signal with a Python handler (:class:`_StopRequest`'s) interrupts that read, torch (libshm's ``start_manager``,
+    as of torch 2.13) retries the check of the read's result without reading again, for ever: the main thread spins
+    in native code holding the GIL, so no signal handler and no thread (``_watch_parent``) can stop it, and the
+    trainer outlives its stage. The 100-interruption soak found it once (a SIGTERM in that ~0.3 s window). Blocked,
+    the signal waits and is handled as soon as the manager is up; torch starts it once per process."""
+    import signal
+
+    torch.multiprocessing.set_sharing_strategy("file_system")  # sample-factory's (init_torch_runtime)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        torch.zeros(1).share_memory_()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     from sample_factory.algo.utils.misc import ExperimentStatus
     from sample_factory.train import make_runner
@@ -583,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     stop = _StopRequest()
     stop.install()
+    start_shm_manager()
     _watch_parent()
     register_components()
     cfg = parse_cfg(sys.argv[1:] if argv is None else argv)
