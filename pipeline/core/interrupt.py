@@ -19,6 +19,7 @@ MLflow run still close); at ``grace_s`` the process exits 143 whatever it is doi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -31,6 +32,10 @@ from pathlib import Path
 from pipeline.core.errors import CurioError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# libc's prctl, resolved at import: a child between fork and exec (a Popen preexec_fn) must not import or load
+# anything (another thread of the parent may have held the import lock when it forked).
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
 DEFAULT_GRACE_S = 20.0  # under the 30 s Prefect (and most supervisors) wait before their SIGKILL
 
 
@@ -255,15 +260,20 @@ def launcher_pid() -> int:
     return parent
 
 
+def signal_on_parent_death(signum: int) -> None:
+    """Have the kernel send this process ``signum`` when the thread that started it ends, however it ends (even
+    SIGKILL): PR_SET_PDEATHSIG. Linux only; elsewhere nothing. Safe in a Popen ``preexec_fn``."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signum)
+
+
 def stop_when_launcher_dies(poll_s: float = 0.5) -> None:
     """SIGTERM this process when the process that launched it dies: the kernel's PR_SET_PDEATHSIG for a direct
     parent, and a watching thread for a launcher behind a shell (its death leaves the shell running, which sends
     nothing). Linux only; elsewhere nothing changes."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    signal_on_parent_death(signal.SIGTERM)
     launcher = launcher_pid()
     if launcher == os.getppid() or (identity := _identity(launcher)) is None:
         return

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import interrupt
 from pipeline.core.artifacts import atomic_write_json
 
 LABELLED = {"helpful", "unhelpful"}
@@ -342,10 +343,7 @@ def annotator_preexec() -> None:
     """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a low CPU priority
     (``ANNOTATOR_NICE``): when the cores are busy RL keeps its pace and labels lag (ONI's design: labelling is
     asynchronous); a server-backed annotator mostly waits on the network anyway."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    interrupt.signal_on_parent_death(signal.SIGTERM)
     os.nice(ANNOTATOR_NICE)
 
 

@@ -19,7 +19,6 @@ checkpoint at the step they agree on, ArCHer's round) and stop; the stage then s
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import shutil
@@ -57,15 +56,10 @@ def launch_args(num_processes: int, config_file: str | None) -> list[str]:
             "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
 
 
-# Resolved before any fork: the child between fork and exec only calls it.
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
 def _stop_with_parent() -> None:
     """In the launcher's child: SIGTERM when the stage's process dies, however it dies (even SIGKILL). torchrun
     then stops its processes, so a killed stage leaves no training on to race its rerun."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    interrupt.signal_on_parent_death(signal.SIGTERM)
 
 
 def run_launch(job: Path, num_processes: int, config_file: str | None, what: str,

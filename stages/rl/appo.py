@@ -24,7 +24,6 @@ Output: ``data/rl_nethack/<variant>/`` (sample-factory experiment: config.json, 
 from __future__ import annotations
 
 import csv
-import ctypes
 import json
 import os
 import shutil
@@ -126,9 +125,6 @@ def identity(args: list[str], reward_dir: Path, uses_model: bool) -> str:
     return run_key(stable_hash(kept), dir_hash(reward_dir) if uses_model else "")
 
 
-# Resolved before any fork: variants start from several threads, and the child between fork and exec must not
-# import or load anything.
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
 _SPAWN = threading.Lock()  # one fork at a time
 
 
@@ -139,8 +135,7 @@ def _stop_with_parent() -> None:
     training on and the rerun resumes from where it stopped. (The signal follows the thread that started the
     child, which waits for it to the end.)
     """
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+    interrupt.signal_on_parent_death(signal.SIGINT)
 
 
 def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Path | None = None) -> dict:
