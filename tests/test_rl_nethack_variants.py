@@ -1,5 +1,7 @@
 """rl-nethack trains its variants side by side: one core each, up to twice the machine's cores."""
 
+import pytest
+
 from pipeline.params import Params
 from stages.rl.appo import concurrent_variants
 
@@ -40,3 +42,40 @@ def test_a_checkpoint_holding_a_numpy_best_performance_loads_and_other_objects_d
     torch.save({**state, "extra": fractions.Fraction(1, 3)}, tmp_path / "other.pth")
     with pytest.raises(pickle.UnpicklingError):
         load_checkpoint(tmp_path / "other.pth")
+
+
+FAKE_TRAINER = """
+import sys
+from pathlib import Path
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+experiment = Path(args["train_dir"]) / args["experiment"]
+(experiment / "checkpoint_p0").mkdir(parents=True, exist_ok=True)
+(experiment / "checkpoint_p0" / "checkpoint_000000009_{steps}.pth").write_bytes(b"")
+(experiment / "curio_summary.json").write_text('{{"env_steps": {steps}}}')
+sys.exit(143)  # sample-factory stopped by the stage's SIGTERM, its checkpoint saved
+"""
+
+
+@pytest.mark.parametrize("steps, action", [(4352, "trained"), (2048, "stopped")])
+def test_a_variant_the_stop_reached_after_its_last_iteration_is_trained(steps, action, tmp_path, monkeypatch):
+    """The stage's SIGTERM reached a variant's trainer after its last iteration (its checkpoint is past the budget):
+    it is trained, as the rerun would find it, not stopped "at 4352 of 4096 env steps"; before its budget it is
+    stopped where its checkpoint is."""
+    import subprocess
+    import sys
+
+    from pipeline.core import interrupt
+    from stages.rl import appo
+
+    p = Params.model_validate({"data_dir": str(tmp_path / "data"), "rl_nethack": {
+        "train_for_env_steps": 4096, "variants": {"ext": {"ext_coef": 1.0, "int_coef": 0.0, "reward": "none"}}}})
+    real, started = subprocess.Popen, []
+
+    def fake(command, **kwargs):
+        started.append(command)  # the stop comes while it trains
+        return real([sys.executable, "-c", FAKE_TRAINER.format(steps=steps), *command[3:]], **kwargs)
+
+    monkeypatch.setattr(appo.subprocess, "Popen", fake)
+    monkeypatch.setattr(interrupt, "requested", lambda: 15 if started else None)
+    summary = appo.train_variant(p, "ext", p.rl_nethack.variants["ext"])
+    assert summary["action"] == action and summary["env_steps"] == steps

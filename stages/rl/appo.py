@@ -177,10 +177,13 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
             raise RuntimeError(
                 f"rl-nethack: {name} did not finish within {cfg.timeout_s} s (see {log}); rerun to resume"
             ) from None
-    if code == STOPPED_EXIT or interrupt.requested() is not None:
-        stopped = latest_checkpoint(experiment)
-        return {"action": "stopped", "env_steps": stopped[1] if stopped else 0}
-    if code != 0 or not (experiment / SUMMARY).exists():
+    saved = latest_checkpoint(experiment)
+    # a stop that came after its last iteration: trained, as the rerun would find it (and skip it)
+    finished = code in (0, STOPPED_EXIT) and saved is not None and saved[1] >= cfg.train_for_env_steps \
+        and (experiment / SUMMARY).exists()
+    if not finished and (code == STOPPED_EXIT or interrupt.requested() is not None):
+        return {"action": "stopped", "env_steps": saved[1] if saved else 0}
+    if not finished and (code != 0 or not (experiment / SUMMARY).exists()):
         raise RuntimeError(f"rl-nethack: training {name} failed (exit {code}); see {log}")
     summary = json.loads((experiment / SUMMARY).read_text())
     action = "resumed" if found is not None else "trained"
