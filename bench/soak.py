@@ -235,8 +235,10 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
             rc = run.proc.wait()
             reap()
             if rc == 0:
-                if carried:
-                    problems.append(f"{len(carried)} interruption(s) planned after the last stage ended: not sent")
+                left = len(carried) + sum(len(v) for v in planned.values())  # the last stage's too
+                if left:
+                    problems.append(f"{left} interruption(s) not sent: the DAG's last stages finished before "
+                                    "their moments")
                 return done, time.monotonic() - t0, problems
             failures += 1
             problems.append(f"dvc repro failed (exit {rc}) after interruption {len(done)}: "
