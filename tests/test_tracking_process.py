@@ -145,3 +145,42 @@ def test_a_stopped_stage_ends_its_run_killed_without_waiting_for_the_calls_queue
     (run,) = _runs(store, "stopped")
     assert run.info.status == "KILLED"
     assert _client(store).search_registered_models() == []  # the queued model was dropped, not logged
+
+
+SWALLOWING = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    from pipeline.core import tracking
+
+    class Calls:  # a call whose code swallows the first exception, as a weakref callback does ("Exception ignored")
+        def __init__(self, mlflow):
+            pass
+
+        def slow(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            except BaseException:
+                pass
+            time.sleep(30)
+
+    tracking.Calls = Calls
+    lines = [{"op": "setup", "experiment": "swallowed", "artifact_root": "mlartifacts", "uri": None},
+             {"op": "start", "run_name": "probe", "parent": None, "tags": {}, "params": {}},
+             {"op": "call", "name": "slow", "args": []}]
+    started = time.monotonic()
+    code = tracking._serve(json.dumps(m) for m in lines)
+    print(code, round(time.monotonic() - started, 1))
+""")
+
+
+def test_a_stop_swallowed_by_the_code_it_lands_in_still_ends_the_run_at_once(tmp_path):
+    """SIGTERM's exception can land in code that swallows it; it is raised again until the run is ended KILLED,
+    instead of the call going on for its 30 s."""
+    store = tmp_path / "mlflow.db"
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", SWALLOWING], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
+                                           "PYTHONPATH": str(root)})
+    code, seconds = res.stdout.split()
+    assert code == "0" and _statuses(store) == ["KILLED"], res.stderr[-2000:]
+    assert float(seconds) < 15  # the MLflow set-up and the run's start, then at most 0.1 s of the call

@@ -322,10 +322,25 @@ class _Abandoned(BaseException):
     """SIGTERM / SIGINT in the tracking process: the stage is stopping (:mod:`pipeline.core.interrupt`)."""
 
 
+class _Stop:
+    asked = False  # SIGTERM / SIGINT came
+    ending = False  # the run is being ended: nothing interrupts that
+
+
 def _abandon(_signum: int, _frame: object) -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)  # the run's end below is not interrupted again
+        signal.signal(s, signal.SIG_IGN)  # once is enough
+    _Stop.asked = True
+    # Raised where the main thread happens to be, the exception can land in code that swallows it (a weakref
+    # callback: Python prints "Exception ignored" and goes on with the call): it is raised again every 0.1 s until
+    # the run is being ended.
+    signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
     raise _Abandoned
+
+
+def _abandon_again(_signum: int, _frame: object) -> None:
+    if _Stop.asked and not _Stop.ending:
+        raise _Abandoned
 
 
 def _serve(lines: Iterator[str]) -> int:
@@ -334,17 +349,24 @@ def _serve(lines: Iterator[str]) -> int:
 
     SIGTERM or SIGINT (sent to the whole process group, or by the stopping stage itself) ends the run ``KILLED`` at
     once: the call in flight and those queued behind it are dropped. A model still being logged (seconds of
-    MLflow's flavour code) must not hold the stop past the stage's grace period."""
+    MLflow's flavour code) must not hold the stop past the stage's grace period. (The exception is raised again
+    every 0.1 s until the run is being ended: code that swallows it cannot keep the call going.)"""
     signal.signal(signal.SIGINT, _abandon)
     signal.signal(signal.SIGTERM, _abandon)
+    signal.signal(signal.SIGALRM, _abandon_again)
     handler = _Handler()
     try:
-        for line in lines:
-            if handler(json.loads(line)):
+        try:
+            try:
+                for line in lines:
+                    if handler(json.loads(line)):
+                        return 0
+                handler.abort("KILLED")
                 return 0
-        handler.abort("KILLED")
-        return 0
-    except _Abandoned:
+            except _Abandoned:
+                _Stop.ending = True
+        except _Abandoned:  # raised again as the first one was caught
+            _Stop.ending = True
         with contextlib.suppress(Exception):
             handler.abort("KILLED")
         return 0
@@ -355,6 +377,9 @@ def _serve(lines: Iterator[str]) -> int:
         with contextlib.suppress(Exception):
             handler.abort("FAILED")
         return DISK_FULL_EXIT if full else 1
+    finally:
+        _Stop.ending = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @contextlib.contextmanager
