@@ -323,14 +323,12 @@ class _Abandoned(BaseException):
 
 
 class _Stop:
-    asked = False  # SIGTERM / SIGINT came
     ending = False  # the run is being ended: nothing interrupts that
 
 
 def _abandon(_signum: int, _frame: object) -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)  # once is enough
-    _Stop.asked = True
     # Raised where the main thread happens to be, the exception can land in code that swallows it (a weakref
     # callback: Python prints "Exception ignored" and goes on with the call): it is raised again every 0.1 s until
     # the run is being ended.
@@ -339,8 +337,16 @@ def _abandon(_signum: int, _frame: object) -> None:
 
 
 def _abandon_again(_signum: int, _frame: object) -> None:
-    if _Stop.asked and not _Stop.ending:
+    if not _Stop.ending:  # (armed by _abandon only)
         raise _Abandoned
+
+
+def _run(handler: _Handler, lines: Iterator[str]) -> int:
+    for line in lines:
+        if handler(json.loads(line)):
+            return 0
+    handler.abort("KILLED")  # end of input before "end": the stage process died
+    return 0
 
 
 def _serve(lines: Iterator[str]) -> int:
@@ -357,19 +363,11 @@ def _serve(lines: Iterator[str]) -> int:
     handler = _Handler()
     try:
         try:
-            try:
-                for line in lines:
-                    if handler(json.loads(line)):
-                        return 0
-                handler.abort("KILLED")
-                return 0
-            except _Abandoned:
-                _Stop.ending = True
-        except _Abandoned:  # raised again as the first one was caught
+            return _run(handler, lines)
+        except _Abandoned:
             _Stop.ending = True
-        with contextlib.suppress(Exception):
-            handler.abort("KILLED")
-        return 0
+    except _Abandoned:  # raised again as the first one was caught
+        _Stop.ending = True
     except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
         full = disk_full(e) is not None  # the stage process says it in one line (DiskFull)
         if not full:
@@ -380,6 +378,9 @@ def _serve(lines: Iterator[str]) -> int:
     finally:
         _Stop.ending = True
         signal.setitimer(signal.ITIMER_REAL, 0)
+    with contextlib.suppress(Exception):
+        handler.abort("KILLED")
+    return 0
 
 
 @contextlib.contextmanager

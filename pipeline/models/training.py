@@ -66,6 +66,9 @@ class _CheckpointOnSignal(TrainerCallback):
         return control
 
 
+_TOKENS = "_total_train_tokens"  # SFTTrainer's counter
+
+
 class _TokenCount(TrainerCallback, ExportableState):
     """TRL's SFTTrainer counts the tokens it has trained on (its logged ``num_tokens``) but keeps no count in its
     checkpoints, so a resumed run would count again from 0 and log other figures than an uninterrupted run. The count
@@ -77,9 +80,6 @@ class _TokenCount(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {"tokens": getattr(self.trainer, _TOKENS, 0)}}
-
-
-_TOKENS = "_total_train_tokens"  # SFTTrainer's counter
 
 
 def _restore_token_count(trainer, checkpoint: str) -> None:

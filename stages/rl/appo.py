@@ -138,6 +138,11 @@ def _stop_with_parent() -> None:
     interrupt.signal_on_parent_death(signal.SIGINT)
 
 
+def _trained(experiment: Path, checkpoint: tuple[Path, int] | None, budget: int) -> bool:
+    """The variant has its budget of env steps checkpointed and its summary written."""
+    return checkpoint is not None and checkpoint[1] >= budget and (experiment / SUMMARY).exists()
+
+
 def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Path | None = None) -> dict:
     """Train (or resume, or skip) one variant; returns its curio_summary.json plus what was done."""
     cfg = params.rl_nethack
@@ -149,7 +154,7 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     keyed_dir(experiment, ident)  # sample-factory resumes in it; trained under other settings: emptied first
 
     found = latest_checkpoint(experiment)
-    if found is not None and found[1] >= cfg.train_for_env_steps and (experiment / SUMMARY).exists():
+    if _trained(experiment, found, cfg.train_for_env_steps):
         return {**json.loads((experiment / SUMMARY).read_text()), "action": "skipped (already trained)"}
     if interrupt.requested() is not None:  # asked to stop before this variant started
         return {"action": "stopped", "env_steps": found[1] if found else 0}
@@ -178,13 +183,12 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
                 f"rl-nethack: {name} did not finish within {cfg.timeout_s} s (see {log}); rerun to resume"
             ) from None
     saved = latest_checkpoint(experiment)
-    # a stop that came after its last iteration: trained, as the rerun would find it (and skip it)
-    finished = code in (0, STOPPED_EXIT) and saved is not None and saved[1] >= cfg.train_for_env_steps \
-        and (experiment / SUMMARY).exists()
-    if not finished and (code == STOPPED_EXIT or interrupt.requested() is not None):
-        return {"action": "stopped", "env_steps": saved[1] if saved else 0}
-    if not finished and (code != 0 or not (experiment / SUMMARY).exists()):
-        raise RuntimeError(f"rl-nethack: training {name} failed (exit {code}); see {log}")
+    # a stop that came after its last iteration leaves it trained, as the rerun would find it (and skip it)
+    if not (code in (0, STOPPED_EXIT) and _trained(experiment, saved, cfg.train_for_env_steps)):
+        if code == STOPPED_EXIT or interrupt.requested() is not None:
+            return {"action": "stopped", "env_steps": saved[1] if saved else 0}
+        if code != 0 or not (experiment / SUMMARY).exists():
+            raise RuntimeError(f"rl-nethack: training {name} failed (exit {code}); see {log}")
     summary = json.loads((experiment / SUMMARY).read_text())
     action = "resumed" if found is not None else "trained"
     return {**summary, "action": action, "wall_seconds": round(time.time() - start, 1)}
