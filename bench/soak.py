@@ -9,7 +9,8 @@ Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the bu
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
 interruptions. A second fresh copy, in the same place (paths written into outputs agree), runs `dvc repro` again and
 again: each interruption is planned on a stage (the stages in turn, so all of them get some), at a random moment of
-that stage's uninterrupted wall time after it (re)starts, with SIGKILL or SIGTERM (seeded); it goes to the whole
+what that stage has left after it (re)starts (its uninterrupted wall time less the time it ran before its earlier
+interruptions, a quarter of it at least), with SIGKILL or SIGTERM (seeded); it goes to the whole
 process group, as a supervisor, Prefect or the OOM killer sends it: DVC, the stage and every process they started.
 After each one the soak waits for every process of the group to end (this process is their subreaper), checks a
 SIGTERMed stage exited 143 within ``runner.grace_s`` with its one line, and reruns `dvc repro`. An interruption whose
@@ -201,6 +202,15 @@ def plan(durations: dict[str, float], n: int, rng: random.Random, kill_share: fl
     return planned
 
 
+def window(duration: float, spent: float) -> float:
+    """How long after a stage (re)starts its next interruption may come: what it has left, about. A stage that
+    resumes has less to do than its uninterrupted wall time; drawing from the whole of it put most moments after
+    the stage had ended, and those piled up on the DAG's last stage (the fifth soak sent 62 of 100). A quarter of
+    the wall time at least: a stage that starts over (report) or repeats its chunk in flight still runs that long.
+    """
+    return max(duration - spent, duration / 4)
+
+
 def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
          log) -> tuple[list[Interruption], float, list[str]]:
     """`dvc repro` until it completes, interrupted as planned; the interruptions, the wall time, problems seen."""
@@ -210,6 +220,7 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
     total = sum(len(v) for v in planned.values())
     t0 = time.monotonic()
     failures = 0
+    spent: Counter[str] = Counter()  # seconds each stage ran before its interruptions, so far
     while True:
         run = Repro(root, log)
         current, started, moment, fired = None, 0.0, None, None
@@ -225,10 +236,12 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                 if carried:
                     planned.setdefault(current, [])[:0] = carried
                     carried = []
-                moment = rng.uniform(0.0, durations.get(current, 10.0)) if planned.get(current) else None
+                moment = rng.uniform(0.0, window(durations.get(current, 10.0), spent[current])) \
+                    if planned.get(current) else None
             if current and moment is not None and now - started >= moment:
                 sig = planned[current].pop(0)
                 fired = Interruption(sig, current, now - started)
+                spent[current] += fired.after_s
                 stages = {pid: cmd for pid, cmd in run.members().items() if f"stage {current}" in cmd}
                 os.killpg(run.proc.pid, sig)
         if fired is None:  # the run ended by itself
@@ -270,8 +283,11 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
         if fired.signal == signal.SIGTERM and stages:
             fired.stage_exit = next((codes[p] for p in stages if p in codes), None)
             fired.line = next((m[0] for line in run.output if (m := STOP_LINE.search(line))), "")
-            # 143: stopped; 0: it had finished its work; -15: Python starting (no handler yet) or exiting (none left)
-            if fired.stage_exit not in (143, 0, -15) or fired.stopped_s > grace_s or "Traceback" in "".join(run.output):
+            # 143: stopped; 0: it had finished its work; -15: Python starting (no handler yet) or exiting (none left);
+            # None: the stage process had ended and DVC, still running, took its exit status (DVC prints nothing
+            # when it is signalled itself)
+            traceback = "Traceback" in "".join(run.output)
+            if fired.stage_exit not in (143, 0, -15, None) or fired.stopped_s > grace_s or traceback:
                 problems.append(f"SIGTERM {fired.stage} at {fired.after_s:.1f} s: stage exit {fired.stage_exit}, "
                                 f"everything ended after {fired.stopped_s:.1f} s")
         done.append(fired)
@@ -280,7 +296,9 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
             what = fired.line.removeprefix("curio: ") or {0: "(the stage had finished its work: exit 0)",
                                                          -15: "(ended by the default handler: Python was starting "
                                                               "or exiting)",
-                                                         None: "(no stage process: DVC was between stages)"}.get(
+                                                         None: "(no stage process: DVC was between stages)"
+                                                         if not stages else "(the stage had ended: DVC took its "
+                                                         "exit status)"}.get(
                 fired.stage_exit, f"(the stage exited {fired.stage_exit})")
         print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage} at {fired.after_s:.1f} s: all ended in "
               f"{fired.stopped_s:.1f} s {what}", flush=True)
@@ -390,7 +408,7 @@ def main() -> int:
     if terms:
         exits = Counter(i.stage_exit for i in terms)
         print(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 Python starting or "
-              f"exiting; None no stage process: DVC between stages); slowest stop "
+              f"exiting; None no stage process, or one DVC had reaped); slowest stop "
               f"{max(i.stopped_s for i in terms):.1f} s (grace {grace_s:.0f} s)")
     print(f"rows lost: {lost} (goal 0)")
     print("outputs: identical to the uninterrupted run" if not differences else "outputs that differ:")
