@@ -23,17 +23,27 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from choose_tiers import score  # noqa: E402 - success ± s.e. and mean turns on wins, as the tiers were chosen
 
-#: what a stage remakes (relative to data/), and the policy it trains
-REDO = {
-    "train-sft": (("train_policy/sft", "reflogprobs", "train_policy/dpo", "rl_text", "evaluate_text"), "sft"),
-    "train-dpo": (("train_policy/dpo", "rl_text", "evaluate_text"), "dpo"),
-    "rl-text": (("rl_text", "evaluate_text"), "rl"),
-}
+#: the policy each stage trains
+POLICY = {"train-sft": "sft", "train-dpo": "dpo", "rl-text": "rl"}
+
+
+def remade(stage: str, dvc_yaml: Path = REPO / "dvc.yaml") -> tuple[str, ...]:
+    """What retraining ``stage`` remakes, relative to data/: its own outs and those of every stage downstream of it
+    (dvc.yaml's graph), so none of them is linked from the finished run."""
+    from pipeline.core.dag import ancestors, stage_parents
+
+    parents = stage_parents(dvc_yaml)
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    names = [n for n in parents if n == stage or stage in ancestors(parents, n)]
+    outs = (next(iter(o)) if isinstance(o, dict) else o for n in names for o in stages[n].get("outs", []))
+    return tuple(sorted(o.removeprefix("data/").rstrip("/") for o in outs if o.startswith("data/")))
 
 
 def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") -> None:
@@ -73,7 +83,7 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="params override, key=value")
     ap.add_argument("--from", dest="source", type=Path, default=REPO / "data", help="a finished run's data dir")
     ap.add_argument("--policies", default="", help="the run's own policies to play on val first, e.g. base,sft")
-    ap.add_argument("--stage", choices=sorted(REDO), help="the stage to train again per grid value")
+    ap.add_argument("--stage", choices=sorted(POLICY), help="the stage to train again per grid value")
     ap.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (one or more; their product)")
     ap.add_argument("--k", type=int, default=2, help="episodes per val task")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "choose_hparams")
@@ -101,8 +111,8 @@ def main() -> None:
         sets = [f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
         label = " ".join(sets)
         work = args.out / args.stage / ("_".join(sets).replace("/", "-"))
-        redo, policy = REDO[args.stage]
-        link_upstream(source, work / "data", redo)
+        policy = POLICY[args.stage]
+        link_upstream(source, work / "data", remade(args.stage))
         params = load_params("params.yaml", [*base, *sets, f"data_dir={work / 'data'}",
                                              f"metrics_dir={work / 'metrics'}"])
         t0 = time.perf_counter()

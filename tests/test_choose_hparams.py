@@ -1,0 +1,34 @@
+"""bench/choose_hparams.py retrains a stage in a scratch tree linked to a finished run's data/: everything the stage
+and its downstream stages write must be real directories there, never links into the finished run."""
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from choose_hparams import link_upstream, remade  # noqa: E402
+
+
+def test_retraining_dpo_remakes_its_margins_and_links_only_what_comes_before(tmp_path):
+    run = tmp_path / "run"
+    for d in ("rollout_text", "pairs_text/sft", "reflogprobs", "train_policy/sft", "train_policy/dpo",
+              "train_policy/dpo_margins", "rl_text", "evaluate_text"):
+        (run / d).mkdir(parents=True)
+        (run / d / "part-0.parquet").write_text(d)
+    scratch = tmp_path / "scratch"
+    link_upstream(run, scratch, remade("train-dpo"))
+
+    for d in ("rollout_text", "pairs_text", "reflogprobs", "train_policy/sft"):
+        assert (scratch / d).is_symlink() and (scratch / d).resolve() == (run / d).resolve()
+    assert (scratch / "train_policy").is_dir() and not (scratch / "train_policy").is_symlink()
+    for d in ("train_policy/dpo", "train_policy/dpo_margins", "rl_text", "evaluate_text"):
+        assert not (scratch / d).exists(), d  # the stage writes them anew, never into the finished run
+
+
+def test_what_each_stage_remakes_follows_dvc_yaml():
+    assert set(remade("train-sft")) >= {"train_policy/sft", "reflogprobs", "train_policy/dpo",
+                                   "train_policy/dpo_margins", "rl_text", "evaluate_text"}
+    assert "train_policy/sft" not in remade("train-dpo") and "reflogprobs" not in remade("train-dpo")
+    assert "train_policy/dpo_margins" in remade("train-dpo")
+    assert set(remade("rl-text")) >= {"rl_text", "evaluate_text"} and "train_policy/dpo" not in remade("rl-text")
