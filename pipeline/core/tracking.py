@@ -341,6 +341,16 @@ def _abandon_again(_signum: int, _frame: object) -> None:
         raise _Abandoned
 
 
+def _unraisable(hook: Callable) -> Callable:
+    """``sys.unraisablehook`` that says nothing of a stop swallowed where it landed (a weakref callback): that is
+    expected, and the stop is raised again within 0.1 s (:func:`_abandon_again`). Anything else goes to ``hook``."""
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, _Abandoned):
+            hook(info)
+
+    return unraisable
+
+
 def _run(handler: _Handler, lines: Iterator[str]) -> int:
     for line in lines:
         if handler(json.loads(line)):
@@ -360,6 +370,7 @@ def _serve(lines: Iterator[str]) -> int:
     signal.signal(signal.SIGINT, _abandon)
     signal.signal(signal.SIGTERM, _abandon)
     signal.signal(signal.SIGALRM, _abandon_again)
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
     handler = _Handler()
     try:
         try:
