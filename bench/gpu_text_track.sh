@@ -3,13 +3,9 @@
 # hf backend generating on the GPU), then rl-text with each algorithm (filtered BC, ArCHer, CHAI) and its
 # evaluation; prints each stage's exit code and seconds. Data goes to /tmp/gpu, not to the project's data/.
 #     bash bench/gpu_text_track.sh        (from the repo root, with the project's venv active)
-# A machine without the project's dependencies can take them as wheels in .whl/ (installed into /tmp/site).
+# Dependencies on a bare GPU machine: bench/gpu_setup.sh.
 set -u
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-[ -d .whl ] && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9; }
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch,transformers,trl;print('torch',torch.__version__,'cuda',torch.cuda.is_available(),'transformers',transformers.__version__,'trl',trl.__version__)"
+source bench/gpu_setup.sh
 D=/tmp/gpu; mkdir -p $D
 S="-S data_dir=$D/data -S metrics_dir=$D/metrics -S tracking.enabled=false -S policy.device=cuda -S games.max_train_tasks=12 -S games.max_eval_tasks=6 -S rollout_text.trajectories_per_task=4 -S rollout_text.tasks_per_chunk=4 -S train_policy.sft.epochs=1 -S train_policy.dpo.epochs=1 -S rl_text.rounds=2 -S rl_text.tasks_per_round=4 -S rl_text.trajectories_per_task=2 -S rl_text.epochs=1 -S evaluate_text.trajectories_per_task=1"
 for st in bootstrap rollout-text annotate-text pairs-text train-sft reflogprobs train-dpo rl-text evaluate-text; do
