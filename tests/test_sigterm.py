@@ -251,6 +251,54 @@ def test_a_trainer_signalled_while_torch_starts_its_shared_memory_manager_goes_o
     assert proc.returncode == 0 and out[0] == "up" and int(out[1]) > 0  # the signals were handled, after
 
 
+def test_a_trainer_that_cannot_reach_the_end_of_its_iteration_exits_at_its_grace_period(tmp_path):
+    """A trainer asked to stop ends at the end of its training iteration; one still starting (three trainers
+    starting at once on two cores took 23 s in the 100-interruption soak) exits 143 at the grace period the stage
+    gave it, its own children killed, instead of outliving the stage's grace period."""
+    child = tmp_path / "child.py"
+    pids = tmp_path / "grandchild.pid"
+    child.write_text(
+        "import subprocess, sys, time\n"
+        "from pipeline.nethack.sf import _StopRequest, grace_from_env\n"
+        "stop = _StopRequest(grace_from_env())\n"
+        "stop.install()\n"
+        f"worker = subprocess.Popen(['sleep', '600'])\n"
+        f"open({str(pids)!r}, 'w').write(str(worker.pid))\n"
+        "print('ready', flush=True)\n"
+        "for _ in range(600):\n"
+        "    time.sleep(0.1)  # a long start, no iteration ends\n"
+        "print('never stopped', flush=True)\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root), "CURIO_TRAINER_GRACE_S": "1.5"})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    worker = int(pids.read_text())
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the trainer outlived its grace period by 28 s") from None
+    elapsed = time.monotonic() - sent
+    assert rc == 143 and 1.4 <= elapsed <= 5, (rc, elapsed)
+    assert "resumes from its last checkpoint" in proc.stderr.read()
+    time.sleep(0.5)
+    status = Path(f"/proc/{worker}/status")
+    assert not status.exists() or "zombie" in status.read_text(), "its child is still running"
+
+
+def test_a_stage_passes_half_its_grace_period_to_the_trainers_it_starts():
+    """The bound a trainer gets is read from the stop block it runs under (the stage's runner.grace_s)."""
+    from pipeline.core import interrupt
+
+    assert interrupt.grace_period() is None
+    with interrupt.stopping("x", grace_s=12.0):
+        assert interrupt.grace_period() == 12.0
+    with interrupt.stopping("x", grace_s=None):
+        assert interrupt.grace_period() is None
+
+
 def test_sample_factory_ends_its_iteration_with_a_checkpoint_and_resumes_there(tmp_path):
     from pipeline.nethack.sf import latest_checkpoint
 

@@ -96,6 +96,12 @@ def stopped() -> Stopped:
     return Stopped(message(), _STATE.signum or signal.SIGTERM)
 
 
+def grace_period() -> float | None:
+    """The grace period of the running :func:`stopping` block (None outside one, or when its launcher bounds it):
+    a child that checkpoints itself gets a part of it."""
+    return _STATE.grace_s if _STATE.depth else None
+
+
 def check() -> None:
     """Raise :class:`Stopped` if a stop was asked for: call it where the work done so far is saved."""
     if _STATE.signum is not None:

@@ -20,6 +20,7 @@ process then exits :data:`STOPPED_EXIT`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -518,13 +519,28 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
 STOPPED_EXIT = 143
 
 
+#: The environment variable that gives a trainer its grace period, in seconds (the stage sets it from
+#: ``runner.grace_s``); without it a stop waits for the end of the training iteration, however long.
+GRACE_ENV = "CURIO_TRAINER_GRACE_S"
+
+
+def grace_from_env() -> float | None:
+    text = os.environ.get(GRACE_ENV)
+    return float(text) if text else None
+
+
 class _StopRequest:
     """SIGTERM, or a first SIGINT, asks training to stop: at the end of the current training iteration the runner
     finds its env-step budget reached and ends training its own way, saving a checkpoint. A second SIGINT interrupts at
-    once (sample-factory's KeyboardInterrupt), as before."""
+    once (sample-factory's KeyboardInterrupt), as before.
 
-    def __init__(self) -> None:
+    ``grace_s``: a trainer still running that long after the first request (still starting, or in a long iteration)
+    exits :data:`STOPPED_EXIT` there and then, its own children killed; its last checkpoint stays (sample-factory
+    writes one to a temporary file and renames it), so its rerun resumes from it as after a kill."""
+
+    def __init__(self, grace_s: float | None = None) -> None:
         self.signum: int | None = None
+        self.grace_s = grace_s
 
     def install(self) -> None:
         import signal
@@ -537,7 +553,25 @@ class _StopRequest:
 
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.signum = self.signum or signum
+        if self.signum is None:
+            self.signum = signum
+            if self.grace_s is not None:
+                self.exit_at(self.grace_s)
+
+    @staticmethod
+    def exit_at(grace_s: float) -> None:
+        """Exit :data:`STOPPED_EXIT` in ``grace_s`` seconds unless the process has ended by then."""
+        import threading
+        import time
+
+        def deadline() -> None:
+            time.sleep(grace_s)
+            print(f"curio: training still running {grace_s:g} s after the stop request: exiting; it resumes from "
+                  "its last checkpoint", file=sys.stderr, flush=True)
+            _kill_children()
+            os._exit(STOPPED_EXIT)
+
+        threading.Thread(target=deadline, name="curio-trainer-grace", daemon=True).start()
 
     def observer(self):
         from sample_factory.algo.runners.runner import AlgoObserver
@@ -550,6 +584,16 @@ class _StopRequest:
                     runner.cfg.train_for_env_steps = 0
 
         return StopOnSignal()
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's descendants (sample-factory's workers, the online annotator): an exit that skips
+    their shutdown must not leave them running."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def _watch_parent(grace_s: float = 45.0) -> None:
@@ -568,7 +612,8 @@ def _watch_parent(grace_s: float = 45.0) -> None:
         deadline = time.time() + grace_s
         while time.time() < deadline:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5.0)
+            time.sleep(min(5.0, grace_s))
+        _kill_children()
         os._exit(1)
 
     threading.Thread(target=watch, name="curio-parent-watch", daemon=True).start()
@@ -601,10 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     # sample-factory's serial runner leaves torch at one thread per core; with the cores shared (env stepping,
     # other processes) OpenMP's spinning threads cost more than they give, so use one.
     torch.set_num_threads(1)
-    stop = _StopRequest()
+    grace_s = grace_from_env()
+    stop = _StopRequest(grace_s)
     stop.install()
     start_shm_manager()
-    _watch_parent()
+    _watch_parent(grace_s or 45.0)
     register_components()
     cfg = parse_cfg(sys.argv[1:] if argv is None else argv)
     if cfg.nethack_deterministic:

@@ -41,7 +41,7 @@ from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
-from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, STOPPED_EXIT, SUMMARY, latest_checkpoint
+from pipeline.nethack.sf import CURVE, GRACE_ENV, PROGRESS_COLUMNS, STOPPED_EXIT, SUMMARY, latest_checkpoint
 from pipeline.params import Params
 
 NAME = "rl-nethack"
@@ -163,6 +163,9 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
     # The child must import this checkout's pipeline package whether or not it is installed.
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    grace = interrupt.grace_period()
+    if grace is not None:  # a stopped trainer exits by half of it, so the stage ends within its own
+        env[GRACE_ENV] = f"{grace / 2:g}"
     (experiment / SUMMARY).unlink(missing_ok=True)  # written anew by this run's end, or it failed
     start = time.time()
     with open(log, "a") as out:
