@@ -78,6 +78,7 @@ VOLATILE = {re.compile(r"checkpoint-\d+/training_args\.bin$"): "the Trainer's ar
                 "sample-factory's logs, event files and speed"}
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")
 STOP_LINE = re.compile(r"curio: stopped by SIGTERM: .+")
+LOCK_BROKEN = re.compile(r"dvc\.lock' (validation failed|format error)|Lockfile .* is corrupted")
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -214,8 +215,10 @@ def window(duration: float, spent: float) -> float:
 
 
 def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
-         log) -> tuple[list[Interruption], float, list[str]]:
-    """`dvc repro` until it completes, interrupted as planned; the interruptions, the wall time, problems seen."""
+         log, repairs: list[str] | None = None) -> tuple[list[Interruption], float, list[str]]:
+    """`dvc repro` until it completes, interrupted as planned; the interruptions, the wall time, problems seen.
+    A dvc.lock left unreadable (DVC killed while it rewrote the file) is repaired as a user would, with `curio
+    repair-lock` (what `make run` does by itself), and noted in ``repairs``."""
     done: list[Interruption] = []
     problems: list[str] = []
     carried: list[signal.Signals] = []  # planned on a stage that finished first
@@ -267,6 +270,17 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                 if "--force" in run.proc.args:
                     continue  # then a plain `dvc repro`, which must find the DAG complete
                 return done, time.monotonic() - t0, problems
+            if any(LOCK_BROKEN.search(line) for line in run.output[-20:]) and repairs is not None:
+                # DVC rewrites dvc.lock in place: a kill in that moment leaves it unreadable; the user's repair
+                fixed = subprocess.run([sys.executable, "-m", "pipeline.cli", "repair-lock"], cwd=root,
+                                       env=environment(root), capture_output=True, text=True)
+                line = fixed.stdout.strip()
+                if fixed.returncode == 0 and "unreadable" in line:
+                    last_one = done[-1] if done else None
+                    repairs.append((f"after {last_one.signal.name} {last_one.stage} at {last_one.after_s:.1f} s: "
+                                    if last_one else "") + line)
+                    print(f"  ! {line}", flush=True)
+                    continue
             failures += 1
             problems.append(f"dvc repro failed (exit {rc}) after interruption {len(done)}: "
                             + "".join(run.output[-5:]).strip().replace("\n", " | "))
@@ -404,7 +418,8 @@ def main() -> int:
         planned = plan(durations, args.interruptions, rng, args.kill_share)
         print("interrupted run:", flush=True)
         with open(base / "interrupted.log", "w") as log:
-            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log)
+            repairs: list[str] = []
+            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs)
         lost, differences = compare(straight, soaked)
     finally:
         if args.keep is None:
@@ -430,6 +445,8 @@ def main() -> int:
         print(line)
     print(f"time: {soak_s:.0f} s interrupted vs {straight_s:.0f} s uninterrupted "
           f"(overhead {soak_s - straight_s:+.0f} s, {soak_s / straight_s - 1:+.0%})")
+    for r in repairs:
+        print(f"dvc.lock repaired (DVC rewrites it in place; `make run` repairs it itself): {r}")
     for p in problems:
         print(f"problem: {p}")
     return 1 if lost or problems else 0

@@ -126,6 +126,16 @@ def _stop_with_dvc() -> None:
         from pipeline.core.interrupt import stop_when_launcher_dies
 
         stop_when_launcher_dies()
+        _keep_lock()
+
+
+def _keep_lock() -> None:
+    """Under ``dvc repro``: a copy of the dvc.lock DVC has just read, for ``curio repair-lock`` (DVC rewrites the
+    file in place, so a kill in that moment leaves it unreadable: pipeline/core/dvclock.py)."""
+    if "DVC_STAGE" in os.environ:
+        from pipeline.core.dvclock import keep
+
+        keep()
 
 
 @app.command(help=f"Run one stage of the DAG (what dvc.yaml calls). Stages: {_stage_names()}.")
@@ -247,7 +257,19 @@ def check_params(params: ParamsOpt = "params.yaml") -> None:
     costs no outputs; inside `dvc exp run` a refused experiment's params.yaml is restored)."""
     from pipeline.params_check import main as check
 
+    _keep_lock()
     typer.echo(check(params))
+
+
+@app.command("repair-lock")
+@boundary
+def repair_lock() -> None:
+    """Repair a dvc.lock that a run killed while DVC wrote it left unreadable ("'./dvc.lock' validation failed"):
+    the copy kept when its last stage started goes in its place (the broken one: dvc.lock.broken); then
+    `dvc repro` resumes. A readable dvc.lock is left alone."""
+    from pipeline.core.dvclock import repair
+
+    typer.echo(f"curio: {repair('.') or 'dvc.lock is readable: nothing to repair'}")
 
 
 @app.command()

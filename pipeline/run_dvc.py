@@ -168,6 +168,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"curio: {e}", file=sys.stderr)
         return 2
+    from pipeline.core.dvclock import repair
+
+    if repaired := repair("."):  # a run killed while DVC wrote dvc.lock: `dvc repro` would stop at once
+        print(f"curio: {repaired}", file=sys.stderr)
     with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         if argv == ["--side-by-side"]:

@@ -14,7 +14,9 @@ Training runs as ``python -m pipeline.nethack --experiment NAME --train_dir DIR 
 sample-factory's global registries, signal handlers and worker processes never leak into the caller); rerunning
 the same command resumes from the latest checkpoint (``--restart_behavior resume``). SIGTERM (or a first SIGINT) ends
 training after the current iteration through sample-factory's own end of training, which saves a checkpoint; the
-process then exits :data:`STOPPED_EXIT`.
+process then exits :data:`STOPPED_EXIT`. With :data:`GRACE_ENV` set (the stage sets half its grace period), a trainer
+that has not ended by then (still starting, or in a long iteration) exits :data:`STOPPED_EXIT` there, its last
+checkpoint kept.
 """
 
 from __future__ import annotations
