@@ -193,3 +193,45 @@ def test_a_stop_swallowed_by_the_code_it_lands_in_still_ends_the_run_at_once(tmp
     assert code == "0" and _statuses(store) == ["KILLED"], res.stderr[-2000:]
     assert float(seconds) < 15  # the MLflow set-up and the run's start, then at most 0.1 s of the call
     assert "Exception ignored" not in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+
+
+CONVERTING = textwrap.dedent("""
+    import json, logging, os, signal, sqlite3, time
+    from pipeline.core import tracking
+
+    class Calls:  # a call that turns the stop into another error, logging one more on its way out
+        def __init__(self, mlflow):
+            pass
+
+        def slow(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            except BaseException as stop:
+                try:
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+                except Exception:  # as SQLAlchemy does, closing the cursor of the interrupted query
+                    logging.getLogger("sqlalchemy.pool").error("Error closing cursor", exc_info=True)
+                raise RuntimeError("Error calling __set_name__") from stop  # as pydantic does in an import
+
+    tracking.Calls = Calls
+    lines = [{"op": "setup", "experiment": "converted", "artifact_root": "mlartifacts", "uri": None},
+             {"op": "start", "run_name": "probe", "parent": None, "tags": {}, "params": {}},
+             {"op": "call", "name": "slow", "args": []}]
+    print(tracking._serve(json.dumps(m) for m in lines), 0)
+""")
+
+
+def test_a_stop_turned_into_another_error_and_logged_by_the_code_it_lands_in_is_still_a_quiet_stop(tmp_path):
+    """The 100-interruption soak: the stop landed in `import mlflow` (pydantic wrapped it in a RuntimeError, and the
+    tracking process reported "MLflow tracking failed" with a traceback) and in an SQLAlchemy query (which logged
+    "Error closing cursor" with one). After a stop, what the interrupted call raises or logs is that stop: the run
+    ends KILLED, nothing printed."""
+    store = tmp_path / "mlflow.db"
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", CONVERTING], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
+                                           "PYTHONPATH": str(root)})
+    code, _seconds = res.stdout.split()
+    assert code == "0" and _statuses(store) == ["KILLED"], res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "tracking failed" not in res.stderr, res.stderr[-2000:]

@@ -324,11 +324,16 @@ class _Abandoned(BaseException):
 
 class _Stop:
     ending = False  # the run is being ended: nothing interrupts that
+    asked = False  # a stop was asked for: whatever the call in flight raises or logs as it unwinds is that stop
 
 
 def _abandon(_signum: int, _frame: object) -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)  # once is enough
+    _Stop.asked = True
+    # the code the stop lands in may log it as its own error (SQLAlchemy's "Error closing cursor", with the
+    # traceback): the stage process says what happened, in its one line
+    logging.disable(logging.CRITICAL)
     # Raised where the main thread happens to be, the exception can land in code that swallows it (a weakref
     # callback: Python prints "Exception ignored" and goes on with the call): it is raised again every 0.1 s until
     # the run is being ended.
@@ -380,12 +385,15 @@ def _serve(lines: Iterator[str]) -> int:
     except _Abandoned:  # raised again as the first one was caught
         _Stop.ending = True
     except Exception as e:  # noqa: BLE001 - reported on stderr; the stage process raises TrackingError
-        full = disk_full(e) is not None  # the stage process says it in one line (DiskFull)
-        if not full:
-            logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
-        with contextlib.suppress(Exception):
-            handler.abort("FAILED")
-        return DISK_FULL_EXIT if full else 1
+        if not _Stop.asked:
+            full = disk_full(e) is not None  # the stage process says it in one line (DiskFull)
+            if not full:
+                logging.getLogger(__name__).exception("curio: MLflow tracking failed: %s", e)
+            with contextlib.suppress(Exception):
+                handler.abort("FAILED")
+            return DISK_FULL_EXIT if full else 1
+        # else the stop, turned into another error by the code it landed in (an import: pydantic's __set_name__
+        # wraps it in a RuntimeError): the run ends KILLED, as below
     finally:
         _Stop.ending = True
         signal.setitimer(signal.ITIMER_REAL, 0)
