@@ -180,15 +180,20 @@ SWALLOWING = textwrap.dedent("""
 """)
 
 
+def _serve_script(script: str, store: Path) -> subprocess.CompletedProcess:
+    """A tracking process (``tracking._serve``) run by ``script`` in a child, its MLflow store at ``store``."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", script], cwd=store.parent, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
+                                            "PYTHONPATH": str(root)})
+
+
 def test_a_stop_swallowed_by_the_code_it_lands_in_still_ends_the_run_at_once(tmp_path):
     """SIGTERM's exception can land in code that swallows it (a weakref callback, as in MLflow's SQLAlchemy); it is
     raised again until the run is ended KILLED, instead of the call going on for its 30 s, and the swallowed one
     prints nothing (no "Exception ignored" traceback in a stage's log)."""
     store = tmp_path / "mlflow.db"
-    root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-c", SWALLOWING], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-                                           "PYTHONPATH": str(root)})
+    res = _serve_script(SWALLOWING, store)
     code, seconds = res.stdout.split()
     assert code == "0" and _statuses(store) == ["KILLED"], res.stderr[-2000:]
     assert float(seconds) < 15  # the MLflow set-up and the run's start, then at most 0.1 s of the call
@@ -228,10 +233,7 @@ def test_a_stop_turned_into_another_error_and_logged_by_the_code_it_lands_in_is_
     "Error closing cursor" with one). After a stop, what the interrupted call raises or logs is that stop: the run
     ends KILLED, nothing printed."""
     store = tmp_path / "mlflow.db"
-    root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-c", CONVERTING], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-                                           "PYTHONPATH": str(root)})
+    res = _serve_script(CONVERTING, store)
     code, _seconds = res.stdout.split()
     assert code == "0" and _statuses(store) == ["KILLED"], res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "tracking failed" not in res.stderr, res.stderr[-2000:]

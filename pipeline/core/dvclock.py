@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.artifacts import atomic_write_bytes
+
 LOCK = "dvc.lock"
 KEPT = Path(".dvc") / "tmp" / "curio" / LOCK
 BROKEN = "dvc.lock.broken"
@@ -48,23 +50,16 @@ def readable(path: Path) -> bool:
 
 def keep(root: str | Path | None = None) -> Path | None:
     """Copy ``ROOT/dvc.lock`` to ``ROOT/.dvc/tmp/curio/dvc.lock`` (ROOT: DVC's ``DVC_ROOT``, set for a stage's
-    command), when it is a YAML mapping; the copy, or None."""
+    command; DVC read and checked the file before starting the stage); the copy, or None."""
     root = root or os.environ.get("DVC_ROOT")
     if not root:
         return None
-    lock = Path(root) / LOCK
+    kept = Path(root) / KEPT
     try:
-        text = lock.read_text()
-        if not isinstance(yaml.safe_load(text), dict):  # DVC read and checked it before starting this stage
-            return None
-        kept = Path(root) / KEPT
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, kept)
-        return kept
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        atomic_write_bytes(kept, (Path(root) / LOCK).read_bytes())
+    except OSError:  # DiskFull too
         return None  # a copy is a convenience: never fail a stage for it
+    return kept
 
 
 def repair(root: str | Path = ".") -> str | None:
@@ -75,9 +70,7 @@ def repair(root: str | Path = ".") -> str | None:
         return None
     shutil.move(lock, root / BROKEN)
     if kept.exists() and readable(kept):
-        tmp = lock.with_suffix(".curio.tmp")
-        shutil.copyfile(kept, tmp)
-        os.replace(tmp, lock)
+        atomic_write_bytes(lock, kept.read_bytes())
         done = (f"restored the copy kept when the last stage started ({KEPT}): `dvc repro` reruns the stages it "
                 "does not record")
     else:
