@@ -1,6 +1,7 @@
 """Real-model speed: SmolLM2-135M playing the tiers batched in the hf backend, against llama.cpp and the machine.
 
     OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset PRESET] [--no-llama]
+                                                       [--drop-finished 0 0.25]
 
 1. **The machine's limit.** torch's fp32 matmul throughput measured here (GFLOP/s, the best of the shapes the
    model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token (2 × the
@@ -8,7 +9,9 @@
    limit tokens/s = throughput ÷ FLOPs per token.
 2. **Curio's hf backend.** Multi-turn batched play (``play_episodes``, the preset's rollout sampling, its tiers'
    train tasks, KV cache kept across turns) at each ``--batch`` with as many episodes: tokens processed per
-   second (prompt tokens run through the model + generated) and generated per second.
+   second (prompt tokens run through the model + generated) and generated per second; at each
+   ``--drop-finished`` (``policy.drop_finished``: finished rows leave the batch), with the share of decode
+   row-steps that generated a reply's token, and the turns per second against the first value.
 3. **llama.cpp's server** (the same model as its GGUF, ``make server``) driven directly with the openai client
    at the same concurrency, on the same requests: every turn's conversation as the hf run played it, turn by turn,
    with the same ``max_tokens``; its own ``usage`` counts the tokens.
@@ -58,8 +61,9 @@ def flops_per_token(config, context: float) -> float:
     return 2 * weights + layers * 4 * context * config.num_attention_heads * head_dim
 
 
-def hf_play(params, batch: int):
-    """Multi-turn play of ``batch`` episodes in one batch; (seconds, backend, rows, requests per turn)."""
+def hf_play(params, batch: int, drop_finished: float):
+    """Multi-turn play of ``batch`` episodes in one batch; (seconds, backend, rows, sampling, decode row-steps:
+    rows × steps of every ``generate`` call, finished rows padded along included)."""
     from pipeline.llm import sampling_from_config
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import game_tasks, load_policy_backend, make_games
@@ -67,13 +71,23 @@ def hf_play(params, batch: int):
     games = make_games(params)
     pool = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     jobs = [(g, t, i // len(pool)) for i, (g, t) in enumerate(pool[i % len(pool)] for i in range(batch))]
-    backend = load_policy_backend(params, "base", batch_size=batch)
+    backend = load_policy_backend(params.model_copy(update={"policy": params.policy.model_copy(
+        update={"drop_finished": drop_finished})}), "base", batch_size=batch)
     sampling = sampling_from_config(params.rollout_text)
     backend.generate([[{"role": "user", "content": "Hi"}]], sampling)  # load and warm up, not timed
     backend.prompt_tokens = backend.generated_tokens = 0
+    row_steps = [0]
+    generate = backend.lm.generate
+
+    def counted(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        row_steps[0] += out.sequences.shape[0] * (out.sequences.shape[1] - kwargs["input_ids"].shape[1])
+        return out
+
+    backend.lm.generate = counted
     t0 = time.perf_counter()
     rows = play_episodes(backend, jobs, sampling, seed=0, max_format_retries=params.rollout_text.max_format_retries)
-    return time.perf_counter() - t0, backend, rows, sampling
+    return time.perf_counter() - t0, backend, rows, sampling, row_steps[0]
 
 
 def turn_requests(rows: list[dict]) -> list[list[list[dict]]]:
@@ -127,6 +141,8 @@ def main() -> None:
     ap.add_argument("--preset", default="presets/smollm2-learn.yaml")
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp (when `make server` has not run)")
+    ap.add_argument("--drop-finished", type=float, nargs="+", default=[0.0, 0.25],
+                    help="policy.drop_finished values to play at, side by side (the first is the baseline)")
     args = ap.parse_args()
     import os
 
@@ -155,29 +171,41 @@ def main() -> None:
         server = LlamaServer(extra=("--n_threads", threads, "--n_threads_batch", threads))
     try:
         for batch in args.batch:
-            seconds, backend, rows, sampling = hf_play(params, batch)
-            turns = turn_requests(rows)
-            requests = sum(len(t) for t in turns)
-            processed = backend.prompt_tokens + backend.generated_tokens
-            final = sum(len(backend.encode([r["conversation"]])[0]) for r in rows) / len(rows)
-            fpt = flops_per_token(config, context=final / 2)
-            limit = peak * 1e9 / fpt
-            print(f"\nbatch {batch}: {len(rows)} episodes, {requests} turns, {final:.0f} tokens per finished "
-                  f"conversation; {fpt / 1e6:.0f} MFLOP per token -> limit {limit:,.0f} tokens/s at {peak:.0f} GFLOP/s")
-            print(f"  hf       {seconds:7.1f} s  processed {processed / seconds:8.1f} tok/s "
-                  f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: "
-                  f"{backend.generated_tokens / seconds:.1f}"
-                  f" tok/s)  {requests / seconds:.2f} turns/s")
-            print(f"  hf / machine limit (processed tokens/s): {processed / seconds / limit:.2f}   (goal >= 0.5)")
-            if server is not None:
-                r = llama_replay(server, turns, sampling, batch)
-                lp = (r["prompt"] + r["completion"]) / r["seconds"]
-                print(f"  llama.cpp {r['seconds']:6.1f} s  processed {lp:8.1f} tok/s (prompt {r['prompt']}, generated "
-                      f"{r['completion']}: {r['completion'] / r['seconds']:.1f} tok/s)  "
-                      f"{r['requests'] / r['seconds']:.2f} turns/s")
-                print(f"  hf / llama.cpp: turns/s {requests / seconds / (r['requests'] / r['seconds']):.2f}, "
-                      f"processed tok/s {processed / seconds / lp:.2f}, generated tok/s "
-                      f"{backend.generated_tokens / seconds / (r['completion'] / r['seconds']):.2f}   (goal >= 1)")
+            base_rate, r = None, None
+            for drop in args.drop_finished:
+                seconds, backend, rows, sampling, row_steps = hf_play(params, batch, drop)
+                turns = turn_requests(rows)
+                requests = sum(len(t) for t in turns)
+                processed = backend.prompt_tokens + backend.generated_tokens
+                final = sum(len(backend.encode([r["conversation"]])[0]) for r in rows) / len(rows)
+                fpt = flops_per_token(config, context=final / 2)
+                limit = peak * 1e9 / fpt
+                wins = sum(r["success"] for r in rows) / len(rows)
+                print(f"\nbatch {batch}, policy.drop_finished {drop}: {len(rows)} episodes (won {wins:.1%}), "
+                      f"{requests} turns, {final:.0f} tokens per finished conversation; {fpt / 1e6:.0f} MFLOP per "
+                      f"token -> limit {limit:,.0f} tokens/s at {peak:.0f} GFLOP/s")
+                print(f"  hf       {seconds:7.1f} s  processed {processed / seconds:8.1f} tok/s "
+                      f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: "
+                      f"{backend.generated_tokens / seconds:.1f}"
+                      f" tok/s)  {requests / seconds:.2f} turns/s")
+                print(f"  decode row-steps {row_steps}: {backend.generated_tokens / row_steps:.0%} of them generated "
+                      "a reply's token (the rest padded finished rows)")
+                print(f"  hf / machine limit (processed tokens/s): {processed / seconds / limit:.2f}   (goal >= 0.5)")
+                if base_rate is None:
+                    base_rate = requests / seconds
+                else:
+                    print(f"  turns/s vs policy.drop_finished {args.drop_finished[0]}: "
+                          f"{requests / seconds / base_rate:.2f}")
+                if server is not None:
+                    if r is None:  # replayed once per batch, on the first value's turns
+                        r = llama_replay(server, turns, sampling, batch)
+                    lp = (r["prompt"] + r["completion"]) / r["seconds"]
+                    print(f"  llama.cpp {r['seconds']:6.1f} s  processed {lp:8.1f} tok/s (prompt {r['prompt']}, "
+                          f"generated {r['completion']}: {r['completion'] / r['seconds']:.1f} tok/s)  "
+                          f"{r['requests'] / r['seconds']:.2f} turns/s")
+                    print(f"  hf / llama.cpp: turns/s {requests / seconds / (r['requests'] / r['seconds']):.2f}, "
+                          f"processed tok/s {processed / seconds / lp:.2f}, generated tok/s "
+                          f"{backend.generated_tokens / seconds / (r['completion'] / r['seconds']):.2f}   (goal >= 1)")
     finally:
         if server is not None:
             server.close()

@@ -164,3 +164,57 @@ def test_kept_caches_stay_in_the_batch_cache_until_a_call_does_not_reuse_them(lm
     later = kv.generate(nxt[1:], GREEDY)
     assert all(g.meta["cached_tokens"] > 0 for g in later)
     assert_same(later, full.generate(nxt[1:], GREEDY))
+
+
+def test_a_batch_that_drops_its_finished_rows_generates_what_the_whole_batch_does(lm):
+    """``drop_finished``: once rows have finished, the batch decodes on without them; greedy replies, their
+    logprobs and the kept caches the next turns reuse are those of the batch decoded whole."""
+    _, tok = lm
+    model = tiny.build_model(tok, n_layer=2, n_embd=32, n_head=2, n_positions=256, seed=0).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # weights loud enough that greedy replies vary from row to row and turn to turn
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    whole = HFBackend("m", model_obj=model, tokenizer=tok, batch_size=6)
+    dropping = HFBackend("m", model_obj=model, tokenizer=tok, batch_size=6, drop_finished=0.1)
+    for b in (whole, dropping):
+        b.stop_ids = list(range(0, len(tok), 7))  # replies end after a few tokens, at different steps
+    sizes = []
+    real_generate = model.generate
+
+    def counting(*args, **kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        return real_generate(*args, **kwargs)
+
+    convs, dropped = opening(6), 0
+    for turn in range(4):
+        a = whole.generate(convs, GREEDY)
+        sizes.clear()
+        model.generate = counting
+        try:
+            b = dropping.generate(convs, GREEDY)
+        finally:
+            del model.generate
+        assert_same(b, a)
+        # a row that ends a call has its stop token's keys / values never computed: one token less to reuse
+        assert all(y.meta["cached_tokens"] - 1 <= x.meta["cached_tokens"] <= y.meta["cached_tokens"]
+                   for x, y in zip(b, a, strict=True))
+        if len({g.tokens_out for g in a}) > 1:  # rows finished at different steps: later calls decoded fewer rows
+            dropped += 1
+            assert sizes[0] == 6 and len(sizes) > 1 and sizes == sorted(sizes, reverse=True) and sizes[-1] < 6
+        convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no " * turn}]
+                 for c, g in zip(convs, a, strict=True)]
+    assert dropped > 0
+    assert dropping.generated_tokens == whole.generated_tokens
+    assert dropping.prompt_tokens + dropping.cached_tokens == whole.prompt_tokens + whole.cached_tokens
+    assert whole.cached_tokens >= dropping.cached_tokens > whole.cached_tokens * 0.8
+
+
+def test_a_sampled_batch_that_drops_its_finished_rows_keeps_each_rows_logprobs(lm):
+    model, tok = lm
+    b = HFBackend("m", model_obj=model, tokenizer=tok, batch_size=8, drop_finished=0.2)
+    b.stop_ids = list(range(0, 300, 7))  # about one token in seven ends a reply
+    out = b.generate(opening(8), Sampling(temperature=1.0, max_tokens=12, logprobs=True, seed=1))
+    assert len({g.tokens_out for g in out}) > 1
+    for g in out:
+        assert len(g.token_logprobs) == g.tokens_out and all(p <= 0 for p in g.token_logprobs)

@@ -3,6 +3,7 @@ KV cache is kept across its turns."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -12,7 +13,14 @@ import torch
 
 # Imported here, not lazily inside functions: transformers' lazy module is not safe when two threads
 # (e.g. the eval-sweep's parallel Prefect tasks) resolve the same name at once.
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LogitsProcessorList
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.cache_utils import Cache, DynamicLayer
 
 from pipeline.core.artifacts import verify_model
@@ -245,7 +253,9 @@ class _RoomyLayer(DynamicLayer):
         self._reshaped("batch_repeat_interleave", repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._reshaped("batch_select_indices", indices)
+        if self.is_initialized:  # one copy of the buffer's rows, room included
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[..., : self.filled, :], self._v[..., : self.filled, :]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._reshaped("reorder_cache", beam_idx)
@@ -261,6 +271,20 @@ class RoomyCache(DynamicCache):
             layer.preset(k, v, n)
 
 
+class _SomeFinished(StoppingCriteria):
+    """Ends a ``generate`` call (every row reported done) once ``enough`` of its rows have generated a stop token,
+    so the caller can drop the finished rows and decode the others in a smaller batch."""
+
+    def __init__(self, stop_ids: list[int], rows: int, enough: int, device) -> None:
+        self.stop = torch.tensor(sorted(stop_ids), device=device)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.enough = enough
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        self.done |= torch.isin(input_ids[:, -1], self.stop)
+        return torch.full_like(self.done, bool(self.done.sum() >= self.enough))
+
+
 class HFBackend(ChatBackend):
     """Batched chat generation with a transformers model; conversations of a batch are left-padded.
 
@@ -270,12 +294,18 @@ class HFBackend(ChatBackend):
     ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
     Kept caches hold the weights' keys / values of the moment: a backend whose model is trained in place (ArCHer)
     drops them when any parameter has changed since (torch's in-place version counters).
+
+    ``drop_finished`` > 0: once that fraction of a batch's rows has generated a stop token, the batch goes on
+    without them (``generate`` is called again on the rest, with their cache), so later decode steps run fewer
+    rows instead of padding the finished ones up to the batch's longest reply. Each row's reply is drawn from the
+    same distribution; the random draws (and float sums of smaller batches) differ, so replies differ. 0 (the
+    default) decodes every row until the batch's last one finishes.
     """
 
     name = "hf"
 
     def __init__(self, model: str | Path, device: str = "cpu", batch_size: int = 64, model_obj=None,
-                 tokenizer=None, kv_cache_bytes: int = 1 << 30) -> None:
+                 tokenizer=None, kv_cache_bytes: int = 1 << 30, drop_finished: float = 0.0) -> None:
         super().__init__(str(model))
         if model_obj is None:
             model_obj, tokenizer = load_policy(model, device)
@@ -283,6 +313,7 @@ class HFBackend(ChatBackend):
         self.tokenizer = tokenizer
         self.device = self.lm.device  # where the weights are (a given model_obj may sit on a GPU)
         self.batch_size = batch_size
+        self.drop_finished = drop_finished
         self.tokenizer.padding_side = "left"
         self.stop_ids = stop_token_ids(self.tokenizer)
         text_config = self.lm.config.get_text_config(decoder=True)
@@ -338,8 +369,9 @@ class HFBackend(ChatBackend):
 
     def _generate_batch(self, conversations: list[Conversation], batch: list[list[int]], max_new: int,
                         sampling: Sampling) -> list[Generation]:
-        """One ``generate`` call; rows are laid out [pad | reused prefix | pad | new tokens], so the reused
-        keys / values stand in one right-aligned block (``past_key_values``) and the new tokens in another."""
+        """Rows are laid out [pad | reused prefix | pad | new tokens], so the reused keys / values stand in one
+        right-aligned block (``past_key_values``) and the new tokens in another; then one ``generate`` call, or
+        (``drop_finished``) one per shrinking set of unfinished rows."""
         pad = self.tokenizer.pad_token_id
         hits = [self.kv.lookup(c, b) if self.kv is not None else (0, None) for c, b in zip(conversations, batch,
                                                                                            strict=True)]
@@ -353,7 +385,70 @@ class HFBackend(ChatBackend):
             masks.append([0] * (past_w - n) + [1] * n + [0] * (new_w - fresh) + [1] * fresh)
         ids = torch.tensor(rows, device=self.device)
         mask = torch.tensor(masks, device=self.device)
-        kwargs = dict(max_new_tokens=max_new, eos_token_id=self.stop_ids, pad_token_id=pad)
+        # A batch's cache has room for what this call adds (the new prompt tokens, then up to max_new generated
+        # ones), so a decode step writes its keys / values instead of copying the whole cache (torch.cat).
+        room = new_w + max_new if self.roomy and len(batch) >= ROOMY_MIN_ROWS else 0
+        cache = None
+        if past_w:
+            cache = self._past(hits, past_w, room)
+        elif room:
+            cache = RoomyCache(self.n_layers, room)
+        width = past_w + new_w
+        live = list(range(len(batch)))  # the batch rows still decoding, in the order of the current call's rows
+        tokens: list[list[int]] = [[] for _ in batch]
+        logps: list[list[float]] = [[] for _ in batch]
+        out: list[Generation | None] = [None] * len(batch)
+        left = max_new
+        while live:
+            kwargs, sampler = self._decoding(sampling, pad)
+            if self.drop_finished > 0 and len(live) > 1:
+                enough = max(1, math.ceil(self.drop_finished * len(live)))
+                kwargs["stopping_criteria"] = StoppingCriteriaList(
+                    [_SomeFinished(self.stop_ids, len(live), enough, self.device)])
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+            gen = self.lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=left,
+                                   return_dict_in_generate=True, output_scores=sampling.logprobs and sampler is None,
+                                   **kwargs)
+            steps = gen.sequences.shape[1] - ids.shape[1]
+            left -= steps
+            new = gen.sequences[:, ids.shape[1]:].tolist()
+            lps = None
+            if sampling.logprobs:
+                lps = (sampler.logprobs if sampler is not None
+                       else self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True))
+                lps = lps.tolist()
+            ended = []  # positions in this call's rows of those that are done
+            for j, row in enumerate(live):
+                tokens[row] += new[j]
+                if lps is not None:
+                    logps[row] += lps[j]
+                if left <= 0 or any(t in self.stop_ids for t in new[j]):
+                    ended.append(j)
+                    out[row] = self._generation(tokens[row], logps[row] if lps is not None else None, batch[row],
+                                                reused[row])
+            final = len(ended) == len(live)
+            if self.kv is not None:
+                self._keep(conversations, batch, hits, width, [(live[j], j) for j in ended], out, tokens,
+                           gen.past_key_values, copy_out=not final)
+            if final:
+                break
+            going = [j for j in range(len(live)) if j not in set(ended)]
+            pick = torch.tensor(going, device=self.device)
+            cache = gen.past_key_values
+            cache.batch_select_indices(pick)
+            ids = gen.sequences[pick]
+            mask = torch.cat([mask, mask.new_ones((len(live), steps))], dim=1)[pick]
+            live = [live[j] for j in going]
+        self.prompt_tokens += sum(len(b) for b in batch) - sum(reused)
+        self.cached_tokens += sum(reused)
+        self.generated_tokens += sum(g.tokens_out for g in out)
+        return out  # type: ignore[return-value]
+
+    def _decoding(self, sampling: Sampling, pad: int) -> tuple[dict, object]:
+        """``generate``'s decoding kwargs for ``sampling``, and the Gumbel sampler among them (None when greedy or
+        transformers' own sampler draws)."""
+        kwargs = dict(eos_token_id=self.stop_ids, pad_token_id=pad)
         processors = sampler_for(self.lm.generation_config, sampling) if sampling.temperature > 0 else None
         sampler = None
         if processors is not None:  # sampled, drawing noise for the tokens top-k / top-p keep only (llm.sampler)
@@ -366,41 +461,18 @@ class HFBackend(ChatBackend):
                 kwargs["min_p"] = sampling.min_p
         else:
             kwargs.update(do_sample=False)
-        # A batch's cache has room for what this call adds (the new prompt tokens, then up to max_new generated
-        # ones), so a decode step writes its keys / values instead of copying the whole cache (torch.cat).
-        room = new_w + max_new if self.roomy and len(batch) >= ROOMY_MIN_ROWS else 0
-        if past_w:
-            kwargs["past_key_values"] = self._past(hits, past_w, room)
-        elif room:
-            kwargs["past_key_values"] = RoomyCache(self.n_layers, room)
-        gen = self.lm.generate(
-            input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
-            output_scores=sampling.logprobs and sampler is None, **kwargs,
-        )
-        width = past_w + new_w
-        new = gen.sequences[:, width:]
-        logps = None
-        if sampling.logprobs:
-            logps = (sampler.logprobs if sampler is not None
-                     else self.lm.compute_transition_scores(gen.sequences, gen.scores, normalize_logits=True))
-        out = []
-        for row, b in enumerate(batch):
-            toks = new[row].tolist()
-            n = len(toks)
-            for j, t in enumerate(toks):
-                if t in self.stop_ids:
-                    n = j + 1
-                    break
-            text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
-            lp = logps[row, :n].tolist() if logps is not None else None
-            out.append(Generation(text=text, token_logprobs=lp, tokens_in=len(b), tokens_out=n,
-                                  meta={"cached_tokens": reused[row]}))
-        self.prompt_tokens += sum(len(b) for b in batch) - sum(reused)
-        self.cached_tokens += sum(reused)
-        self.generated_tokens += sum(g.tokens_out for g in out)
-        if self.kv is not None:
-            self._keep(conversations, batch, hits, mask, new, out, gen.past_key_values)
-        return out
+        return kwargs, sampler
+
+    def _generation(self, toks: list[int], logps: list[float] | None, prompt: list[int], reused: int) -> Generation:
+        """A row's reply: its generated tokens up to and including the first stop token."""
+        n = len(toks)
+        for j, t in enumerate(toks):
+            if t in self.stop_ids:
+                n = j + 1
+                break
+        text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
+        return Generation(text=text, token_logprobs=logps[:n] if logps is not None else None,
+                          tokens_in=len(prompt), tokens_out=n, meta={"cached_tokens": reused})
 
     def _past(self, hits: list[tuple[int, _Entry | None]], width: int, room: int) -> DynamicCache:
         """The reused keys / values of a batch, each row's right-aligned in ``width`` positions, in buffers with
@@ -432,24 +504,26 @@ class HFBackend(ChatBackend):
             return DynamicCache(ddp_cache_data=[(k, v) for k, v, _ in layers])
         return RoomyCache(len(layers), room, layers)
 
-    def _keep(self, conversations: list[Conversation], batch: list[list[int]], hits, mask: torch.Tensor,
-              new: torch.Tensor, gens: list[Generation], cache) -> None:
-        """Keep each row's keys / values of prompt + generated tokens for the conversation's next turn, where they
-        are: in the batch's cache (an ``_Entry`` with a ``source``; ``ConversationKV.settle`` copies out what the
-        next call does not reuse)."""
+    def _keep(self, conversations: list[Conversation], batch: list[list[int]], hits, width: int,
+              rows: list[tuple[int, int]], gens: list[Generation | None], tokens: list[list[int]], cache,
+              copy_out: bool) -> None:
+        """Keep the keys / values of prompt + generated tokens of the batch ``rows`` (batch row, its row in
+        ``cache``) for each conversation's next turn, where they are: in the batch's cache (an ``_Entry`` with a
+        ``source``; ``ConversationKV.settle`` copies out what the next call does not reuse), or copied out now
+        (``copy_out``: rows that finished before the rest of their batch, whose cache goes on without them)."""
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         held = layers[0][0].shape[2]
-        width = mask.shape[1]
         past_w = max(n for n, _ in hits)
         per_token = sum(k.shape[1] * k.shape[3] * k.element_size() + v.shape[1] * v.shape[3] * v.element_size()
                         for k, v in layers)
-        new_ids = new.tolist()
-        for row, (c, b) in enumerate(zip(conversations, batch, strict=True)):
-            k = min(gens[row].tokens_out, held - width)  # the last generated token was never fed back
+        for row, at in rows:
+            b, g = batch[row], gens[row]
+            k = min(g.tokens_out, held - width)  # the last generated token was never fed back
             n = hits[row][0]
             # The row's real tokens: its reused prefix (right-aligned in the past block), then its new prompt
             # tokens and the generated ones (right-aligned in the rest), as _generate_batch laid them out.
             spans = [(a, z) for a, z in ((past_w - n, past_w), (width - (len(b) - n), width + k)) if z > a]
-            tokens = b + new_ids[row][:k]
-            entry = _Entry(tokens, None, per_token * len(tokens), source=(layers, row, spans))
-            self.kv.store(c, gens[row].text, entry, replaces=hits[row][1])
+            entry = _Entry(b + tokens[row][:k], None, per_token * (len(b) + k), source=(layers, at, spans))
+            if copy_out:
+                entry.materialize()
+            self.kv.store(conversations[row], g.text, entry, replaces=hits[row][1])

@@ -48,6 +48,11 @@ class PolicyConfig(Section):
         False, description="a policy reply without <Answer> tags is read as a move (its first line) instead of "
         "being re-sampled and ending the episode as invalid: small chat models that never write the tags "
         "(SmolLM2-135M) still play, and learn from their own unformatted moves")
+    drop_finished: float = Field(
+        0.0, ge=0.0, le=1.0, description="hf backend: once this fraction of a batch's rows has finished its "
+        "reply, the batch decodes on without them (fewer rows per step instead of padding finished rows up to "
+        "the longest reply; the same distribution, other random draws); 0 = every row decodes until the "
+        "batch's last one finishes (bench/bench_real_speed.py measures both)")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:

@@ -388,7 +388,7 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
         actor_opt.load_state_dict(opts["actor"])
 
     backend = HFBackend(init, batch_size=params.rollout_text.batch_size, model_obj=policy, tokenizer=tokenizer,
-                        device=device)
+                        device=device, drop_finished=params.policy.drop_finished)
     player = acting(backend, critic) if acting else backend  # plays and samples a_π with the unwrapped models
     sample_pi = sampler(player, sampling)
     trained_critic, trained_policy = critic, policy  # what the gradient steps run: DDP-wrapped in several processes
