@@ -1,11 +1,14 @@
 """The held-out table of a text-track run: success ± standard error and mean turns on wins, per policy and group.
 
-    python bench/learn_table.py [--data data] [--markdown]
+    python bench/learn_table.py [--data data] [--markdown] [--win-turns]
 
 Reads evaluate-text's episode rows (``DATA/evaluate_text``) and prints, for each policy (base, sft, dpo, rl), the
 success pooled over the evaluated groups and per group, each with its binomial standard error, mean turns on
 won episodes, and the change from base in points with the standard error of that difference (independent
 episodes: sqrt(se_policy² + se_base²)).
+
+``--win-turns`` adds, per policy and group, how many episodes were won at each turn and how many repeated one of
+their own earlier replies word for word: where a change in mean turns on wins comes from.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=REPO / "data")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table")
+    ap.add_argument("--win-turns", action="store_true", help="also episodes won at each turn, and repeated replies")
     args = ap.parse_args()
     from pipeline.core.artifacts import read_rows
 
@@ -54,6 +59,20 @@ def main() -> None:
             delta = f"{100 * (a['p'] - b['p']):+.1f} ± {100 * math.hypot(a['se'], b['se']):.1f}"
         line = sep.join([p, *cells, delta])
         print(f"| {line} |" if args.markdown else line)
+    if args.win_turns:
+        print()
+        for g in groups:
+            for p in policies:
+                episodes = [r for r in rows if r["policy"] == p and r["group"] == g]
+                won = Counter(r["turns"] for r in episodes if r["success"])
+                at = ", ".join(f"turn {t}: {won[t]}" for t in sorted(won))
+                print(f"{g} {p}: {len(episodes)} episodes, won at {at or 'no turn'}; "
+                      f"{sum(map(repeats, episodes))} repeat an earlier reply of theirs")
+
+
+def repeats(row: dict) -> bool:
+    replies = [m["content"].strip().lower() for m in row["conversation"] if m["role"] == "assistant"]
+    return len(set(replies)) < len(replies)
 
 
 if __name__ == "__main__":
