@@ -20,19 +20,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from learn_table import cell  # noqa: E402  (the held-out table's per-cell figures)
 
 
 def summary(rows: list[dict]) -> dict:
-    n = len(rows)
-    wins = [r for r in rows if r["success"]]
-    p = len(wins) / n if n else 0.0
-    return {
-        "n": n,
-        "p": p,
-        "se": math.sqrt(p * (1 - p) / n) if n else 0.0,
-        "turns": sum(r["turns"] for r in rows) / n if n else 0.0,
-        "win_turns": sum(r["turns"] for r in wins) / len(wins) if wins else float("nan"),
-    }
+    """learn_table's cell (success, s.e., turns on wins as ``win_turns``) and mean turns over every episode."""
+    out = cell(rows)
+    return {**out, "win_turns": out["turns"], "turns": sum(r["turns"] for r in rows) / len(rows) if rows else 0.0}
 
 
 def replies(rows: list[dict]) -> list[str]:
