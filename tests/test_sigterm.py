@@ -118,16 +118,25 @@ def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(boots
     out = runs["stopped"] / "data" / "rollout_text"
     err = tmp_path / "stderr.txt"
     proc = start(["stage", "rollout-text"], runs["stopped"], err)
+    # A part is written a moment before the loop checks for a stop: a signal in that moment stops the stage with no
+    # chunk in flight. So it is sent a while after the last part landed (a third of the straight run's time per
+    # chunk, from its parts' mtimes), once no new part appeared meanwhile: the next chunk is then surely running.
+    straight = runs["straight"] / "data" / "rollout_text"
+    times = sorted((straight / info["file"]).stat().st_mtime for info in read_manifest(straight)["parts"].values())
+    settle = max(0.2, (times[-1] - times[0]) / (len(times) - 1) / 3)
     at_signal: list[int] = []
 
-    def one_part() -> bool:
+    def mid_chunk() -> bool:
         m = read_manifest(out)
-        if m is not None and len(m["parts"]) >= 1:
-            at_signal.append(len(m["parts"]))  # what a SIGKILL now would keep
-            return True
-        return False
+        if m is None or len(m["parts"]) < 1:
+            return False
+        time.sleep(settle)
+        if len(read_manifest(out)["parts"]) != len(m["parts"]):
+            return False  # another part landed meanwhile: wait for the chunk after it
+        at_signal.append(len(m["parts"]))  # what a SIGKILL now would keep
+        return True
 
-    sent = term_when(proc, one_part)
+    sent = term_when(proc, mid_chunk)
     where = stopped(proc, sent, err, "rollout-text", grace_s)
     kept = read_manifest(out)
     total = len(read_manifest(runs["straight"] / "data" / "rollout_text")["parts"])
