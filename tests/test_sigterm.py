@@ -122,7 +122,8 @@ def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(boots
     # chunk in flight. So it is sent a while after the last part landed (a third of the straight run's time per
     # chunk, from its parts' mtimes), once no new part appeared meanwhile: the next chunk is then surely running.
     straight = runs["straight"] / "data" / "rollout_text"
-    times = sorted((straight / info["file"]).stat().st_mtime for info in read_manifest(straight)["parts"].values())
+    straight_parts = read_manifest(straight)["parts"]
+    times = sorted((straight / info["file"]).stat().st_mtime for info in straight_parts.values())
     settle = max(0.2, (times[-1] - times[0]) / (len(times) - 1) / 3)
     at_signal: list[int] = []
 
@@ -139,7 +140,7 @@ def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(boots
     sent = term_when(proc, mid_chunk)
     where = stopped(proc, sent, err, "rollout-text", grace_s)
     kept = read_manifest(out)
-    total = len(read_manifest(runs["straight"] / "data" / "rollout_text")["parts"])
+    total = len(straight_parts)
     assert not kept["complete"] and at_signal[0] < len(kept["parts"]) < total  # the chunk in flight was finished
     assert where == f"chunk {len(kept['parts']) + 1} of {total} (data/rollout_text)"
     import sqlite3
