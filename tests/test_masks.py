@@ -1,4 +1,5 @@
-"""The broadcast SDPA mask builder gives exactly transformers' own masks, and models using it generate the same."""
+"""The broadcast SDPA (and eager) mask builders give exactly transformers' own masks, and models using them generate
+the same."""
 
 import pytest
 import torch
@@ -6,13 +7,14 @@ from transformers.masking_utils import (
     and_masks,
     causal_mask_function,
     chunked_causal_mask_function,
+    eager_mask,
     packed_sequence_mask_function,
     sdpa_mask,
     sliding_window_causal_mask_function,
 )
 
 from pipeline.models import tiny
-from pipeline.models.masks import sdpa_mask_broadcast
+from pipeline.models.masks import eager_mask_broadcast, sdpa_mask_broadcast
 
 
 def left_padded(lengths: list[int], width: int) -> torch.Tensor:
@@ -51,6 +53,17 @@ def test_broadcast_mask_equals_the_library_mask(case):
     ours, theirs = sdpa_mask_broadcast(**kwargs), sdpa_mask(**kwargs)
     assert ours.dtype == torch.bool and ours.shape == theirs.shape
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_broadcast_eager_mask_equals_the_library_mask(case, dtype):
+    """Eager attention's float mask (0 where a query attends, the dtype's minimum elsewhere), never skipped."""
+    kwargs = CASES[case]
+    ours, theirs = eager_mask_broadcast(**kwargs, dtype=dtype), eager_mask(**kwargs, dtype=dtype)
+    assert ours.dtype == dtype and ours.shape == theirs.shape
+    assert torch.equal(ours, theirs)
+    assert set(ours.unique().tolist()) <= {0.0, torch.finfo(dtype).min}
 
 
 def test_causal_skip_is_kept():

@@ -5,8 +5,9 @@ packed sequences, sliding windows) over batch, head, query and key indices. On a
 costs more than the attention itself: a decode step with left padding spent ~40 % of its time in the vmap
 machinery, and a padding-free training step ~6 %. The mask functions are elementwise tensor expressions, so
 calling them once on broadcastable index tensors gives the same booleans. ``install()`` registers this builder
-for ``sdpa`` through transformers' ``AttentionMaskInterface`` (its extension point for mask creation); a mask
-function that cannot be broadcast falls back to the library's own builder.
+for ``sdpa`` through transformers' ``AttentionMaskInterface`` (its extension point for mask creation), and its float
+form for ``eager`` (what the hf backend plays bfloat16 weights with on a CPU); a mask function that cannot be
+broadcast falls back to the library's own builder.
 """
 
 from __future__ import annotations
@@ -61,6 +62,26 @@ def sdpa_mask_broadcast(
     return mask.expand(shape).contiguous()  # materialised, as the library's: callers may write into it
 
 
+def eager_mask_broadcast(
+    batch_size: int,
+    cache_position: torch.Tensor,
+    kv_length: int,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    **kwargs,
+) -> torch.Tensor:
+    """``transformers.masking_utils.eager_mask`` (same arguments, same result): the boolean mask above, always
+    built (eager attention has no causal flag), as 0 where a query attends and the dtype's minimum elsewhere."""
+    kwargs.pop("allow_is_causal_skip", None)
+    kwargs.pop("allow_torch_fix", None)
+    mask = sdpa_mask_broadcast(batch_size, cache_position, kv_length, kv_offset, mask_function, attention_mask,
+                               allow_is_causal_skip=False, **kwargs)
+    return torch.where(mask, torch.tensor(0.0, device=mask.device, dtype=dtype), torch.finfo(dtype).min)
+
+
 def install() -> None:
-    """Use the broadcast builder for every model on SDPA attention in this process."""
+    """Use the broadcast builders for every model on SDPA or eager attention in this process."""
     AttentionMaskInterface.register("sdpa", sdpa_mask_broadcast)
+    AttentionMaskInterface.register("eager", eager_mask_broadcast)
