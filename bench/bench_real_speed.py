@@ -1,17 +1,19 @@
 """Real-model speed: SmolLM2-135M playing the tiers batched in the hf backend, against llama.cpp and the machine.
 
     OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset PRESET] [--no-llama]
-                                                       [--drop-finished 0 0.25]
+                                                       [--drop-finished 0 0.25] [--dtype float32 bfloat16]
 
-1. **The machine's limit.** torch's fp32 matmul throughput measured here (GFLOP/s, the best of the shapes the
-   model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token (2 × the
-   weights a token passes through, the tied LM head included, + attention over the mean context):
-   limit tokens/s = throughput ÷ FLOPs per token.
+1. **The machine's limit.** torch's matmul throughput measured here in each ``--dtype`` (GFLOP/s, the best of the
+   shapes the model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token
+   (2 × the weights a token passes through, the tied LM head included, + attention over the mean context):
+   limit tokens/s = throughput ÷ FLOPs per token. A run in bfloat16 is measured against both limits: float32's
+   and bfloat16's own (the machine's best, where it has bf16 instructions).
 2. **Curio's hf backend.** Multi-turn batched play (``play_episodes``, the preset's rollout sampling, its tiers'
    train tasks, KV cache kept across turns) at each ``--batch`` with as many episodes: tokens processed per
    second (prompt tokens run through the model + generated) and generated per second; at each
-   ``--drop-finished`` (``policy.drop_finished``: finished rows leave the batch), with the share of decode
-   row-steps that generated a reply's token, and the turns per second against the first value.
+   ``--drop-finished`` (``policy.drop_finished``: finished rows leave the batch) and ``--dtype``
+   (``policy.dtype``: the weights' dtype), with the share of decode row-steps that generated a reply's token, and
+   the turns per second against the first combination.
 3. **llama.cpp's server** (the same model as its GGUF, ``make server``) driven directly with the openai client
    at the same concurrency, on the same requests: every turn's conversation as the hf run played it, turn by turn,
    with the same ``max_tokens``; its own ``usage`` counts the tokens.
@@ -35,11 +37,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def matmul_gflops(shapes: list[tuple[int, int, int]], seconds: float = 1.0) -> dict[tuple[int, int, int], float]:
-    """fp32 GFLOP/s of ``a @ b`` for each (m, k, n), each run for about ``seconds``."""
+def matmul_gflops(shapes: list[tuple[int, int, int]], seconds: float = 1.0,
+                  dtype: torch.dtype = torch.float32) -> dict[tuple[int, int, int], float]:
+    """GFLOP/s of ``a @ b`` in ``dtype`` for each (m, k, n), each run for about ``seconds``."""
     out = {}
     for m, k, n in shapes:
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         for _ in range(3):
             a @ b
         reps, t0 = 0, time.perf_counter()
@@ -61,7 +64,7 @@ def flops_per_token(config, context: float) -> float:
     return 2 * weights + layers * 4 * context * config.num_attention_heads * head_dim
 
 
-def hf_play(params, batch: int, drop_finished: float):
+def hf_play(params, batch: int, drop_finished: float, dtype: str = "float32"):
     """Multi-turn play of ``batch`` episodes in one batch; (seconds, backend, rows, sampling, decode row-steps:
     rows × steps of every ``generate`` call, finished rows padded along included)."""
     from pipeline.llm import sampling_from_config
@@ -72,7 +75,7 @@ def hf_play(params, batch: int, drop_finished: float):
     pool = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     jobs = [(g, t, i // len(pool)) for i, (g, t) in enumerate(pool[i % len(pool)] for i in range(batch))]
     backend = load_policy_backend(params.model_copy(update={"policy": params.policy.model_copy(
-        update={"drop_finished": drop_finished})}), "base", batch_size=batch)
+        update={"drop_finished": drop_finished, "dtype": dtype})}), "base", batch_size=batch)
     sampling = sampling_from_config(params.rollout_text)
     backend.generate([[{"role": "user", "content": "Hi"}]], sampling)  # load and warm up, not timed
     backend.prompt_tokens = backend.generated_tokens = 0
@@ -143,6 +146,8 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp (when `make server` has not run)")
     ap.add_argument("--drop-finished", type=float, nargs="+", default=[0.0, 0.25],
                     help="policy.drop_finished values to play at, side by side (the first is the baseline)")
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="policy.dtype values to play at, side by side with each drop-finished value")
     args = ap.parse_args()
     import os
 
@@ -159,10 +164,12 @@ def main() -> None:
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     h, inter = config.hidden_size, config.intermediate_size
     shapes = [(m, k, n) for m in (32, 512, 4096) for k, n in ((h, inter), (inter, h), (h, h))] + [(1024, 1024, 1024)]
-    gflops = matmul_gflops(shapes)
-    for shape, g in gflops.items():
-        print(f"matmul {shape[0]:>5} x {shape[1]:>5} x {shape[2]:>5}: {g:7.1f} GFLOP/s")
-    peak = max(gflops.values())
+    peaks = {}
+    for dtype in dict.fromkeys(["float32", *args.dtype]):
+        gflops = matmul_gflops(shapes, dtype=getattr(torch, dtype))
+        for shape, g in gflops.items():
+            print(f"{dtype} matmul {shape[0]:>5} x {shape[1]:>5} x {shape[2]:>5}: {g:7.1f} GFLOP/s")
+        peaks[dtype] = max(gflops.values())
     server = None
     if not args.no_llama:
         from llama_server import LlamaServer
@@ -172,32 +179,36 @@ def main() -> None:
     try:
         for batch in args.batch:
             base_rate, r = None, None
-            for drop in args.drop_finished:
-                seconds, backend, rows, sampling, row_steps = hf_play(params, batch, drop)
+            for dtype, drop in [(d, f) for d in args.dtype for f in args.drop_finished]:
+                seconds, backend, rows, sampling, row_steps = hf_play(params, batch, drop, dtype)
                 turns = turn_requests(rows)
                 requests = sum(len(t) for t in turns)
                 processed = backend.prompt_tokens + backend.generated_tokens
                 final = sum(len(backend.encode([r["conversation"]])[0]) for r in rows) / len(rows)
                 fpt = flops_per_token(config, context=final / 2)
-                limit = peak * 1e9 / fpt
+                limits = {d: peak * 1e9 / fpt for d, peak in peaks.items() if d in ("float32", dtype)}
                 wins = sum(r["success"] for r in rows) / len(rows)
-                print(f"\nbatch {batch}, policy.drop_finished {drop}: {len(rows)} episodes (won {wins:.1%}), "
-                      f"{requests} turns, {final:.0f} tokens per finished conversation; {fpt / 1e6:.0f} MFLOP per "
-                      f"token -> limit {limit:,.0f} tokens/s at {peak:.0f} GFLOP/s")
+                print(f"\nbatch {batch}, policy.dtype {dtype}, policy.drop_finished {drop}: {len(rows)} episodes "
+                      f"(won {wins:.1%}), {requests} turns, {final:.0f} tokens per finished conversation; "
+                      f"{fpt / 1e6:.0f} MFLOP per token -> limit "
+                      + ", ".join(f"{limit:,.0f} tokens/s at {peaks[d]:.0f} GFLOP/s ({d})"
+                                  for d, limit in limits.items()))
                 print(f"  hf       {seconds:7.1f} s  processed {processed / seconds:8.1f} tok/s "
                       f"(prompt {backend.prompt_tokens}, generated {backend.generated_tokens}: "
                       f"{backend.generated_tokens / seconds:.1f}"
                       f" tok/s)  {requests / seconds:.2f} turns/s")
                 print(f"  decode row-steps {row_steps}: {backend.generated_tokens / row_steps:.0%} of them generated "
                       "a reply's token (the rest padded finished rows)")
-                print(f"  hf / machine limit (processed tokens/s): {processed / seconds / limit:.2f}   (goal >= 0.5)")
+                for d, limit in limits.items():
+                    print(f"  hf / machine limit in {d} (processed tokens/s): {processed / seconds / limit:.2f}"
+                          "   (goal >= 0.5)")
                 if base_rate is None:
                     base_rate = requests / seconds
                 else:
-                    print(f"  turns/s vs policy.drop_finished {args.drop_finished[0]}: "
+                    print(f"  turns/s vs policy.dtype {args.dtype[0]}, drop_finished {args.drop_finished[0]}: "
                           f"{requests / seconds / base_rate:.2f}")
                 if server is not None:
-                    if r is None:  # replayed once per batch, on the first value's turns
+                    if r is None:  # replayed once per batch, on the first combination's turns
                         r = llama_replay(server, turns, sampling, batch)
                     lp = (r["prompt"] + r["completion"]) / r["seconds"]
                     print(f"  llama.cpp {r['seconds']:6.1f} s  processed {lp:8.1f} tok/s (prompt {r['prompt']}, "

@@ -218,3 +218,36 @@ def test_a_sampled_batch_that_drops_its_finished_rows_keeps_each_rows_logprobs(l
     assert len({g.tokens_out for g in out}) > 1
     for g in out:
         assert len(g.token_logprobs) == g.tokens_out and all(p <= 0 for p in g.token_logprobs)
+
+
+def test_bfloat16_plays_a_copy_with_a_float32_head_and_keeps_its_caches_in_bfloat16(lm):
+    """``dtype="bfloat16"``: the backend plays a bfloat16 copy (the given model, e.g. one being trained, keeps its
+    float32 weights), with float32 logits from a float32 output layer and eager attention on the CPU; multi-turn
+    play with kept caches and dropped rows works, the caches taking half the bytes per token."""
+    model, tok = lm
+    b16 = HFBackend("m", model_obj=model, tokenizer=tok, batch_size=4, drop_finished=0.3, dtype="bfloat16")
+    b32 = HFBackend("m", model_obj=model, tokenizer=tok, batch_size=4, drop_finished=0.3, dtype="float32")
+    assert b32.lm is model and model.dtype == torch.float32 and b16.lm is not model
+    assert model.config._attn_implementation == "sdpa" and b16.lm.config._attn_implementation == "eager"
+    head = b16.lm.get_output_embeddings().weight
+    assert head.dtype == torch.float32 and {p.dtype for p in b16.lm.parameters() if p is not head} == {torch.bfloat16}
+    ids = torch.tensor([b16.encode(opening(1))[0]])
+    with torch.no_grad():
+        got, want = b16.lm(input_ids=ids).logits, model(input_ids=ids).logits
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.05 * want.abs().max()  # rounding, not another model
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    sampling = Sampling(temperature=1.0, max_tokens=8, logprobs=True, seed=3)
+    per_token = {}
+    for b in (b16, b32):
+        convs = opening(4)
+        for turn in range(3):
+            out = b.generate(convs, sampling)
+            assert all(len(g.token_logprobs) == g.tokens_out and all(p <= 0 for p in g.token_logprobs) for g in out)
+            convs = [[*c, {"role": "assistant", "content": g.text}, {"role": "user", "content": "no " * turn}]
+                     for c, g in zip(convs, out, strict=True)]
+        assert b.cached_tokens > 0  # later turns reused the kept keys / values
+        entry = next(iter(b.kv._keys.values()))
+        entry.materialize()
+        per_token[b] = entry.nbytes / len(entry.tokens)
+    assert per_token[b16] * 2 == per_token[b32]

@@ -53,6 +53,13 @@ class PolicyConfig(Section):
         "reply, the batch decodes on without them (fewer rows per step instead of padding finished rows up to "
         "the longest reply; the same distribution, other random draws); 0 = every row decodes until the "
         "batch's last one finishes (bench/bench_real_speed.py measures both)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="hf backend: the weights' dtype when the policy plays (rollout-text, pairs-text, "
+        "rl-text's filtered-BC rounds, evaluate-text); its output layer stays float32, and training, reference "
+        "log-probs and ArCHer (which plays the weights it trains) stay float32 on a CPU. bfloat16 plays SmolLM2 "
+        "~1.7x faster on a CPU with AVX-512 bf16 (eager attention there; bench/bench_real_speed.py --dtype), with "
+        "the same success on train tasks but replies ~6 % longer: not the same distribution "
+        "(bench/compare_rollouts.py, docs/real-models.md)")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:

@@ -135,7 +135,8 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
         seed = chunk_seed(params.seed, NAME, r)
         if r not in rollouts.finished():
             policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                               tokenizer=tokenizer, drop_finished=params.policy.drop_finished)
+                               tokenizer=tokenizer, drop_finished=params.policy.drop_finished,
+                               dtype=params.policy.dtype)  # plays a copy in that dtype; ``model`` trains
             episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
             rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
                                  max_format_retries=params.rollout_text.max_format_retries)
