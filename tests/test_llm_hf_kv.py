@@ -251,3 +251,16 @@ def test_bfloat16_plays_a_copy_with_a_float32_head_and_keeps_its_caches_in_bfloa
         entry.materialize()
         per_token[b] = entry.nbytes / len(entry.tokens)
     assert per_token[b16] * 2 == per_token[b32]
+
+
+def test_bfloat16_plays_a_model_it_loads_itself_as_it_plays_a_copy_of_a_given_one(lm, tmp_path):
+    """A backend that loads its model converts it in place (no float32 copy kept), to the same weights
+    and float32 output layer as the copy made of a given model."""
+    model, tok = lm
+    tiny.save(model, tok, tmp_path / "m")
+    loaded = HFBackend(tmp_path / "m", dtype="bfloat16")
+    given = HFBackend("m", model_obj=model, tokenizer=tok, dtype="bfloat16")
+    assert loaded.lm.config._attn_implementation == "eager"
+    mine, theirs = dict(loaded.lm.named_parameters()), dict(given.lm.named_parameters())
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert mine["lm_head.weight"].dtype == torch.float32 and mine["transformer.wte.weight"].dtype == torch.bfloat16

@@ -62,15 +62,16 @@ class _Float32Head(torch.nn.Module):
         return torch.nn.functional.linear(hidden.float(), self.weight)
 
 
-def in_dtype(model, dtype: torch.dtype):
-    """A copy of ``model`` (the caller's keeps its weights, e.g. to train them) whose layers run in ``dtype``; its
-    output layer stays float32 (logits rounded to bfloat16 change what is sampled). On a CPU, bfloat16 runs eager
-    attention: torch's SDPA kernel there is slow for one query row in bfloat16 (the preset's games at batch 64: 25.8 s
-    with SDPA, 21.8 s eager)."""
+def in_dtype(model, dtype: torch.dtype, copy_model: bool = True):
+    """``model`` with its layers in ``dtype``: a copy (the caller's keeps its weights, e.g. to train them), or the
+    model itself with ``copy_model=False``. Its output layer stays float32 (logits rounded to bfloat16 change what
+    is sampled). On a CPU, bfloat16 runs eager attention: torch's SDPA kernel there is slow for one query row in
+    bfloat16 (the preset's games at batch 64: 25.8 s with SDPA, 21.8 s eager)."""
     head = model.get_output_embeddings()
-    played = copy.deepcopy(model).to(dtype).eval()
-    if dtype != torch.float32 and head is not None:
-        played.set_output_embeddings(_Float32Head(head.weight))
+    head = _Float32Head(head.weight) if head is not None and dtype != torch.float32 else None  # before .to()
+    played = (copy.deepcopy(model) if copy_model else model).to(dtype).eval()
+    if head is not None:
+        played.set_output_embeddings(head)
     if played.device.type == "cpu" and dtype == torch.bfloat16:
         played.set_attn_implementation("eager")
     return played
@@ -327,8 +328,8 @@ class HFBackend(ChatBackend):
     same distribution; the random draws (and float sums of smaller batches) differ, so replies differ. 0 (the
     default) decodes every row until the batch's last one finishes.
 
-    ``dtype`` ("float32" / "bfloat16"; None = as loaded): the weights it plays with. A given ``model_obj`` of
-    another dtype is copied, so a model being trained keeps its own weights.
+    ``dtype`` ("float32" / "bfloat16"; None = as loaded): the weights it plays with (``in_dtype``). A given
+    ``model_obj`` of another dtype is copied, so a model being trained keeps its own weights.
     """
 
     name = "hf"
@@ -338,10 +339,11 @@ class HFBackend(ChatBackend):
                  dtype: str | None = None) -> None:
         super().__init__(str(model))
         weights = getattr(torch, dtype) if dtype else None
-        if model_obj is None:
+        loaded = model_obj is None
+        if loaded:
             model_obj, tokenizer = load_policy(model, device)
         if weights is not None and model_obj.dtype != weights:
-            model_obj = in_dtype(model_obj, weights)
+            model_obj = in_dtype(model_obj, weights, copy_model=not loaded)  # a model of its own: no copy
         self.lm = model_obj
         self.tokenizer = tokenizer
         self.device = self.lm.device  # where the weights are (a given model_obj may sit on a GPU)
