@@ -58,8 +58,8 @@ class PolicyConfig(Section):
         "rl-text's filtered-BC rounds, evaluate-text); its output layer stays float32, and training, reference "
         "log-probs and ArCHer (which plays the weights it trains) stay float32 on a CPU. bfloat16 plays SmolLM2 "
         "~1.7x faster on a CPU with AVX-512 bf16 (eager attention there; bench/bench_real_speed.py --dtype), with "
-        "the same success on train tasks but replies ~6 % longer: not the same distribution "
-        "(bench/compare_rollouts.py, docs/real-models.md)")
+        "the same success on train tasks but replies ~6 % longer: not the same distribution, and the SmolLM2 "
+        "preset's trained policies scored 7-11 points lower on held-out games (docs/real-models.md)")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:
