@@ -62,22 +62,11 @@ def sdpa_mask_broadcast(
     return mask.expand(shape).contiguous()  # materialised, as the library's: callers may write into it
 
 
-def eager_mask_broadcast(
-    batch_size: int,
-    cache_position: torch.Tensor,
-    kv_length: int,
-    kv_offset: int = 0,
-    mask_function: Callable = causal_mask_function,
-    attention_mask: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-    **kwargs,
-) -> torch.Tensor:
+def eager_mask_broadcast(*args, dtype: torch.dtype = torch.float32, **kwargs) -> torch.Tensor:
     """``transformers.masking_utils.eager_mask`` (same arguments, same result): the boolean mask above, always
     built (eager attention has no causal flag), as 0 where a query attends and the dtype's minimum elsewhere."""
-    kwargs.pop("allow_is_causal_skip", None)
     kwargs.pop("allow_torch_fix", None)
-    mask = sdpa_mask_broadcast(batch_size, cache_position, kv_length, kv_offset, mask_function, attention_mask,
-                               allow_is_causal_skip=False, **kwargs)
+    mask = sdpa_mask_broadcast(*args, **{**kwargs, "allow_is_causal_skip": False})
     return torch.where(mask, torch.tensor(0.0, device=mask.device, dtype=dtype), torch.finfo(dtype).min)
 
 
