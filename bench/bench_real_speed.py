@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset PRESET] [--no-llama]
                                                        [--drop-finished 0 0.25] [--dtype float32 bfloat16]
+                                                       [--sdpa transformers gqa] [--cpu-linear torch onednn]
 
 1. **The machine's limit.** torch's matmul throughput measured here in each ``--dtype`` (GFLOP/s, the best of the
    shapes the model's own layers run at batch × tokens, and one square 1024³), and the model's FLOPs per token
@@ -11,9 +12,14 @@
 2. **Curio's hf backend.** Multi-turn batched play (``play_episodes``, the preset's rollout sampling, its tiers'
    train tasks, KV cache kept across turns) at each ``--batch`` with as many episodes: tokens processed per
    second (prompt tokens run through the model + generated) and generated per second; at each
-   ``--drop-finished`` (``policy.drop_finished``: finished rows leave the batch) and ``--dtype``
-   (``policy.dtype``: the weights' dtype), with the share of decode row-steps that generated a reply's token, and
-   the turns per second against the first combination.
+   ``--drop-finished`` (``policy.drop_finished``: finished rows leave the batch), ``--dtype`` (``policy.dtype``:
+   the weights' dtype) and ``--sdpa`` (``gqa``: Curio's SDPA function, reading shared key / value heads in place,
+   ``pipeline.models.attention``; ``transformers``: the library's own, copying them per query head), with the
+   share of decode row-steps that generated a reply's token, and the turns per second against the first
+   combination; and at each ``--cpu-linear`` (``policy.cpu_linear``: the float32 linear layers' GEMM, torch's
+   default or oneDNN with reordered weights, whose own matmul throughput is measured too: the limit of a oneDNN
+   run is the best of both). Runs at the same dtype play the same tokens whatever ``--sdpa`` says (it prints
+   whether each run played the first one's conversations).
 3. **llama.cpp's server** (the same model as its GGUF, ``make server``) driven directly with the openai client
    at the same concurrency, on the same requests: every turn's conversation as the hf run played it, turn by turn,
    with the same ``max_tokens``; its own ``usage`` counts the tokens.
@@ -28,6 +34,7 @@ import argparse
 import asyncio
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -37,17 +44,24 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def matmul_gflops(shapes: list[tuple[int, int, int]], seconds: float = 1.0,
-                  dtype: torch.dtype = torch.float32) -> dict[tuple[int, int, int], float]:
-    """GFLOP/s of ``a @ b`` in ``dtype`` for each (m, k, n), each run for about ``seconds``."""
+def matmul_gflops(shapes: list[tuple[int, int, int]], seconds: float = 1.0, dtype: torch.dtype = torch.float32,
+                  onednn: bool = False) -> dict[tuple[int, int, int], float]:
+    """GFLOP/s of ``a @ b`` in ``dtype`` for each (m, k, n), each run for about ``seconds``; ``onednn``: as a
+    float32 linear layer through oneDNN with ``b`` reordered once (``policy.cpu_linear: onednn``)."""
+    from pipeline.models.linear import _linear
+
     out = {}
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        if onednn:
+            mul = partial(_linear, a, torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None), None)
+        else:
+            mul = partial(torch.matmul, a, b)
         for _ in range(3):
-            a @ b
+            mul()
         reps, t0 = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - t0) < seconds:
-            a @ b
+            mul()
             reps += 1
         out[(m, k, n)] = 2 * m * k * n * reps / elapsed / 1e9
     return out
@@ -64,9 +78,23 @@ def flops_per_token(config, context: float) -> float:
     return 2 * weights + layers * 4 * context * config.num_attention_heads * head_dim
 
 
-def hf_play(params, batch: int, drop_finished: float, dtype: str = "float32"):
+def hf_play(params, batch: int, drop_finished: float, dtype: str = "float32", sdpa: str = "gqa",
+            cpu_linear: str = "torch"):
     """Multi-turn play of ``batch`` episodes in one batch; (seconds, backend, rows, sampling, decode row-steps:
     rows × steps of every ``generate`` call, finished rows padded along included)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    from pipeline.models.attention import sdpa_attention_gqa
+
+    AttentionInterface.register("sdpa", sdpa_attention_gqa if sdpa == "gqa" else sdpa_attention_forward)
+    try:
+        return _hf_play(params, batch, drop_finished, dtype, cpu_linear)
+    finally:
+        AttentionInterface.register("sdpa", sdpa_attention_gqa)  # what pipeline.llm.hf installs
+
+
+def _hf_play(params, batch: int, drop_finished: float, dtype: str, cpu_linear: str):
     from pipeline.llm import sampling_from_config
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import game_tasks, load_policy_backend, make_games
@@ -75,7 +103,8 @@ def hf_play(params, batch: int, drop_finished: float, dtype: str = "float32"):
     pool = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     jobs = [(g, t, i // len(pool)) for i, (g, t) in enumerate(pool[i % len(pool)] for i in range(batch))]
     backend = load_policy_backend(params.model_copy(update={"policy": params.policy.model_copy(
-        update={"drop_finished": drop_finished, "dtype": dtype})}), "base", batch_size=batch)
+        update={"drop_finished": drop_finished, "dtype": dtype, "cpu_linear": cpu_linear})}), "base",
+        batch_size=batch)
     sampling = sampling_from_config(params.rollout_text)
     backend.generate([[{"role": "user", "content": "Hi"}]], sampling)  # load and warm up, not timed
     backend.prompt_tokens = backend.generated_tokens = 0
@@ -148,6 +177,11 @@ def main() -> None:
                     help="policy.drop_finished values to play at, side by side (the first is the baseline)")
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="policy.dtype values to play at, side by side with each drop-finished value")
+    ap.add_argument("--sdpa", nargs="+", default=["gqa"], choices=["transformers", "gqa"],
+                    help="SDPA functions to play with, side by side: Curio's (shared key / value heads read in "
+                         "place) or transformers' own (copied per query head)")
+    ap.add_argument("--cpu-linear", nargs="+", default=["torch"], choices=["torch", "onednn"],
+                    help="policy.cpu_linear values to play at, side by side: the float32 linear layers' GEMM")
     args = ap.parse_args()
     import os
 
@@ -170,6 +204,12 @@ def main() -> None:
         for shape, g in gflops.items():
             print(f"{dtype} matmul {shape[0]:>5} x {shape[1]:>5} x {shape[2]:>5}: {g:7.1f} GFLOP/s")
         peaks[dtype] = max(gflops.values())
+    if "onednn" in args.cpu_linear:  # the limit of a run through oneDNN: the best of both GEMMs
+        gflops = matmul_gflops(shapes, onednn=True)
+        for shape, g in gflops.items():
+            print(f"float32 oneDNN (reordered weights) matmul {shape[0]:>5} x {shape[1]:>5} x {shape[2]:>5}: "
+                  f"{g:7.1f} GFLOP/s")
+        peaks["float32 onednn"] = max(peaks["float32"], *gflops.values())
     server = None
     if not args.no_llama:
         from llama_server import LlamaServer
@@ -179,16 +219,23 @@ def main() -> None:
     try:
         for batch in args.batch:
             base_rate, r = None, None
-            for dtype, drop in [(d, f) for d in args.dtype for f in args.drop_finished]:
-                seconds, backend, rows, sampling, row_steps = hf_play(params, batch, drop, dtype)
+            played = {}  # (dtype, drop_finished) -> the first run's replies
+            combos = [(d, a, c, f) for d in args.dtype for a in args.sdpa for c in args.cpu_linear
+                      for f in args.drop_finished]
+            for dtype, sdpa, linear, drop in combos:
+                seconds, backend, rows, sampling, row_steps = hf_play(params, batch, drop, dtype, sdpa, linear)
+                replies = [r["conversation"] for r in rows]
                 turns = turn_requests(rows)
                 requests = sum(len(t) for t in turns)
                 processed = backend.prompt_tokens + backend.generated_tokens
                 final = sum(len(backend.encode([r["conversation"]])[0]) for r in rows) / len(rows)
                 fpt = flops_per_token(config, context=final / 2)
-                limits = {d: peak * 1e9 / fpt for d, peak in peaks.items() if d in ("float32", dtype)}
+                limits = {d: peak * 1e9 / fpt for d, peak in peaks.items()
+                          if d in ("float32", dtype) or (d == "float32 onednn" and linear == "onednn")}
                 wins = sum(r["success"] for r in rows) / len(rows)
-                print(f"\nbatch {batch}, policy.dtype {dtype}, policy.drop_finished {drop}: {len(rows)} episodes "
+                print(f"\nbatch {batch}, policy.dtype {dtype}, sdpa {sdpa}, policy.cpu_linear {linear}, "
+                      f"policy.drop_finished {drop}: "
+                      f"{len(rows)} episodes "
                       f"(won {wins:.1%}), {requests} turns, {final:.0f} tokens per finished conversation; "
                       f"{fpt / 1e6:.0f} MFLOP per token -> limit "
                       + ", ".join(f"{limit:,.0f} tokens/s at {peaks[d]:.0f} GFLOP/s ({d})"
@@ -202,10 +249,15 @@ def main() -> None:
                 for d, limit in limits.items():
                     print(f"  hf / machine limit in {d} (processed tokens/s): {processed / seconds / limit:.2f}"
                           "   (goal >= 0.5)")
+                if (dtype, drop) in played:
+                    same = played[(dtype, drop)] == replies
+                    print(f"  the same conversations as the first run at this dtype: {same}")
+                played.setdefault((dtype, drop), replies)
                 if base_rate is None:
                     base_rate = requests / seconds
                 else:
-                    print(f"  turns/s vs policy.dtype {args.dtype[0]}, drop_finished {args.drop_finished[0]}: "
+                    print(f"  turns/s vs policy.dtype {args.dtype[0]}, sdpa {args.sdpa[0]}, cpu_linear "
+                          f"{args.cpu_linear[0]}, drop_finished {args.drop_finished[0]}: "
                           f"{requests / seconds / base_rate:.2f}")
                 if server is not None:
                     if r is None:  # replayed once per batch, on the first combination's turns

@@ -7,6 +7,7 @@ import copy
 import math
 import threading
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +28,14 @@ from transformers.cache_utils import Cache, DynamicLayer
 from pipeline.core.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 from pipeline.llm.sampler import sampler_for
+from pipeline.models.attention import install as install_attention
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
+from pipeline.models.linear import OneDNNLinears
 from pipeline.models.masks import install as install_masks
 
 install_masks()  # attention masks without vmap: same masks, a fraction of a small model's decode step
+install_attention()  # grouped-query heads read in place in CPU inference: the same numbers, no copies
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
 _LOAD_LOCK = threading.Lock()
@@ -330,13 +334,16 @@ class HFBackend(ChatBackend):
 
     ``dtype`` ("float32" / "bfloat16"; None = as loaded): the weights it plays with (``in_dtype``). A given
     ``model_obj`` of another dtype is copied, so a model being trained keeps its own weights.
+
+    ``cpu_linear`` ("torch" / "onednn"): on a CPU, "onednn" runs the float32 linear layers through oneDNN with
+    reordered copies of their weights (``pipeline.models.linear``), reordered again when the weights change.
     """
 
     name = "hf"
 
     def __init__(self, model: str | Path, device: str = "cpu", batch_size: int = 64, model_obj=None,
                  tokenizer=None, kv_cache_bytes: int = 1 << 30, drop_finished: float = 0.0,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, cpu_linear: str = "torch") -> None:
         super().__init__(str(model))
         weights = getattr(torch, dtype) if dtype else None
         loaded = model_obj is None
@@ -347,6 +354,7 @@ class HFBackend(ChatBackend):
         self.lm = model_obj
         self.tokenizer = tokenizer
         self.device = self.lm.device  # where the weights are (a given model_obj may sit on a GPU)
+        self.linears = OneDNNLinears(self.lm) if cpu_linear == "onednn" and self.device.type == "cpu" else None
         self.batch_size = batch_size
         self.drop_finished = drop_finished
         self.tokenizer.padding_side = "left"
@@ -389,17 +397,18 @@ class HFBackend(ChatBackend):
         max_pos = self.max_positions
         if self.kv is not None:
             self.kv.settle(conversations)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            max_new = sampling.max_tokens
-            batch = []
-            for i in idx:
-                ids, max_new_i = fit_context(encoded[i], sampling.max_tokens, max_pos)
-                batch.append(ids)
-                max_new = min(max_new, max_new_i)
-            gens = self._generate_batch([conversations[i] for i in idx], batch, max_new, sampling)
-            for i, g in zip(idx, gens, strict=True):
-                out[i] = g
+        with self.linears.active() if self.linears is not None else nullcontext():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                max_new = sampling.max_tokens
+                batch = []
+                for i in idx:
+                    ids, max_new_i = fit_context(encoded[i], sampling.max_tokens, max_pos)
+                    batch.append(ids)
+                    max_new = min(max_new, max_new_i)
+                gens = self._generate_batch([conversations[i] for i in idx], batch, max_new, sampling)
+                for i, g in zip(idx, gens, strict=True):
+                    out[i] = g
         return out  # type: ignore[return-value]
 
     def _generate_batch(self, conversations: list[Conversation], batch: list[list[int]], max_new: int,

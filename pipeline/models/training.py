@@ -27,12 +27,14 @@ from pipeline.core import interrupt
 from pipeline.core.config import ConfigError
 from pipeline.core.processes import requested, world_size
 from pipeline.core.tracking import Tracker
+from pipeline.models.attention import install as install_attention
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.models.config import LoraConfigSection, check_dpo_loss_type
 from pipeline.models.launch import launched, stopped_quietly
 from pipeline.models.masks import install as install_masks
 
 install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
+install_attention()  # grouped-query heads read in place in CPU inference: the same numbers, no copies
 
 
 class _TrackerCallback(TrainerCallback):

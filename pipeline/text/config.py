@@ -60,6 +60,13 @@ class PolicyConfig(Section):
         "~1.7x faster on a CPU with AVX-512 bf16 (eager attention there; bench/bench_real_speed.py --dtype), with "
         "the same success on train tasks but replies ~6 % longer: not the same distribution, and the SmolLM2 "
         "preset's trained policies scored 7-11 points lower on held-out games (docs/real-models.md)")
+    cpu_linear: Literal["torch", "onednn"] = Field(
+        "torch", description="hf backend on a CPU: the GEMM of the float32 linear layers when the policy plays. "
+        "torch = torch's default (MKL on x86); onednn = oneDNN with the weights reordered once per weights "
+        "version (an extra copy of them): decode steps stream the weights ~1.7x faster, so the SmolLM2 preset's "
+        "rollout-text runs ~1.4x faster (bench/bench_real_speed.py --cpu-linear). Its float sums differ in the "
+        "last bits; its replies were the same as torch's in docs/real-models.md's checks. Training and reference "
+        "log-probs keep torch's")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:

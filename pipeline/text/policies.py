@@ -73,7 +73,8 @@ def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int 
         require_policy(params, name_or_path)
         backend = HFBackend(path, device=params.policy.device,
                             batch_size=batch_size or params.rollout_text.batch_size,
-                            drop_finished=params.policy.drop_finished, dtype=params.policy.dtype)
+                            drop_finished=params.policy.drop_finished, dtype=params.policy.dtype,
+                            cpu_linear=params.policy.cpu_linear)
         from pipeline.text.critic import is_chai_model, load_reranked  # torch, as above
 
         return load_reranked(backend, path, params.policy.device) if is_chai_model(path) else backend

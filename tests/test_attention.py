@@ -1,0 +1,91 @@
+"""SDPA reading shared key / value heads in place gives exactly transformers' own attention, and is taken only in
+CPU inference."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import AttentionInterface
+
+from pipeline.models.attention import sdpa_attention_gqa
+from pipeline.models.masks import sdpa_mask_broadcast
+
+
+class Module(torch.nn.Module):
+    """What the attention functions read from a model's attention layer."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def qkv(batch, q_len, kv_len, heads=6, kv_heads=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, q_len, 8, generator=g), torch.randn(batch, kv_heads, kv_len, 8, generator=g),
+            torch.randn(batch, kv_heads, kv_len, 8, generator=g))
+
+
+HOLES = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 1, 1, 1], [0, 0, 0, 1, 0, 0, 1, 1]], dtype=torch.bool)
+CASES = {  # (query length, key length, the boolean mask transformers builds, None where SDPA's causal flag does)
+    "prefill, left padding": (6, 6, sdpa_mask_broadcast(3, torch.arange(6), 6, attention_mask=HOLES[:, 2:])),
+    "decode step with a kept cache, holes": (1, 8, sdpa_mask_broadcast(3, torch.tensor([7]), 8, attention_mask=HOLES)),
+    "new tokens after a kept cache": (3, 8, sdpa_mask_broadcast(3, torch.arange(5, 8), 8, attention_mask=HOLES)),
+    "no padding: causal flag": (5, 5, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_in_place_heads_give_the_librarys_numbers(case):
+    q_len, kv_len, mask = CASES[case]
+    q, k, v = qkv(3, q_len, kv_len)
+    module = Module(groups=3)
+    with torch.no_grad():
+        ours, _ = sdpa_attention_gqa(module, q, k, v, mask, scaling=0.3)
+        theirs, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+    assert ours.shape == theirs.shape == (3, q_len, 6, 8)
+    assert torch.equal(ours, theirs)
+
+
+def test_the_in_place_path_is_taken_only_without_gradients(monkeypatch):
+    """With a padding mask under no_grad torch's SDPA gets the 2 shared heads and ``enable_gqa``; with gradients
+    (training) it gets transformers' 6 copied heads, so the backward pass is the library's."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        seen.append((key.shape[1], kwargs.get("enable_gqa", False)))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = qkv(3, 1, 8)
+    mask = CASES["decode step with a kept cache, holes"][2]
+    module = Module(groups=3)
+    with torch.no_grad():
+        sdpa_attention_gqa(module, q, k, v, mask)
+    q.requires_grad_(True)
+    out, _ = sdpa_attention_gqa(module, q, k, v, mask)
+    out.sum().backward()
+    assert seen == [(2, True), (6, False)]
+    assert q.grad is not None
+
+
+def test_a_grouped_query_model_generates_the_same_tokens():
+    """A Llama with 3 query heads per key / value head, left-padded prompts, sampled: the same tokens and scores
+    with the library's SDPA function and with the in-place one."""
+    config = LlamaConfig(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]])
+    ids = mask * torch.randint(3, 120, (3, 7), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for fn in (sdpa_attention_forward, sdpa_attention_gqa):
+        AttentionInterface.register("sdpa", fn)
+        torch.manual_seed(0)
+        outs.append(model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=10,
+                                   pad_token_id=0, output_scores=True, return_dict_in_generate=True))
+    AttentionInterface.register("sdpa", sdpa_attention_gqa)  # what pipeline.llm.hf installs
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0].scores, outs[1].scores, strict=True))
