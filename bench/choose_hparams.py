@@ -2,10 +2,13 @@
 
     OMP_NUM_THREADS=2 python bench/choose_hparams.py --preset presets/smollm2-learn.yaml --from data \
         [--policies base,sft,dpo,rl] [--stage train-sft --grid train_policy.sft.lr=1e-4,2e-4,5e-4] [--k 2]
+    ... --stage pairs-text --through train-dpo --grid pairs_text.turn_threshold=0,1
 
 Starts from a finished run's ``data/`` (``--from``): its upstream datasets are linked, read-only, into a scratch
 directory per grid value (``--out``, default ``.cache/choose_hparams``), the stage (``train-sft``, ``train-dpo`` or
-``rl-text``) is trained again there with that value, and the policy it makes plays every ``val`` task
+``rl-text``; or any stage upstream of one with ``--through``, which runs every stage between them in the DAG's
+order, e.g. pairs-text → train-sft → reflogprobs → train-dpo) is run again there with that value, and every policy
+it makes plays every ``val`` task
 (``games.val_fraction`` of the train tasks, carved out before any training) ``--k`` times with the evaluation
 sampling and the same seed for every value. ``--policies`` first plays the run's own policies on val (no training).
 Prints val success ± standard error pooled over the groups and per group, mean turns on wins, and the value picked
@@ -46,6 +49,18 @@ def remade(stage: str, dvc_yaml: Path = REPO / "dvc.yaml") -> tuple[str, ...]:
     return tuple(sorted(o.removeprefix("data/").rstrip("/") for o in outs if o.startswith("data/")))
 
 
+def chain(stage: str, through: str, dvc_yaml: Path = REPO / "dvc.yaml") -> list[str]:
+    """The stages to run again, in dvc.yaml's order: ``stage``, ``through`` and every stage downstream of the first
+    and upstream of the second."""
+    from pipeline.core.dag import ancestors, stage_parents
+
+    parents = stage_parents(dvc_yaml)
+    if stage != through and stage not in ancestors(parents, through):
+        raise SystemExit(f"choose_hparams: {through} is not downstream of {stage}")
+    return [n for n in parents if n in (stage, through)
+            or (stage in ancestors(parents, n) and n in ancestors(parents, through))]
+
+
 def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") -> None:
     """Symlink every entry of ``src`` into ``dst`` except the paths ``redo`` names (their parents become real
     directories, so the stage writes its outputs into the scratch tree, never into ``src``)."""
@@ -71,7 +86,8 @@ def val_rows(params, policy: str, k: int) -> list[dict]:
 def report(label: str, rows: list[dict], groups: list[str]) -> dict:
     pooled = score(rows)
     per = {g: score([r for r in rows if r["group"] == g]) for g in groups}
-    cells = "  ".join(f"{g} {c['success_rate']:.1%} ± {c['se']:.1%}" for g, c in per.items())
+    cells = "  ".join(f"{g} {c['success_rate']:.1%} ± {c['se']:.1%} ({c['mean_turns_wins']:.2f})"
+                      for g, c in per.items())
     print(f"{label:<40} val {pooled['success_rate']:.1%} ± {pooled['se']:.1%} (n={pooled['episodes']}, "
           f"turns on wins {pooled['mean_turns_wins']:.2f})  |  {cells}", flush=True)
     return {"label": label, **pooled, "groups": per}
@@ -83,13 +99,20 @@ def main() -> None:
     ap.add_argument("-S", dest="overrides", action="append", default=[], help="params override, key=value")
     ap.add_argument("--from", dest="source", type=Path, default=REPO / "data", help="a finished run's data dir")
     ap.add_argument("--policies", default="", help="the run's own policies to play on val first, e.g. base,sft")
-    ap.add_argument("--stage", choices=sorted(POLICY), help="the stage to train again per grid value")
+    ap.add_argument("--stage", help="the stage to run again per grid value (train-sft, train-dpo, rl-text, or one "
+                    "upstream of --through)")
+    ap.add_argument("--through", choices=sorted(POLICY), default=None,
+                    help="also run every stage after --stage up to this one (default: --stage itself)")
     ap.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (one or more; their product)")
     ap.add_argument("--k", type=int, default=2, help="episodes per val task")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "choose_hparams")
     args = ap.parse_args()
     if args.grid and not args.stage:
         ap.error("--grid needs --stage")
+    through = args.through or args.stage
+    if args.stage and through not in POLICY:
+        ap.error(f"--stage {args.stage} trains no policy: add --through {'|'.join(sorted(POLICY))}")
+    stages = chain(args.stage, through) if args.stage else []
 
     os.environ.setdefault("TQDM_DISABLE", "1")
     from pipeline.core.config import preset_overrides
@@ -111,19 +134,20 @@ def main() -> None:
         sets = [f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
         label = " ".join(sets)
         work = args.out / args.stage / ("_".join(sets).replace("/", "-"))
-        policy = POLICY[args.stage]
         link_upstream(source, work / "data", remade(args.stage))
         params = load_params("params.yaml", [*base, *sets, f"data_dir={work / 'data'}",
                                              f"metrics_dir={work / 'metrics'}"])
         t0 = time.perf_counter()
-        execute(args.stage, params)
+        for stage in stages:
+            execute(stage, params)
         trained = time.perf_counter() - t0
-        results.append(report(f"{policy}: {label}", val_rows(params, policy, args.k), groups))
-        results[-1].update(sets=sets, train_seconds=round(trained, 1),
-                           seconds=round(time.perf_counter() - t0, 1))
+        for policy in (POLICY[s] for s in stages if s in POLICY):  # the last one is the value's figure
+            results.append(report(f"{policy}: {label}", val_rows(params, policy, args.k), groups))
+            results[-1].update(sets=sets, policy=policy, train_seconds=round(trained, 1),
+                               seconds=round(time.perf_counter() - t0, 1))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    grid = [r for r in results if "sets" in r]
+    grid = [r for r in results if "sets" in r and r["policy"] == POLICY[through]]
     if grid:
         best = max(grid, key=lambda r: r["success_rate"])  # max keeps the first of a tie
         print(f"picked on val: {' '.join(best['sets'])} ({best['success_rate']:.1%} ± {best['se']:.1%})")

@@ -8,7 +8,9 @@ won episodes, and the change from base in points with the standard error of that
 episodes: sqrt(se_policy² + se_base²)).
 
 ``--win-turns`` adds, per policy and group, how many episodes were won at each turn and how many repeated one of
-their own earlier replies word for word: where a change in mean turns on wins comes from.
+their own earlier replies word for word: where a change in mean turns on wins comes from. On a shown-candidates
+tier (``GAME@shownN``) it also prints a lower bound on the mean turns on wins of any policy at the success the
+policy reached (``fewest_turns_on_wins``): more wins can force more turns on wins.
 """
 
 from __future__ import annotations
@@ -29,6 +31,39 @@ def cell(rows: list[dict]) -> dict:
     p = len(wins) / n if n else 0.0
     return {"n": n, "p": p, "se": math.sqrt(p * (1 - p) / n) if n else 0.0,
             "turns": sum(r["turns"] for r in wins) / len(wins) if wins else float("nan")}
+
+
+def fewest_turns_on_wins(success: float, candidates: int, max_turns: int) -> float:
+    """A lower bound on the mean turns on wins of any policy at success rate ``success``, on a game whose secret is
+    one of ``candidates`` equally likely ones, with one guess or one yes/no question a turn (the shown-candidates
+    tiers: a reply tells at most one bit about the secret).
+
+    After t turns a conversation has followed one of at most 2^(t-1) paths that can still end in a win, and each
+    wins on one secret, so a policy that knows nothing of the secret beforehand wins by turn t in at most
+    min(1, 2^(t-1) / candidates) of its episodes. The fewest turns fill those turns first: 4 candidates, 3 turns,
+    success 0.57 -> 0.25 won at turn 1, 0.25 at turn 2, 0.07 at turn 3 -> (0.25 + 0.5 + 0.21) / 0.57 = 1.68.
+    With 4 candidates and 3 turns a policy reaches it at any success up to 3/4 (it names a new candidate each turn
+    and sometimes wastes the third); above 3/4 the true fewest is higher (2.5 at 1.0, the bound says 2.25).
+    """
+    reachable = min(1.0, 2 ** (max_turns - 1) / candidates)
+    if not 0 < success <= reachable + 1e-12:
+        raise ValueError(f"success {success} is outside (0, {reachable:g}] for {candidates} candidates and "
+                         f"{max_turns} turns")
+    total, left, before = 0.0, success, 0.0
+    for turn in range(1, max_turns + 1):
+        by_now = min(1.0, 2 ** (turn - 1) / candidates)
+        won = min(by_now - before, left)
+        total, left, before = total + turn * won, left - won, by_now
+    return total / success
+
+
+def shown_tier(group: str) -> dict | None:
+    """The shown-candidates tier of ``group`` (candidates, max_turns), or None for any other game."""
+    from pipeline.envs.base import make_game
+    from pipeline.envs.gamekit import ShownCandidates
+
+    game = make_game(group)
+    return dict(game.tier) if isinstance(game, ShownCandidates) and getattr(game, "tier", None) else None
 
 
 def main() -> None:
@@ -62,12 +97,19 @@ def main() -> None:
     if args.win_turns:
         print()
         for g in groups:
+            tier = shown_tier(g)
             for p in policies:
                 episodes = [r for r in rows if r["policy"] == p and r["group"] == g]
                 won = Counter(r["turns"] for r in episodes if r["success"])
                 at = ", ".join(f"turn {t}: {won[t]}" for t in sorted(won))
+                fewest = ""
+                if tier and won:
+                    c = table[p][g]
+                    fewest = (f"; turns on wins at {100 * c['p']:.1f} % are at least "
+                              f"{fewest_turns_on_wins(c['p'], tier['candidates'], tier['max_turns']):.2f} "
+                              f"(this policy: {c['turns']:.2f})")
                 print(f"{g} {p}: {len(episodes)} episodes, won at {at or 'no turn'}; "
-                      f"{sum(map(repeats, episodes))} repeat an earlier reply of theirs")
+                      f"{sum(map(repeats, episodes))} repeat an earlier reply of theirs{fewest}")
 
 
 def repeats(row: dict) -> bool:

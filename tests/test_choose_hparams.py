@@ -4,10 +4,12 @@ and its downstream stages write must be real directories there, never links into
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from choose_hparams import link_upstream, remade  # noqa: E402
+from choose_hparams import chain, link_upstream, remade  # noqa: E402
 
 
 def test_retraining_dpo_remakes_its_margins_and_links_only_what_comes_before(tmp_path):
@@ -32,3 +34,11 @@ def test_what_each_stage_remakes_follows_dvc_yaml():
     assert "train_policy/sft" not in remade("train-dpo") and "reflogprobs" not in remade("train-dpo")
     assert "train_policy/dpo_margins" in remade("train-dpo")
     assert set(remade("rl-text")) >= {"rl_text", "evaluate_text"} and "train_policy/dpo" not in remade("rl-text")
+
+
+def test_a_chain_runs_the_stages_between_two_in_the_dags_order():
+    assert chain("pairs-text", "train-dpo") == ["pairs-text", "train-sft", "reflogprobs", "train-dpo"]
+    assert chain("train-sft", "train-sft") == ["train-sft"]
+    assert chain("train-dpo", "rl-text") == ["train-dpo", "rl-text"]
+    with pytest.raises(SystemExit, match="not downstream"):
+        chain("train-dpo", "train-sft")
