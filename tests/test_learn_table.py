@@ -1,5 +1,5 @@
-"""bench/learn_table.py's bound: the fewest mean turns on wins any policy can have at a given success, checked on
-numbers worked by hand and against every deterministic policy of a small game, enumerated."""
+"""bench/learn_table.py's lower bound on the mean turns on wins of any policy at a given success, checked on numbers
+worked by hand and against every deterministic policy of a small game, enumerated."""
 
 import itertools
 import sys
@@ -29,8 +29,8 @@ def test_worked_by_hand():
 
 def _policies(candidates: tuple[int, ...], turns: int):
     """Every deterministic policy on ``candidates`` (the secrets still possible), as {secret: turn won or None}. A
-    turn guesses one candidate (a wrong guess rules it out) or asks a yes/no question, i.e. splits the candidates
-    in two; both kinds of reply are one bit) or wastes the turn (names no candidate, repeats itself)."""
+    turn guesses one candidate (a wrong guess rules it out), asks a yes/no question (splits the candidates in two;
+    either reply is one bit) or wastes the turn (names no candidate, repeats itself)."""
     if turns == 0 or not candidates:
         yield dict.fromkeys(candidates)
         return
