@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 UV_INSTALL := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
-.PHONY: run test test-slow install dev server lint bench clean plots-offline browser nethack-clock
+.PHONY: run test test-slow install dev server lint bench clean plots-offline browser nethack-clock constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,13 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 dev: $(DEV_STAMP) nethack-clock
+
+# constraints.txt: the whole set .venv resolved (the suite's), so a fresh `make dev` installs the same versions.
+# After changing ranges in pyproject.toml: keep only constraints.txt's first four lines, `make dev`, then this.
+constraints: $(DEV_STAMP)
+	{ sed -n '1,4p' constraints.txt; \
+	  $(BIN)/uv pip freeze --python $(BIN)/python --exclude-editable | grep -vE '^(pip|setuptools|uv|wheel|torch|fastapi)=='; \
+	} > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # NetHack's clock pinned (nethack.clock): a small library interposing on the libc calls NetHack reads the date
 # with, for NetHack's callers only; `curio` runs NetHack with it in LD_PRELOAD (pipeline/nethack/clock.py)

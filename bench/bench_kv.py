@@ -70,7 +70,7 @@ def play(model, tokenizer, jobs, sampling: Sampling, batch_size: int, kv_bytes: 
             else play_episodes(backend, jobs, sampling, seed=0))
     seconds = time.perf_counter() - t0
     generated = backend.generated_tokens
-    final = sum(len(tokenizer.apply_chat_template(r["conversation"], tokenize=True)) for r in rows)
+    final = sum(len(tokenizer.apply_chat_template(r["conversation"], return_dict=False)) for r in rows)
     return {"ratio": (backend.prompt_tokens + generated) / final, "gen_tps": generated / seconds,
             "all_tps": (backend.prompt_tokens + generated) / seconds, "seconds": seconds,
             "turns": sum(r["turns"] for r in rows) / len(rows), "final": final / len(rows)}

@@ -97,7 +97,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     ckpt = keyed_dir(out / "checkpoints",
                      run_key(params.section_hash(STAGE.params), dataset_hash(data_dir), stable_hash(openings)))
     model = tiny.build_model(tokenizer, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions, seed=params.seed)
-    lengths = sorted(len(tokenizer.apply_chat_template(c, tokenize=True)) for c in conversations)
+    lengths = sorted(len(tokenizer.apply_chat_template(c, return_dict=False)) for c in conversations)
     # Scripted conversations vary in length (about half of a padded batch is padding): padding-free batches
     # skip that compute, same loss; only when every conversation fits the context, as nothing is truncated.
     model, history, resumed = sft_train(

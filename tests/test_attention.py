@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import assert_same_samples_with_each, grouped_query_llama
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from pipeline.models.attention import sdpa_attention_gqa
-from pipeline.models.masks import sdpa_mask_broadcast
 
 
 class Module(torch.nn.Module):
@@ -28,9 +28,9 @@ def qkv(batch, q_len, kv_len, heads=6, kv_heads=2, seed=0):
 
 HOLES = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 1, 1, 1], [0, 0, 0, 1, 0, 0, 1, 1]], dtype=torch.bool)
 CASES = {  # (query length, key length, the boolean mask transformers builds, None where SDPA's causal flag does)
-    "prefill, left padding": (6, 6, sdpa_mask_broadcast(3, torch.arange(6), 6, attention_mask=HOLES[:, 2:])),
-    "decode step with a kept cache, holes": (1, 8, sdpa_mask_broadcast(3, torch.tensor([7]), 8, attention_mask=HOLES)),
-    "new tokens after a kept cache": (3, 8, sdpa_mask_broadcast(3, torch.arange(5, 8), 8, attention_mask=HOLES)),
+    "prefill, left padding": (6, 6, sdpa_mask(3, 6, 6, attention_mask=HOLES[:, 2:])),
+    "decode step with a kept cache, holes": (1, 8, sdpa_mask(3, 1, 8, q_offset=7, attention_mask=HOLES)),
+    "new tokens after a kept cache": (3, 8, sdpa_mask(3, 3, 8, q_offset=5, attention_mask=HOLES)),
     "no padding: causal flag": (5, 5, None),
 }
 
@@ -58,8 +58,8 @@ def test_the_in_place_path_is_taken_only_without_gradients(monkeypatch):
         return sdpa(query, key, value, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    q, k, v = qkv(3, 1, 8)
-    mask = CASES["decode step with a kept cache, holes"][2]
+    q, k, v = qkv(3, 3, 8)
+    mask = CASES["new tokens after a kept cache"][2]
     module = Module(groups=3)
     with torch.no_grad():
         sdpa_attention_gqa(module, q, k, v, mask)

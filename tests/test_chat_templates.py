@@ -120,11 +120,11 @@ def test_long_conversation_drops_oldest_turns_not_the_task(real, caplog):
     turns = [m for i in range(30) for m in ({"role": "assistant", "content": f"<Answer>Question {i}?</Answer>"},
                                             {"role": "user", "content": f"No, not {i}."})]
     conversation = PROMPT + turns
-    full = len(tok.apply_chat_template(conversation, add_generation_prompt=True))
+    full = len(tok.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False))
     fitted, dropped = fit_context(tok, conversation, full // 2)
     assert fitted[:2] == PROMPT and fitted[-1] == conversation[-1] and dropped % 2 == 0 and dropped > 0
     assert [m["role"] for m in fitted[2:4]] == ["assistant", "user"]
-    assert len(tok.apply_chat_template(fitted, add_generation_prompt=True)) <= full // 2
+    assert len(tok.apply_chat_template(fitted, add_generation_prompt=True, return_dict=False)) <= full // 2
     backend = HFBackend("smollm2", model_obj=model, tokenizer=tok)
     backend.max_positions = full // 2 + 4
     with caplog.at_level(logging.WARNING, logger="pipeline.models.chat"):

@@ -36,7 +36,7 @@ def test_prompt_ids_equal_the_rendered_template(played):
             prefix = [dict(m) for m in c[:k]]
             if rng.random() < 0.3:
                 prefix[-1]["content"] = rng.choice(odd)
-            want = tok.apply_chat_template(prefix, add_generation_prompt=True, tokenize=True)
+            want = tok.apply_chat_template(prefix, add_generation_prompt=True, return_dict=False)
             assert tiny.PromptEncoder.of(tok)(prefix) == want
             assert encode_prompt(tok, prefix, 0, 32) == want
             checked += 1

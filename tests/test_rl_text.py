@@ -142,8 +142,8 @@ def test_batched_utterance_logprobs_equal_one_at_a_time_under_padding(tiny_lm):
         batched = utterance_logprobs(model, tok, states, actions)
         alone = torch.cat([utterance_logprobs(model, tok, [s], [a]) for s, a in zip(states, actions, strict=True)])
         # By hand for the first row: the full sequence's next-token log-probs over the action's positions.
-        full = tok.apply_chat_template(short + [{"role": "assistant", "content": actions[0]}], tokenize=True)
-        n = len(full) - len(tok.apply_chat_template(short, add_generation_prompt=True, tokenize=True))
+        full = tok.apply_chat_template(short + [{"role": "assistant", "content": actions[0]}], return_dict=False)
+        n = len(full) - len(tok.apply_chat_template(short, add_generation_prompt=True, return_dict=False))
         logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1], -1)
         by_hand = sum(logp[i - 1, full[i]] for i in range(len(full) - n, len(full)))
     assert batched.tolist() == pytest.approx(alone.tolist(), abs=1e-4)

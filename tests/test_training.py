@@ -49,10 +49,10 @@ def test_multiturn_prompt_keeps_its_own_assistant_turns_out_of_the_completion_ma
         tok.chat_template = tiny.CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
     prompt = PROMPT + CHOSEN[:2]  # system, user, assistant (an earlier move), user (its reply)
     pair = tokenize_pair(tok, prompt, CHOSEN[2:3], REJECTED[:1])
-    assert pair["prompt_ids"] == tok.apply_chat_template(prompt, tokenize=True)
+    assert pair["prompt_ids"] == tok.apply_chat_template(prompt, return_dict=False)
     for side, completion in (("chosen", CHOSEN[2:3]), ("rejected", REJECTED[:1])):
         ids, mask = pair[f"{side}_ids"], pair[f"{side}_mask"]
-        assert pair["prompt_ids"] + ids == tok.apply_chat_template(prompt + completion, tokenize=True)
+        assert pair["prompt_ids"] + ids == tok.apply_chat_template(prompt + completion, return_dict=False)
         assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == completion[0]["content"] + "<|end|>"
         assert mask[0] == 0  # the role header before the content
 
@@ -208,7 +208,7 @@ def test_lora_sft_trains_adapters_only_and_saves_a_merged_plain_model(tiny_lm, t
     assert set(state) == set(base)  # a plain GPT-2: no adapter weights left
     changed = {k for k in base if not torch.equal(state[k], base[k])}
     assert changed == {"transformer.h.0.attn.c_attn.weight"}
-    ids = torch.tensor([tok.apply_chat_template(PROMPT + CHOSEN, tokenize=True)])
+    ids = torch.tensor([tok.apply_chat_template(PROMPT + CHOSEN, return_dict=False)])
     original = tiny.build_model(tok, n_layer=1, n_embd=32, n_head=2, n_positions=128, seed=0)
     original.load_state_dict(base)
     with torch.no_grad():

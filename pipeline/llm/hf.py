@@ -32,9 +32,7 @@ from pipeline.models.attention import install as install_attention
 from pipeline.models.chat import encode_prompt, stop_token_ids
 from pipeline.models.gguf import resolve_model
 from pipeline.models.linear import OneDNNLinears
-from pipeline.models.masks import install as install_masks
 
-install_masks()  # attention masks without vmap: same masks, a fraction of a small model's decode step
 install_attention()  # grouped-query heads read in place in CPU inference: the same numbers, no copies
 
 # from_pretrained initialises on the meta device through process-wide state: one load at a time.
@@ -255,13 +253,13 @@ class _RoomyLayer(DynamicLayer):
 
     def preset(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         """Start from buffers whose first ``filled`` positions hold keys / values."""
-        self.lazy_initialization(keys)
+        self.lazy_initialization(keys, values)
         self._k, self._v, self.filled = keys, values, filled
         self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs=None):
         if not self.is_initialized:
-            self.lazy_initialization(key_states)
+            self.lazy_initialization(key_states, value_states)
             self._adopt(key_states[..., :0, :], value_states[..., :0, :], key_states.shape[-2] + self.room)
         n, m = self.filled, key_states.shape[-2]
         if n + m > self._k.shape[-2]:
@@ -277,8 +275,8 @@ class _RoomyLayer(DynamicLayer):
         if self.is_initialized:
             self._adopt(self.keys, self.values, self.room)
 
-    def crop(self, max_length: int) -> None:
-        self._reshaped("crop", max_length)
+    def crop(self, tokens_to_remove: int) -> None:
+        self._reshaped("crop", tokens_to_remove)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._reshaped("batch_repeat_interleave", repeats)

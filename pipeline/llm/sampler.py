@@ -15,6 +15,8 @@ min-p: transformers' own classes, in transformers' order, with the model's ``gen
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import (
     GenerationConfig,
@@ -32,6 +34,8 @@ def sampling_warpers(config: GenerationConfig, sampling: Sampling) -> list[Logit
     """The warpers ``generate(do_sample=True, temperature=, top_p=, min_p=)`` would apply under the model's
     ``config``; None when that config asks for something only transformers' own sampler does (typical-p,
     epsilon / eta cutoffs, watermarking, renormalized logits, beams)."""
+    config = copy.deepcopy(config)  # what generate() does: fields left unset take transformers' global defaults
+    config.update(**config._get_default_generation_params(), defaults_only=True)
     if ((config.typical_p is not None and config.typical_p < 1.0)
             or (config.epsilon_cutoff is not None and 0.0 < config.epsilon_cutoff < 1.0)
             or (config.eta_cutoff is not None and 0.0 < config.eta_cutoff < 1.0)

@@ -1,4 +1,4 @@
-"""In-process vLLM: one ``LLM.chat`` call over the whole batch (GPU only; optional extra ``vllm``)."""
+"""In-process vLLM: one ``LLM.chat`` call over the whole batch, where vLLM imports beside Curio (docs/stack.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from typing import Any
 
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
 
-INSTALL_HINT = "the vllm backend needs vLLM, which is not installed: pip install -e .[vllm]  (needs a CUDA GPU)"
+INSTALL_HINT = ("the vllm backend needs vLLM in this environment, and vLLM pins its own torch and transformers: "
+                "serve the model from vLLM's own environment and use backend: openai with its base_url "
+                "(docs/stack.md, \"vLLM in its own environment\")")
 
 
 def import_vllm() -> Any:

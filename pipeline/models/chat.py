@@ -139,7 +139,7 @@ def prompt_boundary(tokenizer, prompt: list[dict], conversation: list[dict], ids
     may close a conversation with text that is not there mid-conversation, e.g. Phi-3's EOS). ValueError if a
     counted token would fall in the prompt."""
     if not offsets:
-        prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True)
+        prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True, return_dict=False)
         if ids[: len(prompt_ids)] != list(prompt_ids):
             raise ValueError("chat template does not render the prompt as a prefix of the conversation")
         n = len(prompt_ids)
@@ -160,7 +160,7 @@ def fit_context(tokenizer, messages: list[dict], max_tokens: int) -> tuple[list[
     turns are dropped in assistant/user pairs so roles keep alternating. If even the kept head and the last
     message do not fit, they are returned as they are (the caller decides)."""
     def length(msgs: list[dict]) -> int:
-        return len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        return len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
 
     if length(messages) <= max_tokens:
         return messages, 0
@@ -180,7 +180,7 @@ def encode_prompt(tokenizer, conversation: list[dict], max_positions: int, max_n
     fast = PromptEncoder.of(tokenizer)  # the built-in template, without a Jinja render every turn
     ids = fast(conversation) if fast is not None else None
     if ids is None:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False)
     budget = max_positions - max_new_tokens if max_positions else 0
     if budget > 0 and len(ids) > budget:
         fitted, dropped = fit_context(tokenizer, conversation, budget)
@@ -188,7 +188,7 @@ def encode_prompt(tokenizer, conversation: list[dict], max_positions: int, max_n
             log.warning("conversation of %d messages exceeds the context (%d tokens, %d kept for the answer): "
                         "dropped its %d oldest turns, kept the system / task message",
                         len(conversation), max_positions, max_new_tokens, dropped)
-            ids = tokenizer.apply_chat_template(fitted, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(fitted, add_generation_prompt=True, return_dict=False)
     if max_positions and len(ids) >= max_positions:
         raise ValueError(f"the system / task message and last turn alone take {len(ids)} tokens, the model's "
                          f"context is {max_positions}")

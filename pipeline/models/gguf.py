@@ -60,6 +60,13 @@ def import_gguf(gguf_file: Path | None = None, out: Path = DEFAULT_DIR, force: b
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
                                                  dtype=torch.float32)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        # transformers 5 keeps its GGUF quantizer on the model even where it de-quantised every weight (without a
+        # GGUF matmul kernel, as on a CPU): with no packed block left, drop it so the model saves as a checkpoint
+        if any(p.dtype != torch.float32 for p in model.parameters()):
+            raise RuntimeError(f"{gguf_file.name}: transformers kept GGUF blocks packed; cannot save float32 weights")
+        quantizer.remove_quantization_config(model)
     # transformers 4.57 names the wrong EOS token for this GGUF (``<|im_start|>``, the BOS); the file's header
     # ids, which the model config carries, are right: EOS (and padding) = ``<|im_end|>``, the end of a turn.
     for role in ("bos", "eos", "pad"):

@@ -31,9 +31,7 @@ from pipeline.models.attention import install as install_attention
 from pipeline.models.chat import assistant_token_mask, prompt_boundary
 from pipeline.models.config import LoraConfigSection, check_dpo_loss_type
 from pipeline.models.launch import launched, stopped_quietly
-from pipeline.models.masks import install as install_masks
 
-install_masks()  # packed (padding-free) batches' masks without vmap: the same masks, built faster
 install_attention()  # grouped-query heads read in place in CPU inference: the same numbers, no copies
 
 
@@ -128,7 +126,7 @@ def _common_args(out: Path, lr: float, epochs: float, batch_size: int, warmup_ra
         num_train_epochs=epochs,
         per_device_train_batch_size=batch_size // processes,  # batch_size is the global batch
         lr_scheduler_type="cosine",
-        warmup_ratio=warmup_ratio,
+        warmup_steps=warmup_ratio,  # transformers 5: a float in [0, 1) is the share of steps
         logging_steps=5,
         save_strategy="steps",
         save_steps=save_steps,

@@ -40,12 +40,14 @@ from torch import nn
 
 from pipeline.core.artifacts import atomic_write_json
 from pipeline.llm import online_annotation
-from pipeline.nethack import oni
+from pipeline.nethack import oni, sf_compat
 from pipeline.nethack.clock import DEFAULT_CLOCK
 from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env, seed_env
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
 from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
 from pipeline.nethack.reward import load_reward_model
+
+sf_compat.apply()  # at import: sample-factory's spawned workers import this module too (sf_compat.py says why)
 
 ENV_NAME = "curio_nethack"
 BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE

@@ -152,8 +152,8 @@ def utterance_logprobs(model, tokenizer, states: list[list[dict]], actions: list
     config = unwrapped(model).config  # ``model`` may be accelerate's DDP wrapper
     max_pos = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     for s, a in zip(states, actions, strict=True):
-        prompt = tokenizer.apply_chat_template(s, add_generation_prompt=True, tokenize=True)
-        full = tokenizer.apply_chat_template(s + [{"role": "assistant", "content": a}], tokenize=True)
+        prompt = tokenizer.apply_chat_template(s, add_generation_prompt=True, return_dict=False)
+        full = tokenizer.apply_chat_template(s + [{"role": "assistant", "content": a}], return_dict=False)
         if list(full[: len(prompt)]) != list(prompt):
             raise ValueError("the chat template does not extend the generation prompt with the assistant turn")
         n = len(full) - len(prompt)
