@@ -2,6 +2,7 @@
 
 import random
 
+from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -20,7 +21,8 @@ def test_import_gguf_is_done_once_with_the_files_own_end_of_turn(smollm2_dir):
     assert res.exit_code == 0 and "already imported" in res.output
     assert (smollm2_dir / "model.safetensors").stat().st_size > 500e6
     # transformers names the BOS as EOS for this file; the import restores the file's own end-of-turn token
-    assert '"eos_token": "<|im_end|>"' in (smollm2_dir / "special_tokens_map.json").read_text()
+    saved = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert saved.eos_token == saved.pad_token == "<|im_end|>"
     res = CliRunner().invoke(app, ["models", "import-gguf", "no/such.gguf"])
     assert res.exit_code == 2 and "no GGUF file" in res.output
 
