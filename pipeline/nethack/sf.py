@@ -338,7 +338,8 @@ def load_checkpoint(path: str | Path) -> dict:
     """A sample-factory checkpoint, through torch's weights-only unpickler. Besides tensors, ints and floats it holds
     ``best_performance``, a numpy float64 once the learner has recorded a best (after its first episodes' stats: a
     long run's checkpoints, not a toy run's); the numpy scalar's globals are allowed, nothing else is."""
-    allowed = [np.core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]
+    scalar = np.float64(0).__reduce__()[0]  # the function a numpy scalar pickles with (numpy._core on NumPy 2)
+    allowed = [scalar, np.dtype, type(np.dtype(np.float64))]
     with torch.serialization.safe_globals(allowed):
         return torch.load(path, map_location="cpu", weights_only=True)
 
