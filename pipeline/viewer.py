@@ -20,7 +20,7 @@ import html
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -299,120 +299,189 @@ def load_snippet(path: Path) -> str:
             f'split="train")')
 
 
+@dataclass
+class _Page:
+    """A page being built: its dataset and params, and the columns, filters and notes a builder adds to; ``total`` /
+    ``shown``: the rows (NetHack steps: episodes) the dataset holds and the page shows."""
+
+    spec: PageSpec
+    path: Path
+    data_dir: Path
+    params: Any
+    columns: list[str]
+    filters: list[str]
+    notes: list[str] = field(default_factory=list)
+    total: int = 0
+    shown: int = 0
+
+
 def page_data(spec: PageSpec, path: Path, data_dir: Path, params: Any = None) -> dict:
-    """What one page embeds: its rows (sampled), the filters, the notes."""
-    notes: list[str] = []
+    """What one page embeds: its rows (sampled), the filters, the notes (the kind's builder in ``PAGE_BUILDERS``)."""
     kind = spec.kind
-    columns, filters = list(COLUMNS_SHOWN[kind]), list(FILTERS[kind])
-    if kind == "nethack-steps":
-        has_frames = "tty_chars" in pq.read_schema(_parts(path)[0][0]).names
-        table, _ = sample_table(path, 1 << 62, ["episode", "step", "action", "reward", "message"])
-        n = table.num_rows
-        episodes = sorted(set(table["episode"].to_pylist()))
-        chosen = [episodes[i] for i in sample_indices(len(episodes), ROW_CAP[kind])]
-        r_tilde = message_rewards(data_dir)
-        rows = nethack_step_episodes(table, chosen, r_tilde, episode_frames(path, chosen) if has_frames else {})
-        total, shown = len(episodes), len(chosen)
-        notes.append(f"{n} steps of {total} episodes; the page replays {shown} of them (evenly spaced episode "
-                     f"indices), each up to its first {STEP_CAP} steps.")
-        if not has_frames:
-            notes.append("This dataset has no tty_chars column (written before rollout-nethack stored frames): "
-                         "messages and rewards only; rerun rollout-nethack for the replay.")
-        notes.append(INTRINSIC_NOTE if r_tilde is not None else NO_INTRINSIC_NOTE)
-    else:
+    page = _Page(spec, path, data_dir, params, list(COLUMNS_SHOWN[kind]), list(FILTERS[kind]))
+    rows = PAGE_BUILDERS[kind](page)
+    return {"kind": kind, "stage": spec.stage, "about": spec.about, "dataset": str(path), "rows": rows,
+            "total": page.total, "shown": page.shown, "notes": page.notes, "load": load_snippet(path),
+            "filters": page.filters, "columns": page.columns}
+
+
+def _nethack_steps_page(page: _Page) -> list[dict]:
+    """rollout-nethack's steps as episodes replayed step by step (a sample of whole episodes)."""
+    path, kind = page.path, page.spec.kind
+    has_frames = "tty_chars" in pq.read_schema(_parts(path)[0][0]).names
+    table, _ = sample_table(path, 1 << 62, ["episode", "step", "action", "reward", "message"])
+    n = table.num_rows
+    episodes = sorted(set(table["episode"].to_pylist()))
+    chosen = [episodes[i] for i in sample_indices(len(episodes), ROW_CAP[kind])]
+    r_tilde = message_rewards(page.data_dir)
+    rows = nethack_step_episodes(table, chosen, r_tilde, episode_frames(path, chosen) if has_frames else {})
+    page.total, page.shown = len(episodes), len(chosen)
+    page.notes.append(f"{n} steps of {page.total} episodes; the page replays {page.shown} of them (evenly spaced "
+                      f"episode indices), each up to its first {STEP_CAP} steps.")
+    if not has_frames:
+        page.notes.append("This dataset has no tty_chars column (written before rollout-nethack stored frames): "
+                          "messages and rewards only; rerun rollout-nethack for the replay.")
+    page.notes.append(INTRINSIC_NOTE if r_tilde is not None else NO_INTRINSIC_NOTE)
+    return rows
+
+
+def _sampled(build: Callable[[_Page, list[dict], int], list[dict]]) -> Callable[[_Page], list[dict]]:
+    """A page of a sample of a dataset's rows (``ROW_CAP[kind]``) that ``build`` turns into the page's rows; the
+    first note says how they were sampled."""
+
+    def builder(page: _Page) -> list[dict]:
+        path, kind = page.path, page.spec.kind
         if "state" in pq.read_schema(_parts(path)[0][0]).names:  # ArCHer's transitions: whole episodes sampled
             every = transitions_to_episodes(sample_table(path, 1 << 62)[0])
             raw = [every[i] for i in sample_indices(len(every), ROW_CAP[kind])]
             n, shown = len(every), len(raw)
-            notes.append("Episodes rebuilt from ArCHer's per-turn transitions (its replay buffer): turn rewards as "
-                         "stored; rows below are episodes, not transitions.")
+            page.notes.append("Episodes rebuilt from ArCHer's per-turn transitions (its replay buffer): turn rewards "
+                              "as stored; rows below are episodes, not transitions.")
         else:
             sub, n = sample_table(path, ROW_CAP[kind])
             raw, shown = sub.to_pylist(), sub.num_rows
-        total = n
-        if kind == "episodes":
-            rows = episode_rows(raw)
-        elif kind == "pairs":
-            rows = pair_rows(raw)
-            paprika = bool(raw) and "chosen_turns" in raw[0]
-            if paprika:
-                columns = ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
-            margins = pair_margins(data_dir, path) if path.name == "reflogprobs" else None
-            if rows and "ref_margin" in rows[0]:
-                columns.append("ref_margin")
-            if margins is not None:
-                for row, i in zip(rows, sample_indices(n, ROW_CAP[kind]), strict=True):  # the rows sample_table took
-                    row.update(pair=i, **margins.get(i, {}))
-                columns[2:2] = ["implicit_margin", "prefers_chosen"]  # beside the pair's name: in view
-                filters.append("prefers_chosen")
-            notes.append(("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
-                          "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, "
-                          "the rejected one failed or took longer; the turns each used (and whether the rejected one "
-                          "succeeded) made the pair." if paprika else
-                          "Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
-                          "each candidate turn (its judged continuations) that made the pair.")
-                         + (" Reference log-probs: summed over the assistant turn's tokens (reflogprobs); "
-                            "ref margin = chosen − rejected." if path.name == "reflogprobs" else
-                            " Reference log-probs appear once reflogprobs has run.")
-                         + (f" Implicit reward margin: β·[(log π − log π_ref)(chosen) − (log π − log π_ref)"
-                            f"(rejected)] of the policy train-dpo trained{_beta(params)}, log-probs summed as "
-                            f"reflogprobs sums them ({MARGINS}); prefers_chosen: the margin is > 0."
-                            if margins is not None else
-                            " The trained policy's implicit reward margin appears once train-dpo has run."))
-        elif kind == "annotations-text":
-            judge = getattr(getattr(params, "annotate_text", None), "judge", None)
-            llm = judge is not None and getattr(judge, "backend", "rules") != "rules"
-            rows = annotation_text_rows(raw, llm)
-            for row, r in zip(rows, raw, strict=True):
-                row.update(usage_of(r, "judge_"))
-            notes.append("Prompt sent: rebuilt from the row with the judge's own prompt builder."
-                         if llm else "Judge: the rules check (the game's program, exact match of the final guess): "
-                         "no prompt is sent.")
-        elif kind == "annotations-utterances":
-            judge = getattr(getattr(params, "annotate_utterances", None), "judge", None)
-            llm = judge is not None and getattr(judge, "backend", "rules") != "rules"
-            rows = annotation_utterance_rows(raw)
-            for row, r in zip(rows, raw, strict=True):
-                row.update(usage_of(r))
-            notes.append("Judge: a chat model, asked with pipeline/text/prompts/utterance_preference.yaml about the "
-                         "two moves in their conversations (the prompt needs the rollout rows, so it is not rebuilt "
-                         "here); its raw reply is shown." if llm else
-                         "Judge: the rules check (the larger one-turn reward from the game's knowledge base; TIE "
-                         "when equal): no prompt is sent.")
-        elif kind == "annotations-nethack":
-            cfg = getattr(params, "annotate_nethack", None)
-            mode = getattr(cfg, "mode", None)
-            backend = getattr(getattr(cfg, "annotator", None), "backend", "embedding")
-            llm = backend != "embedding"
-            rows = annotation_nethack_rows(raw, mode, getattr(cfg, "goal", "defaultgoal"),
-                                           getattr(cfg, "template", "default"), llm)
-            for row, r in zip(rows, raw, strict=True):
-                row.update(usage_of(r))
-            notes.append(f"Prompt sent: rebuilt with the annotator's own prompt builder ({mode} mode)." if llm else
-                         "Annotator: the embedding model (the caption closer to the goal text wins; no LLM, no "
-                         "prompt): the raw reply holds both similarities.")
-        else:
-            rows = [{k: clean(v) for k, v in r.items()} for r in raw]
-        if kind.startswith("annotations"):
-            if rows and "attempts" in rows[0]:
-                columns += list(USAGE)
-                filters.append("cached")
-                notes.append(USAGE_NOTE)
-            elif rows:
-                notes.append(f"This dataset has no per-row cost columns (written before {spec.stage} kept them): "
-                             f"rerun {spec.stage} for them; the report's LLM ledger has the stage's totals.")
-        if kind == "nethack-episodes":
-            notes.append(attach_replays(rows, data_dir))
-            columns.append("replayed")
-            filters.append("replayed")
+        page.total, page.shown = n, shown
+        rows = build(page, raw, n)
         if shown < n:
-            notes.insert(0, f"Showing {shown} of {n} rows: an evenly spaced sample (rows ⌊i·{n}/{shown}⌋), the "
-                            "same each time the report is written.")
+            page.notes.insert(0, f"Showing {shown} of {n} rows: an evenly spaced sample (rows ⌊i·{n}/{shown}⌋), the "
+                                 "same each time the report is written.")
         else:
-            notes.insert(0, f"All {n} rows.")
-    return {"kind": kind, "stage": spec.stage, "about": spec.about, "dataset": str(path), "rows": rows,
-            "total": total, "shown": shown, "notes": notes, "load": load_snippet(path),
-            "filters": filters, "columns": columns}
+            page.notes.insert(0, f"All {n} rows.")
+        return rows
+
+    return builder
+
+
+def _episodes_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    return episode_rows(raw)
+
+
+def _pairs_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    """Preference pairs, with reflogprobs' reference log-probs and train-dpo's margins when they scored these."""
+    rows = pair_rows(raw)
+    paprika = bool(raw) and "chosen_turns" in raw[0]
+    if paprika:
+        page.columns = ["group", "task_id", "chosen_turns", "rejected_turns", "rejected_success"]
+    reflogprobs = page.path.name == "reflogprobs"
+    margins = pair_margins(page.data_dir, page.path) if reflogprobs else None
+    if rows and "ref_margin" in rows[0]:
+        page.columns.append("ref_margin")
+    if margins is not None:
+        for row, i in zip(rows, sample_indices(n, ROW_CAP[page.spec.kind]), strict=True):  # the rows sampled
+            row.update(pair=i, **margins.get(i, {}))
+        page.columns[2:2] = ["implicit_margin", "prefers_chosen"]  # beside the pair's name: in view
+        page.filters.append("prefers_chosen")
+    page.notes.append(("Shared prefix: the prompt both trajectories start from. PAPRIKA pairs of whole "
+                       "trajectories: the chosen one succeeded within turn_threshold turns of the task's best, "
+                       "the rejected one failed or took longer; the turns each used (and whether the rejected one "
+                       "succeeded) made the pair." if paprika else
+                       "Shared prefix: the prompt both continuations start from. Scores: the mean reward of "
+                       "each candidate turn (its judged continuations) that made the pair.")
+                      + (" Reference log-probs: summed over the assistant turn's tokens (reflogprobs); "
+                         "ref margin = chosen − rejected." if reflogprobs else
+                         " Reference log-probs appear once reflogprobs has run.")
+                      + (f" Implicit reward margin: β·[(log π − log π_ref)(chosen) − (log π − log π_ref)"
+                         f"(rejected)] of the policy train-dpo trained{_beta(page.params)}, log-probs summed as "
+                         f"reflogprobs sums them ({MARGINS}); prefers_chosen: the margin is > 0."
+                         if margins is not None else
+                         " The trained policy's implicit reward margin appears once train-dpo has run."))
+    return rows
+
+
+def _llm_judge(params: Any, section: str) -> bool:
+    judge = getattr(getattr(params, section, None), "judge", None)
+    return judge is not None and getattr(judge, "backend", "rules") != "rules"
+
+
+def _text_annotations_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    llm = _llm_judge(page.params, "annotate_text")
+    rows = annotation_text_rows(raw, llm)
+    for row, r in zip(rows, raw, strict=True):
+        row.update(usage_of(r, "judge_"))
+    page.notes.append("Prompt sent: rebuilt from the row with the judge's own prompt builder."
+                      if llm else "Judge: the rules check (the game's program, exact match of the final guess): "
+                      "no prompt is sent.")
+    return _with_usage(page, rows)
+
+
+def _utterance_annotations_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    llm = _llm_judge(page.params, "annotate_utterances")
+    rows = annotation_utterance_rows(raw)
+    for row, r in zip(rows, raw, strict=True):
+        row.update(usage_of(r))
+    page.notes.append("Judge: a chat model, asked with pipeline/text/prompts/utterance_preference.yaml about the "
+                      "two moves in their conversations (the prompt needs the rollout rows, so it is not rebuilt "
+                      "here); its raw reply is shown." if llm else
+                      "Judge: the rules check (the larger one-turn reward from the game's knowledge base; TIE "
+                      "when equal): no prompt is sent.")
+    return _with_usage(page, rows)
+
+
+def _nethack_annotations_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    cfg = getattr(page.params, "annotate_nethack", None)
+    mode = getattr(cfg, "mode", None)
+    backend = getattr(getattr(cfg, "annotator", None), "backend", "embedding")
+    llm = backend != "embedding"
+    rows = annotation_nethack_rows(raw, mode, getattr(cfg, "goal", "defaultgoal"), getattr(cfg, "template", "default"),
+                                   llm)
+    for row, r in zip(rows, raw, strict=True):
+        row.update(usage_of(r))
+    page.notes.append(f"Prompt sent: rebuilt with the annotator's own prompt builder ({mode} mode)." if llm else
+                      "Annotator: the embedding model (the caption closer to the goal text wins; no LLM, no "
+                      "prompt): the raw reply holds both similarities.")
+    return _with_usage(page, rows)
+
+
+def _with_usage(page: _Page, rows: list[dict]) -> list[dict]:
+    """An annotation page's cost columns, or a note saying its dataset has none."""
+    if rows and "attempts" in rows[0]:
+        page.columns += list(USAGE)
+        page.filters.append("cached")
+        page.notes.append(USAGE_NOTE)
+    elif rows:
+        page.notes.append(f"This dataset has no per-row cost columns (written before {page.spec.stage} kept them): "
+                          f"rerun {page.spec.stage} for them; the report's LLM ledger has the stage's totals.")
+    return rows
+
+
+def _nethack_episodes_page(page: _Page, raw: list[dict], n: int) -> list[dict]:
+    rows = [{k: clean(v) for k, v in r.items()} for r in raw]
+    page.notes.append(attach_replays(rows, page.data_dir))
+    page.columns.append("replayed")
+    page.filters.append("replayed")
+    return rows
+
+
+#: A page's builder by dataset kind: its rows, and the columns, filters and notes it adds.
+PAGE_BUILDERS: dict[str, Callable[[_Page], list[dict]]] = {
+    "episodes": _sampled(_episodes_page),
+    "pairs": _sampled(_pairs_page),
+    "annotations-text": _sampled(_text_annotations_page),
+    "annotations-utterances": _sampled(_utterance_annotations_page),
+    "annotations-nethack": _sampled(_nethack_annotations_page),
+    "nethack-steps": _nethack_steps_page,
+    "nethack-episodes": _sampled(_nethack_episodes_page),
+}
 
 
 INTRINSIC_NOTE = ("Intrinsic reward: r̃(m), the trained reward model's normalised output for the step's message "

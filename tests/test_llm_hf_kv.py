@@ -100,7 +100,7 @@ def test_training_in_place_drops_the_kept_caches(lm):
 def test_roomy_cache_holds_what_a_dynamic_cache_holds_and_writes_in_place():
     from transformers import DynamicCache
 
-    from pipeline.llm.hf import RoomyCache
+    from pipeline.llm.kv_cache import RoomyCache
 
     g = torch.Generator().manual_seed(0)
     steps = [torch.randn(3, 2, n, 4, generator=g) for n in (5, 1, 1, 1, 4, 1)]  # prefill, decodes, then past the room

@@ -238,7 +238,7 @@ def test_a_trainer_signalled_while_torch_starts_its_shared_memory_manager_goes_o
     child = tmp_path / "child.py"
     child.write_text(
         "import signal, time\n"
-        "from pipeline.nethack.sf import start_shm_manager\n"
+        "from pipeline.nethack.sf_process import start_shm_manager\n"
         "got = []\n"
         "signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))\n"
         "print('ready', flush=True)\n"
@@ -269,8 +269,8 @@ def test_a_trainer_that_cannot_reach_the_end_of_its_iteration_exits_at_its_grace
     pids = tmp_path / "grandchild.pid"
     child.write_text(
         "import subprocess, sys, time\n"
-        "from pipeline.nethack.sf import _StopRequest, grace_from_env\n"
-        "stop = _StopRequest(grace_from_env())\n"
+        "from pipeline.nethack.sf_process import StopRequest, grace_from_env\n"
+        "stop = StopRequest(grace_from_env())\n"
         "stop.install()\n"
         f"worker = subprocess.Popen(['sleep', '600'])\n"
         f"open({str(pids)!r}, 'w').write(str(worker.pid))\n"

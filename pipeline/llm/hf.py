@@ -1,14 +1,12 @@
 """Local transformers causal LM as a chat backend: batched, left-padded, sampled or greedy; each conversation's
-KV cache is kept across its turns."""
+KV cache is kept across its turns (the caches themselves: ``pipeline.llm.kv_cache``)."""
 
 from __future__ import annotations
 
 import copy
 import math
 import threading
-from collections import OrderedDict
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,10 +21,10 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
-from transformers.cache_utils import Cache, DynamicLayer
 
 from pipeline.core.artifacts import verify_model
 from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.llm.kv_cache import ConversationKV, Entry, RoomyCache
 from pipeline.llm.sampler import sampler_for
 from pipeline.models.attention import install as install_attention
 from pipeline.models.chat import encode_prompt, stop_token_ids
@@ -89,215 +87,9 @@ def fit_context(ids: list[int], max_new: int, max_pos: int) -> tuple[list[int], 
     return ids[-(max_pos - max_new):], max_new
 
 
-def _conversation_key(conversation: Conversation) -> tuple:
-    """Where a conversation's cache is kept: its messages' roles and texts (a lookup still checks every reused
-    token, so a key only has to find the entry; the strings are shared with the conversation, not copied)."""
-    return tuple((m["role"], m["content"]) for m in conversation)
-
-
-@dataclass
-class _Entry:
-    """A conversation's kept keys / values: copied out (``kv``), or still in the cache of the batch that computed
-    them (``source``: that cache's per-layer (keys, values), the row, and the (start, stop) position spans holding
-    the row's tokens in order). A batch's next turn copies them from there straight into its own cache, so the
-    common case copies each kept position once per turn instead of twice."""
-
-    tokens: list[int]  # the token ids whose keys / values are held
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer: (heads, len(tokens), head_dim) keys and values
-    nbytes: int
-    keys: list[tuple] = field(default_factory=list)
-    source: tuple[list[tuple[torch.Tensor, torch.Tensor]], int, list[tuple[int, int]]] | None = None
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.kv if self.kv is not None else self.source[0])
-
-    def spans(self, n: int) -> list[tuple[int, int]]:
-        """(start, length) of the positions holding the first ``n`` tokens, in order, in ``kv`` or ``source``."""
-        if self.kv is not None:
-            return [(0, n)]
-        out = []
-        for start, stop in self.source[2]:
-            take = min(stop - start, n)
-            if take <= 0:
-                break
-            out.append((start, take))
-            n -= take
-        return out
-
-    def held(self, layer: int, part: int) -> torch.Tensor:
-        """The keys (``part`` 0) or values (1) of ``layer`` holding the entry's tokens: (heads, positions, dim)."""
-        if self.kv is not None:
-            return self.kv[layer][part]
-        layers, row, _ = self.source
-        return layers[layer][part][row]
-
-    def pieces(self, layer: int, part: int, n: int) -> list[torch.Tensor]:
-        """Views of the keys (``part`` 0) or values (1) of the first ``n`` tokens in ``layer``, in order."""
-        held = self.held(layer, part)
-        return [held[:, start : start + m] for start, m in self.spans(n)]
-
-    def materialize(self) -> None:
-        """Copy the keys / values out of the batch's cache (which then no longer has to be kept)."""
-        if self.kv is None:
-            n = len(self.tokens)
-            self.kv = [tuple(torch.cat(self.pieces(layer, part, n), dim=1) for part in (0, 1))
-                       for layer in range(self.n_layers)]
-            self.source = None
-
-
-class ConversationKV:
-    """Each conversation's KV cache kept across its turns, so a turn processes only its new tokens.
-
-    After a turn, the keys / values of prompt + generated tokens are kept under the conversation with the
-    generated reply appended; the next turn (that conversation plus the environment's reply) finds them under its
-    own conversation minus the last message, and so does a re-sampled turn (a format retry). Reuse stops at the
-    first token where the kept tokens and the new prompt's tokens differ (a re-tokenized reply, a truncated
-    context), so what is reused is always exactly what a full re-encode would compute, up to floating point.
-    Least recently used conversations are dropped beyond ``max_bytes``, which counts each entry's own positions:
-    a turn's entries stay in that batch's cache until the next call, which reads the ones it reuses from there and
-    copies the others out (``settle``), so the last call's batch caches stay referenced in between.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._keys: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._in_batch: dict[int, _Entry] = {}  # entries still held in a batch's cache (``_Entry.source``)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def lookup(self, conversation: Conversation, ids: list[int]) -> tuple[int, _Entry | None]:
-        """(tokens of ``ids`` whose keys / values are held, the entry holding them); at least one token is left
-        to process, so the model has a position to predict from."""
-        if len(conversation) < 2:
-            return 0, None
-        key = _conversation_key(conversation[:-1])
-        entry = self._keys.get(key)
-        if entry is None:
-            return 0, None
-        self._keys.move_to_end(key)
-        n = 0
-        for a, b in zip(entry.tokens, ids[:-1], strict=False):
-            if a != b:
-                break
-            n += 1
-        return n, entry
-
-    def store(self, conversation: Conversation, reply: str, entry: _Entry, replaces: _Entry | None = None) -> None:
-        """Keep ``entry`` (keys / values of its ``tokens``: the prompt of ``conversation`` + the generated
-        ``reply``) in place of the entry the turn started from, under the keys the conversation's next turn and a
-        re-sampled turn look up."""
-        if replaces is not None:
-            for key in list(replaces.keys):
-                self._drop(key)
-        if entry.nbytes > self.max_bytes:
-            return
-        if entry.source is not None:
-            self._in_batch[id(entry)] = entry
-        self.nbytes += entry.nbytes
-        keys = [_conversation_key([*conversation, {"role": "assistant", "content": reply}])]
-        if len(conversation) > 2:  # past the opening messages, which other conversations may share
-            keys.append(_conversation_key(conversation[:-1]))
-        for key in keys:
-            self._drop(key)
-            self._keys[key] = entry
-            entry.keys.append(key)
-        while self.nbytes > self.max_bytes:
-            self._drop(next(iter(self._keys)))
-
-    def _drop(self, key: tuple) -> None:
-        entry = self._keys.pop(key, None)
-        if entry is not None:
-            entry.keys.remove(key)
-            if not entry.keys:
-                self.nbytes -= entry.nbytes
-                self._in_batch.pop(id(entry), None)
-
-    def settle(self, conversations: list[Conversation]) -> None:
-        """Before a call generating for ``conversations``: copy out the entries still held in a batch's cache that
-        none of them looks up, so no batch cache stays referenced past the call after the one that made it."""
-        if not self._in_batch:
-            return
-        wanted = {id(self._keys.get(_conversation_key(c[:-1]))) for c in conversations if len(c) >= 2}
-        for key, entry in list(self._in_batch.items()):
-            if key not in wanted:
-                entry.materialize()
-                del self._in_batch[key]
-
-
 # batches of at least this many rows get a RoomyCache; one conversation keeps transformers' DynamicCache (at one
 # row the two measured the same: 48.0 / 41.5 / 37.1 against 41.4 / 41.2 / 40.6 turns per CPU second, alternating)
 ROOMY_MIN_ROWS = 2
-
-
-class _RoomyLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys / values live in a buffer with room for the tokens still to come: a decode
-    step writes its token into place instead of concatenating (copying) the whole cache. ``keys`` / ``values``
-    are views of the filled part, the same numbers a ``DynamicLayer`` holds; the buffer doubles when full."""
-
-    def __init__(self, room: int) -> None:
-        super().__init__()
-        self.room = room
-        self.filled = 0
-
-    def _adopt(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
-        n = keys.shape[-2]
-        self._k = keys.new_empty((*keys.shape[:-2], n + room, keys.shape[-1]))
-        self._v = values.new_empty((*values.shape[:-2], n + room, values.shape[-1]))
-        self._k[..., :n, :] = keys
-        self._v[..., :n, :] = values
-        self.filled = n
-        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
-
-    def preset(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
-        """Start from buffers whose first ``filled`` positions hold keys / values."""
-        self.lazy_initialization(keys, values)
-        self._k, self._v, self.filled = keys, values, filled
-        self.keys, self.values = keys[..., :filled, :], values[..., :filled, :]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs=None):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self._adopt(key_states[..., :0, :], value_states[..., :0, :], key_states.shape[-2] + self.room)
-        n, m = self.filled, key_states.shape[-2]
-        if n + m > self._k.shape[-2]:
-            self._adopt(self.keys, self.values, max(n, m + self.room))
-        self._k[..., n : n + m, :] = key_states
-        self._v[..., n : n + m, :] = value_states
-        self.filled = n + m
-        self.keys, self.values = self._k[..., : n + m, :], self._v[..., : n + m, :]
-        return self.keys, self.values
-
-    def _reshaped(self, method: str, *args) -> None:
-        getattr(super(), method)(*args)  # replaces keys / values: the buffer follows
-        if self.is_initialized:
-            self._adopt(self.keys, self.values, self.room)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        self._reshaped("crop", tokens_to_remove)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._reshaped("batch_repeat_interleave", repeats)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:  # one copy of the buffer's rows, room included
-            self._k, self._v = self._k[indices], self._v[indices]
-            self.keys, self.values = self._k[..., : self.filled, :], self._v[..., : self.filled, :]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._reshaped("reorder_cache", beam_idx)
-
-
-class RoomyCache(DynamicCache):
-    """A ``DynamicCache`` of ``_RoomyLayer``s, optionally starting from reused keys / values that already sit in
-    buffers with ``room`` positions to spare (``HFBackend._past``)."""
-
-    def __init__(self, n_layers: int, room: int, past: list[tuple[torch.Tensor, torch.Tensor, int]] | None = None):
-        Cache.__init__(self, layers=[_RoomyLayer(room) for _ in range(n_layers)])
-        for layer, (k, v, n) in zip(self.layers, past or [], strict=False):
-            layer.preset(k, v, n)
 
 
 class _SomeFinished(StoppingCriteria):
@@ -516,7 +308,7 @@ class HFBackend(ChatBackend):
         return Generation(text=text, token_logprobs=logps[:n] if logps is not None else None,
                           tokens_in=len(prompt), tokens_out=n, meta={"cached_tokens": reused})
 
-    def _past(self, hits: list[tuple[int, _Entry | None]], width: int, room: int) -> DynamicCache:
+    def _past(self, hits: list[tuple[int, Entry | None]], width: int, room: int) -> DynamicCache:
         """The reused keys / values of a batch, each row's right-aligned in ``width`` positions, in buffers with
         ``room`` positions to spare."""
         ref_entry = next(e for n, e in hits if n)
@@ -550,7 +342,7 @@ class HFBackend(ChatBackend):
               rows: list[tuple[int, int]], gens: list[Generation | None], tokens: list[list[int]], cache,
               copy_out: bool) -> None:
         """Keep the keys / values of prompt + generated tokens of the batch ``rows`` (batch row, its row in
-        ``cache``) for each conversation's next turn, where they are: in the batch's cache (an ``_Entry`` with a
+        ``cache``) for each conversation's next turn, where they are: in the batch's cache (an ``Entry`` with a
         ``source``; ``ConversationKV.settle`` copies out what the next call does not reuse), or copied out now
         (``copy_out``: rows that finished before the rest of their batch, whose cache goes on without them)."""
         layers = [(layer.keys, layer.values) for layer in cache.layers]
@@ -565,7 +357,7 @@ class HFBackend(ChatBackend):
             # The row's real tokens: its reused prefix (right-aligned in the past block), then its new prompt
             # tokens and the generated ones (right-aligned in the rest), as _generate_batch laid them out.
             spans = [(a, z) for a, z in ((past_w - n, past_w), (width - (len(b) - n), width + k)) if z > a]
-            entry = _Entry(b + tokens[row][:k], None, per_token * (len(b) + k), source=(layers, at, spans))
+            entry = Entry(b + tokens[row][:k], None, per_token * (len(b) + k), source=(layers, at, spans))
             if copy_out:
                 entry.materialize()
             self.kv.store(conversations[row], g.text, entry, replaces=hits[row][1])

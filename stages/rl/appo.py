@@ -41,7 +41,8 @@ from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
-from pipeline.nethack.sf import CURVE, GRACE_ENV, PROGRESS_COLUMNS, STOPPED_EXIT, SUMMARY, latest_checkpoint
+from pipeline.nethack.sf import CURVE, PROGRESS_COLUMNS, SUMMARY, latest_checkpoint
+from pipeline.nethack.sf_process import GRACE_ENV, STOPPED_EXIT
 from pipeline.params import Params
 
 NAME = "rl-nethack"
@@ -57,7 +58,8 @@ STAGE = Stage(
     NAME,
     params=["seed", "nethack", "rl_nethack"],
     code=[
-        "pipeline/nethack/sf.py", "pipeline/nethack/intrinsic.py", "pipeline/nethack/oni.py",
+        "pipeline/nethack/sf.py", "pipeline/nethack/sf_process.py", "pipeline/nethack/intrinsic.py",
+        "pipeline/nethack/oni.py",
         "pipeline/llm/online_annotation.py",
         "pipeline/nethack/env.py", "pipeline/nethack/reward.py", "pipeline/nethack/clock.py",
         "pipeline/nethack/clock.c",
