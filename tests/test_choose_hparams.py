@@ -1,15 +1,11 @@
-"""bench/choose_hparams.py retrains a stage in a scratch tree linked to a finished run's data/: everything the stage
-and its downstream stages write must be real directories there, never links into the finished run."""
-
-import sys
-from pathlib import Path
+"""`curio choose hparams` (pipeline/tools/choose_hparams.py) retrains a stage in a scratch tree linked to a finished
+run's data/: everything the stage and its downstream stages write must be real directories there, never links into
+the finished run."""
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from choose_hparams import chain, link_upstream, remade  # noqa: E402
+from pipeline.tools import ToolError
+from pipeline.tools.choose_hparams import chain, link_upstream, remade
 
 
 def test_retraining_dpo_remakes_its_margins_and_links_only_what_comes_before(tmp_path):
@@ -40,5 +36,5 @@ def test_a_chain_runs_the_stages_between_two_in_the_dags_order():
     assert chain("pairs-text", "train-dpo") == ["pairs-text", "train-sft", "reflogprobs", "train-dpo"]
     assert chain("train-sft", "train-sft") == ["train-sft"]
     assert chain("train-dpo", "rl-text") == ["train-dpo", "rl-text"]
-    with pytest.raises(SystemExit, match="not downstream"):
+    with pytest.raises(ToolError, match="not downstream"):
         chain("train-dpo", "train-sft")

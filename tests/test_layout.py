@@ -69,16 +69,22 @@ def test_a_lazy_import_that_breaks_the_layering_is_caught(tmp_path, module, stat
     assert f"{module} -> " in res.stdout
 
 
+def check_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``curio check-imports`` with the repo's contracts, over the ``pipeline`` and ``stages`` packages found first
+    on the path (those under ``cwd``)."""
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "check-imports", "--config",
+                           str(ROOT / "pyproject.toml")], cwd=cwd, env=env, capture_output=True, text=True)
+
+
 def test_the_import_graph_has_no_cycle_and_no_upward_import(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py")], capture_output=True, text=True)
+    res = check_imports(ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "import cycles: 0\n" in res.stdout
     assert "upward imports (against the layers contracts of pyproject.toml): 0\n" in res.stdout
     # the same count over a tree with a cycle through stages/ (storage importing a stage) finds it
     tree = copy_tree(tmp_path)
     lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout  # noqa: F401")
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py")], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)})
+    res = check_imports(tree, env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)})
     assert res.returncode == 1
     assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout" in res.stdout
 

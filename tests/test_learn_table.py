@@ -1,16 +1,11 @@
-"""bench/learn_table.py's lower bound on the mean turns on wins of any policy at a given success, checked on numbers
-worked by hand and against every deterministic policy of a small game, enumerated."""
+"""`curio table`'s lower bound (pipeline/tools/table.py) on the mean turns on wins of any policy at a given success,
+checked on numbers worked by hand and against every deterministic policy of a small game, enumerated."""
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from learn_table import fewest_turns_on_wins, shown_tier  # noqa: E402
+from pipeline.tools.table import fewest_turns_on_wins, shown_tier
 
 
 def test_worked_by_hand():

@@ -42,8 +42,8 @@ class PolicyConfig(Section):
     format_prompt: Literal["game", "rule", "example"] = Field(
         "game", description="how the games' system prompts teach the <Answer> format: game = as written (what "
         "the built-in model is pre-trained on); rule = plus an explicit one-line rule; example = the rule plus the "
-        "opening of a train task played by the scripted player (pretrained chat models that ignore the format; "
-        "choose on the val split with bench/choose_format_prompt.py)")
+        "opening of a train task played by the scripted player (pretrained chat models that ignore the format: "
+        "`curio choose format-prompt` chooses on the val split)")
     free_answers: bool = Field(
         False, description="a policy reply without <Answer> tags is read as a move (its first line) instead of "
         "being re-sampled and ending the episode as invalid: small chat models that never write the tags "

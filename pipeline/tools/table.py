@@ -1,6 +1,5 @@
-"""The held-out table of a text-track run: success ± standard error and mean turns on wins, per policy and group.
-
-    python bench/learn_table.py [--data data] [--markdown] [--win-turns]
+"""The held-out table of a text-track run: success ± standard error and mean turns on wins, per policy and group
+(``curio table``).
 
 Reads evaluate-text's episode rows (``DATA/evaluate_text``) and prints, for each policy (base, sft, dpo, rl), the
 success pooled over the evaluated groups and per group, each with its binomial standard error, mean turns on
@@ -15,14 +14,13 @@ policy reached (``fewest_turns_on_wins``): more wins can force more turns on win
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.core.artifacts import read_rows
+from pipeline.envs.base import make_game
+from pipeline.envs.gamekit import ShownCandidates
 
 
 def cell(rows: list[dict]) -> dict:
@@ -59,57 +57,8 @@ def fewest_turns_on_wins(success: float, candidates: int, max_turns: int) -> flo
 
 def shown_tier(group: str) -> dict | None:
     """The shown-candidates tier of ``group`` (candidates, max_turns), or None for any other game."""
-    from pipeline.envs.base import make_game
-    from pipeline.envs.gamekit import ShownCandidates
-
     game = make_game(group)
     return dict(game.tier) if isinstance(game, ShownCandidates) and getattr(game, "tier", None) else None
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=REPO / "data")
-    ap.add_argument("--markdown", action="store_true", help="a Markdown table")
-    ap.add_argument("--win-turns", action="store_true", help="also episodes won at each turn, and repeated replies")
-    args = ap.parse_args()
-    from pipeline.core.artifacts import read_rows
-
-    rows = read_rows(args.data / "evaluate_text")
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    groups = list(dict.fromkeys(r["group"] for r in rows))
-    cols = ["all", *groups]
-    table = {p: {g: cell([r for r in rows if r["policy"] == p and (g == "all" or r["group"] == g)]) for g in cols}
-             for p in policies}
-    base = table.get("base")
-    sep = " | " if args.markdown else "  "
-    header = ["policy", *(f"{g} success ± s.e. (turns on wins)" for g in cols), "Δ all vs base (± s.e.)"]
-    print(("| " if args.markdown else "") + sep.join(header) + (" |" if args.markdown else ""))
-    if args.markdown:
-        print("|" + "---|" * len(header))
-    for p in policies:
-        cells = [f"{100 * c['p']:.1f} ± {100 * c['se']:.1f} ({c['turns']:.2f}) n={c['n']}" for c in table[p].values()]
-        delta = ""
-        if base and p != "base":
-            a, b = table[p]["all"], base["all"]
-            delta = f"{100 * (a['p'] - b['p']):+.1f} ± {100 * math.hypot(a['se'], b['se']):.1f}"
-        line = sep.join([p, *cells, delta])
-        print(f"| {line} |" if args.markdown else line)
-    if args.win_turns:
-        print()
-        for g in groups:
-            tier = shown_tier(g)
-            for p in policies:
-                episodes = [r for r in rows if r["policy"] == p and r["group"] == g]
-                won = Counter(r["turns"] for r in episodes if r["success"])
-                at = ", ".join(f"turn {t}: {won[t]}" for t in sorted(won))
-                fewest = ""
-                if tier and won:
-                    c = table[p][g]
-                    fewest = (f"; turns on wins at {100 * c['p']:.1f} % are at least "
-                              f"{fewest_turns_on_wins(c['p'], tier['candidates'], tier['max_turns']):.2f} "
-                              f"(this policy: {c['turns']:.2f})")
-                print(f"{g} {p}: {len(episodes)} episodes, won at {at or 'no turn'}; "
-                      f"{sum(map(repeats, episodes))} repeat an earlier reply of theirs{fewest}")
 
 
 def repeats(row: dict) -> bool:
@@ -117,5 +66,48 @@ def repeats(row: dict) -> bool:
     return len(set(replies)) < len(replies)
 
 
-if __name__ == "__main__":
-    main()
+def held_out_table(data: Path, markdown: bool = False, win_turns: bool = False) -> list[str]:
+    """The table's lines (then, with ``win_turns``, one line per group and policy)."""
+    rows = read_rows(data / "evaluate_text")
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    cols = ["all", *groups]
+    table = {p: {g: cell([r for r in rows if r["policy"] == p and (g == "all" or r["group"] == g)]) for g in cols}
+             for p in policies}
+    base = table.get("base")
+    sep = " | " if markdown else "  "
+    header = ["policy", *(f"{g} success ± s.e. (turns on wins)" for g in cols), "Δ all vs base (± s.e.)"]
+    lines = [("| " if markdown else "") + sep.join(header) + (" |" if markdown else "")]
+    if markdown:
+        lines.append("|" + "---|" * len(header))
+    for p in policies:
+        cells = [f"{100 * c['p']:.1f} ± {100 * c['se']:.1f} ({c['turns']:.2f}) n={c['n']}" for c in table[p].values()]
+        delta = ""
+        if base and p != "base":
+            a, b = table[p]["all"], base["all"]
+            delta = f"{100 * (a['p'] - b['p']):+.1f} ± {100 * math.hypot(a['se'], b['se']):.1f}"
+        line = sep.join([p, *cells, delta])
+        lines.append(f"| {line} |" if markdown else line)
+    if win_turns:
+        lines += ["", *won_at_each_turn(rows, table, policies, groups)]
+    return lines
+
+
+def won_at_each_turn(rows: list[dict], table: dict, policies: list[str], groups: list[str]) -> list[str]:
+    """Per group and policy: episodes won at each turn, replies repeated, and on a shown-candidates tier the bound."""
+    lines = []
+    for g in groups:
+        tier = shown_tier(g)
+        for p in policies:
+            episodes = [r for r in rows if r["policy"] == p and r["group"] == g]
+            won = Counter(r["turns"] for r in episodes if r["success"])
+            at = ", ".join(f"turn {t}: {won[t]}" for t in sorted(won))
+            fewest = ""
+            if tier and won:
+                c = table[p][g]
+                fewest = (f"; turns on wins at {100 * c['p']:.1f} % are at least "
+                          f"{fewest_turns_on_wins(c['p'], tier['candidates'], tier['max_turns']):.2f} "
+                          f"(this policy: {c['turns']:.2f})")
+            lines.append(f"{g} {p}: {len(episodes)} episodes, won at {at or 'no turn'}; "
+                         f"{sum(map(repeats, episodes))} repeat an earlier reply of theirs{fewest}")
+    return lines

@@ -1,6 +1,5 @@
-"""Two finished runs of the DAG, stage by stage: are their rows, models and metrics the same?
-
-    python bench/compare_runs.py BEFORE AFTER    # two checkouts that ran the DAG (e.g. bench/fresh_clone_run.py --keep)
+"""Two finished runs of the DAG, stage by stage: are their rows, models and metrics the same? (``curio compare
+runs BEFORE AFTER``: two checkouts that ran the DAG, e.g. ``bench/fresh_clone_run.py --keep``)
 
 For each stage of AFTER's dvc.lock: every out's content hash (md5 of a file, or of a directory's listing, as DVC
 records it) against BEFORE's, and the stage's metrics file (``metrics/stages/NAME.json``) key by key, leaving out
@@ -10,13 +9,13 @@ two runs. Exit code 1 when a data out or a metric differs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import yaml
+
+from pipeline.tools import ToolError
 
 TIMING = re.compile(r"(^|_|/)(seconds|secs|minutes|wall|per_s|per_sec|fps|elapsed)($|_|/)|_s$")
 
@@ -26,7 +25,7 @@ def checkout(path: Path) -> Path:
     for candidate in (path, path / "curio"):
         if (candidate / "dvc.lock").is_file():
             return candidate
-    sys.exit(f"no dvc.lock under {path}")
+    raise ToolError(f"no dvc.lock under {path}")
 
 
 def outs(lock: dict, stage: str) -> dict[str, str]:
@@ -38,12 +37,9 @@ def metrics(root: Path, stage: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", type=Path)
-    ap.add_argument("after", type=Path)
-    args = ap.parse_args()
-    before, after = checkout(args.before), checkout(args.after)
+def compare_runs(before_dir: Path, after_dir: Path) -> bool:
+    """Print the comparison, stage by stage; True when every data out and metric is the same."""
+    before, after = checkout(before_dir), checkout(after_dir)
     lock_b = yaml.safe_load((before / "dvc.lock").read_text())
     lock_a = yaml.safe_load((after / "dvc.lock").read_text())
     failed = False
@@ -65,8 +61,4 @@ def main() -> int:
         for k in changed:
             print(f"    metric {k}: {mb.get(k)!r} -> {ma.get(k)!r}")
     print("row-identical" if not failed else "DIFFERENT")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return not failed

@@ -1,27 +1,25 @@
 """The project's import graph, lazy imports inside functions included: its cycles and its imports that run up the
 layers of pyproject.toml's import-linter ``layers`` contracts (what the README's map of the tree draws).
 
-    python bench/import_graph.py            # counts, then every cycle and upward import found
-    python bench/import_graph.py --dot FILE # the graph of packages (Graphviz), one node per package of pipeline/
+    curio check-imports             # counts, then every cycle and upward import found; exit 1 if any
+    curio check-imports --dot FILE  # also the graph of packages (Graphviz), one node per package of pipeline/
 
-grimp (import-linter's graph library) reads every ``import`` statement of ``pipeline`` and ``stages``; a cycle is
-a strongly connected set of modules (more than one, or a module importing itself); an upward import goes from a
-module of a lower layer to one of a higher layer (or between two siblings of a layer marked independent, ``|``).
+grimp (import-linter's graph library) reads every ``import`` statement of the ``pipeline`` and ``stages``
+packages found on the Python path; a cycle is a strongly connected set of modules (more than one, or a module
+importing itself); an upward import goes from a module of a lower layer to one of a higher layer (or between two
+siblings of a layer marked independent, ``|``).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tomllib
 from pathlib import Path
 
-import grimp
-
-ROOT = Path(__file__).resolve().parents[1]
+from pipeline.tools import ToolError
 
 
-def layer_contracts(pyproject: Path = ROOT / "pyproject.toml") -> list[dict]:
+def layer_contracts(pyproject: Path) -> list[dict]:
     contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
     return [c for c in contracts if c["type"] == "layers"]
 
@@ -43,7 +41,7 @@ def owner(module: str, names: list[str]) -> str | None:
     return max(hits, key=len) if hits else None
 
 
-def upward_imports(graph: grimp.ImportGraph, contract: dict) -> list[tuple[str, str]]:
+def upward_imports(graph, contract: dict) -> list[tuple[str, str]]:
     layers = expand(contract)
     level = {name: i for i, (names, _) in enumerate(layers) for name in names}
     independent = {name for names, ind in layers if ind for name in names}
@@ -62,7 +60,7 @@ def upward_imports(graph: grimp.ImportGraph, contract: dict) -> list[tuple[str, 
     return found
 
 
-def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+def cycles(graph) -> list[list[str]]:
     """Strongly connected components of the module graph with more than one module (Tarjan), and self-imports."""
     modules = sorted(graph.modules)
     edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
@@ -105,14 +103,19 @@ def package_of(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "pipeline" and len(parts) > 1 else parts[0]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dot", type=Path, help="write the package graph as Graphviz dot")
-    args = ap.parse_args()
+def check_imports(config: Path, dot: Path | None = None) -> bool:
+    """Print the graph's counts, cycles and upward imports (and write ``dot``); True when there are none."""
+    try:
+        import grimp  # import-linter's graph library: a dev dependency (make dev)
+    except ImportError:
+        raise ToolError("check-imports needs grimp (import-linter's graph library): make dev") from None
+    if not config.is_file():
+        raise ToolError(f"--config {config}: no such file (the pyproject.toml holding the import contracts)")
+    contracts = layer_contracts(config)
     graph = grimp.build_graph("pipeline", "stages", include_external_packages=False, cache_dir=None)
     edges = sum(len(graph.find_modules_directly_imported_by(m)) for m in graph.modules)
     found_cycles = cycles(graph)
-    up = [(c["name"], imp) for c in layer_contracts() for imp in upward_imports(graph, c)]
+    up = [(c["name"], imp) for c in contracts for imp in upward_imports(graph, c)]
     print(f"modules {len(graph.modules)}  imports {edges}  (pipeline, stages; lazy imports included)")
     print(f"import cycles: {len(found_cycles)}")
     for component in found_cycles:
@@ -120,14 +123,10 @@ def main() -> int:
     print(f"upward imports (against the layers contracts of pyproject.toml): {len(up)}")
     for name, (a, b) in up:
         print(f"  {a} -> {b}   [{name}]")
-    if args.dot:
+    if dot:
         pairs = sorted({(package_of(a), package_of(b)) for a in graph.modules
                         for b in graph.find_modules_directly_imported_by(a) if package_of(a) != package_of(b)})
         lines = ["digraph curio {", "  rankdir=TB;", *(f'  "{a}" -> "{b}";' for a, b in pairs), "}"]
-        args.dot.write_text("\n".join(lines) + "\n")
-        print(f"package graph: {args.dot}")
-    return 1 if found_cycles or up else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        dot.write_text("\n".join(lines) + "\n")
+        print(f"package graph: {dot}")
+    return not (found_cycles or up)

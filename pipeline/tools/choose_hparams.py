@@ -1,37 +1,34 @@
-"""Choose a training stage's hyperparameters on the validation split, never on held-out tasks.
-
-    OMP_NUM_THREADS=2 python bench/choose_hparams.py --preset presets/smollm2-learn.yaml --from data \
-        [--policies base,sft,dpo,rl] [--stage train-sft --grid train_policy.sft.lr=1e-4,2e-4,5e-4] [--k 2]
-    ... --stage pairs-text --through train-dpo --grid pairs_text.turn_threshold=0,1
+"""Choose a training stage's hyperparameters on the validation split, never on held-out tasks
+(``curio choose hparams``).
 
 Starts from a finished run's ``data/`` (``--from``): its upstream datasets are linked, read-only, into a scratch
 directory per grid value (``--out``, default ``.cache/choose_hparams``), the stage (``train-sft``, ``train-dpo`` or
 ``rl-text``; or any stage upstream of one with ``--through``, which runs every stage between them in the DAG's
 order, e.g. pairs-text → train-sft → reflogprobs → train-dpo) is run again there with that value, and every policy
-it makes plays every ``val`` task
-(``games.val_fraction`` of the train tasks, carved out before any training) ``--k`` times with the evaluation
-sampling and the same seed for every value. ``--policies`` first plays the run's own policies on val (no training).
-Prints val success ± standard error pooled over the groups and per group, mean turns on wins, and the value picked
-(highest pooled val success; a tie keeps the first, so list the incumbent first). Writes every row to
-``OUT/results.json``. Nothing under ``--from`` is written.
+it makes plays every ``val`` task (``games.val_fraction`` of the train tasks, carved out before any training)
+``--k`` times with the evaluation sampling and the same seed for every value. ``--policies`` first plays the run's
+own policies on val (no training). Prints val success ± standard error pooled over the groups and per group, mean
+turns on wins, and the value picked (highest pooled val success; a tie keeps the first, so list the incumbent
+first). Writes every row to ``OUT/results.json``. Nothing under ``--from`` is written.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from choose_tiers import score  # noqa: E402 - success ± s.e. and mean turns on wins, as the tiers were chosen
+from pipeline.core.artifacts import chunk_seed
+from pipeline.core.config import preset_overrides
+from pipeline.core.dag import ancestors, stage_parents
+from pipeline.params import load_params
+from pipeline.text.policies import eval_groups
+from pipeline.tools import REPO, ToolError
+from pipeline.tools.choose_tiers import score  # success ± s.e. and mean turns on wins, as the tiers were chosen
 
 #: the policy each stage trains
 POLICY = {"train-sft": "sft", "train-dpo": "dpo", "rl-text": "rl"}
@@ -40,8 +37,6 @@ POLICY = {"train-sft": "sft", "train-dpo": "dpo", "rl-text": "rl"}
 def remade(stage: str, dvc_yaml: Path = REPO / "dvc.yaml") -> tuple[str, ...]:
     """What retraining ``stage`` remakes, relative to data/: its own outs and those of every stage downstream of it
     (dvc.yaml's graph), so none of them is linked from the finished run."""
-    from pipeline.core.dag import ancestors, stage_parents
-
     parents = stage_parents(dvc_yaml)
     stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
     names = [n for n in parents if n == stage or stage in ancestors(parents, n)]
@@ -52,11 +47,12 @@ def remade(stage: str, dvc_yaml: Path = REPO / "dvc.yaml") -> tuple[str, ...]:
 def chain(stage: str, through: str, dvc_yaml: Path = REPO / "dvc.yaml") -> list[str]:
     """The stages to run again, in dvc.yaml's order: ``stage``, ``through`` and every stage downstream of the first
     and upstream of the second."""
-    from pipeline.core.dag import ancestors, stage_parents
-
     parents = stage_parents(dvc_yaml)
+    for name in (stage, through):
+        if name not in parents:
+            raise ToolError(f"--stage / --through: no stage {name!r} in dvc.yaml")
     if stage != through and stage not in ancestors(parents, through):
-        raise SystemExit(f"choose_hparams: {through} is not downstream of {stage}")
+        raise ToolError(f"choose hparams: {through} is not downstream of {stage}")
     return [n for n in parents if n in (stage, through)
             or (stage in ancestors(parents, n) and n in ancestors(parents, through))]
 
@@ -76,8 +72,7 @@ def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") ->
 
 
 def val_rows(params, policy: str, k: int) -> list[dict]:
-    from pipeline.core.artifacts import chunk_seed
-    from stages.evaluate import evaluate_policy
+    from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
 
     seed = chunk_seed(params.seed, "choose-hparams", 0)  # one seed for every value: common random numbers
     return evaluate_policy(params, policy, "val", seed, k, params.evaluate_text.temperature)
@@ -93,65 +88,70 @@ def report(label: str, rows: list[dict], groups: list[str]) -> dict:
     return {"label": label, **pooled, "groups": per}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default=None, help="a params preset, e.g. presets/smollm2-learn.yaml")
-    ap.add_argument("-S", dest="overrides", action="append", default=[], help="params override, key=value")
-    ap.add_argument("--from", dest="source", type=Path, default=REPO / "data", help="a finished run's data dir")
-    ap.add_argument("--policies", default="", help="the run's own policies to play on val first, e.g. base,sft")
-    ap.add_argument("--stage", help="the stage to run again per grid value (train-sft, train-dpo, rl-text, or one "
-                    "upstream of --through)")
-    ap.add_argument("--through", choices=sorted(POLICY), default=None,
-                    help="also run every stage after --stage up to this one (default: --stage itself)")
-    ap.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (one or more; their product)")
-    ap.add_argument("--k", type=int, default=2, help="episodes per val task")
-    ap.add_argument("--out", type=Path, default=REPO / ".cache" / "choose_hparams")
-    args = ap.parse_args()
-    if args.grid and not args.stage:
-        ap.error("--grid needs --stage")
-    through = args.through or args.stage
-    if args.stage and through not in POLICY:
-        ap.error(f"--stage {args.stage} trains no policy: add --through {'|'.join(sorted(POLICY))}")
-    stages = chain(args.stage, through) if args.stage else []
+def grid_axes(grid: list[str]) -> list[tuple[str, list[str]]]:
+    """``KEY=V1,V2,...`` -> (KEY, [V1, V2, ...]) per ``--grid``."""
+    axes = []
+    for g in grid:
+        key, eq, values = g.partition("=")
+        if not eq or not key or not all(values.split(",")):
+            raise ToolError(f"--grid {g!r}: expected KEY=V1,V2,...")
+        axes.append((key, values.split(",")))
+    return axes
 
+
+def stages_to_run(stage: str | None, through: str | None, grid: list[str]) -> list[str]:
+    """The stages each grid value runs again (none without ``stage``); the options checked."""
+    if grid and not stage:
+        raise ToolError("--grid needs --stage")
+    if through and through not in POLICY:
+        raise ToolError(f"--through {through}: one of {', '.join(sorted(POLICY))}")
+    if not stage:
+        return []
+    through = through or stage
+    if through not in POLICY:
+        raise ToolError(f"--stage {stage} trains no policy: add --through {'|'.join(sorted(POLICY))}")
+    return chain(stage, through)
+
+
+def choose_hparams(preset: str | None, overrides: list[str], source: Path, policies: list[str], stage: str | None,
+                   through: str | None, grid: list[str], k: int, out: Path) -> list[dict]:
+    """Play the run's own policies, then every grid value's retrained ones, on val; every row (also in
+    ``OUT/results.json``)."""
+    from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
+
+    stages = stages_to_run(stage, through, grid)
+    axes = grid_axes(grid)
+    if not source.is_dir():
+        raise ToolError(f"--from {source}: not a directory (a finished run's data/)")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from pipeline.core.config import preset_overrides
-    from pipeline.core.stage import execute
-    from pipeline.params import load_params
-    from pipeline.text.policies import eval_groups
-
-    base = [*(preset_overrides(args.preset) if args.preset else []), *args.overrides, "tracking.enabled=false"]
-    source = args.source.resolve()
+    base = [*(preset_overrides(preset) if preset else []), *overrides, "tracking.enabled=false"]
+    source = source.resolve()
     results = []
     params = load_params("params.yaml", [*base, f"data_dir={source}"])
     groups = eval_groups(params)
-    for policy in filter(None, args.policies.split(",")):
+    for policy in policies:
         t0 = time.perf_counter()
-        results.append(report(f"{policy} (the run's)", val_rows(params, policy, args.k), groups))
+        results.append(report(f"{policy} (the run's)", val_rows(params, policy, k), groups))
         results[-1]["seconds"] = round(time.perf_counter() - t0, 1)
-    axes = [(key, values.split(",")) for key, _, values in (g.partition("=") for g in args.grid)]
     for combo in itertools.product(*(values for _, values in axes)) if axes else ():
         sets = [f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
         label = " ".join(sets)
-        work = args.out / args.stage / ("_".join(sets).replace("/", "-"))
-        link_upstream(source, work / "data", remade(args.stage))
+        work = out / stage / ("_".join(sets).replace("/", "-"))
+        link_upstream(source, work / "data", remade(stage))
         params = load_params("params.yaml", [*base, *sets, f"data_dir={work / 'data'}",
                                              f"metrics_dir={work / 'metrics'}"])
         t0 = time.perf_counter()
-        for stage in stages:
-            execute(stage, params)
+        for name in stages:
+            execute(name, params)
         trained = time.perf_counter() - t0
         for policy in (POLICY[s] for s in stages if s in POLICY):  # the last one is the value's figure
-            results.append(report(f"{policy}: {label}", val_rows(params, policy, args.k), groups))
+            results.append(report(f"{policy}: {label}", val_rows(params, policy, k), groups))
             results[-1].update(sets=sets, policy=policy, train_seconds=round(trained, 1),
                                seconds=round(time.perf_counter() - t0, 1))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    grid = [r for r in results if "sets" in r and r["policy"] == POLICY[through]]
-    if grid:
-        best = max(grid, key=lambda r: r["success_rate"])  # max keeps the first of a tie
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    grid_rows = [r for r in results if "sets" in r and r["policy"] == POLICY[stages[-1]]] if stages else []
+    if grid_rows:
+        best = max(grid_rows, key=lambda r: r["success_rate"])  # max keeps the first of a tie
         print(f"picked on val: {' '.join(best['sets'])} ({best['success_rate']:.1%} ± {best['se']:.1%})")
-
-
-if __name__ == "__main__":
-    main()
+    return results

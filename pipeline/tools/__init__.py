@@ -1,0 +1,23 @@
+"""Tools a user runs beside the DAG, each a ``curio`` subcommand (pipeline/cli.py parses their options):
+
+    curio table                      the held-out table of a text-track run (table.py)
+    curio choose hparams|tiers|format-prompt   choices made on the validation split (choose_*.py)
+    curio compare runs|rollouts|rl-text        two runs, two rollout datasets, rl-text's algorithms (compare_*.py)
+    curio check-imports              the import graph's cycles and upward imports (import_graph.py)
+    curio params-hashes              every stage's params hash, per preset (params_hashes.py)
+
+They sit in the top layer, beside the other entry points: the ones that play or train import ``stages/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.errors import CurioError
+
+#: The checkout these modules live in: its params.yaml, dvc.yaml and data/ are the tools' defaults.
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ToolError(CurioError):
+    """Bad input to a tool (an option, a dataset, a checkout): one line, exit 2."""

@@ -1,0 +1,237 @@
+"""The tools beside the DAG, through the `curio` command (typer's CliRunner on ``pipeline.cli.app``): `curio table`,
+`curio choose hparams|tiers|format-prompt`, `curio compare runs|rollouts|rl-text`, `curio check-imports`,
+`curio params-hashes`. Each prints what it measured on small hand-made inputs; bad input is one `curio: ...` line
+and exit 2, before anything is played or trained."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipeline import cli
+from pipeline.core.artifacts import ChunkedDataset
+from pipeline.generate import declared_stages
+from pipeline.tools.choose_tiers import pick
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTED = ["-S", "tracking.enabled=false", "-S", "policy.backend=scripted", "-S", "policy.model=scripted:0.3",
+            "-S", "games.val_fraction=0.5", "-S", "games.max_eval_tasks=4"]
+
+
+def run(args: list[str]):
+    return CliRunner().invoke(cli.app, args)
+
+
+def assert_one_line(result, *needles: str, code: int = 2) -> str:
+    """Exit ``code``, stderr exactly one ``curio: ...`` line mentioning every needle, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr, result.exception)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("curio: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def episode(policy: str, group: str, task: int, sample: int, won_at: int | None, replies: list[str]) -> dict:
+    conversation = [m for r in replies for m in ({"role": "user", "content": "?"},
+                                                 {"role": "assistant", "content": r})]
+    return {"policy": policy, "group": group, "task_id": f"t{task}", "sample": sample, "success": won_at is not None,
+            "turns": won_at or len(replies), "conversation": conversation}
+
+
+def write_dataset(path: Path, rows: list[dict]) -> Path:
+    ds = ChunkedDataset(path, params_hash="test")
+    ds.write_part(0, rows)
+    ds.mark_complete(1)
+    return path
+
+
+# -- curio table ----------------------------------------------------------------------------------------------------
+G = "twenty_questions@shown4"  # 4 candidates, 3 turns
+
+
+def evaluated(data: Path) -> Path:
+    """base wins 1 of 4 (at turn 1); sft wins 3 of 4 (at turns 1, 2, 3; one episode repeats a reply)."""
+    rows = [episode("base", G, 0, 0, 1, ["a"]), episode("base", G, 1, 0, None, ["a", "b", "c"]),
+            episode("base", G, 2, 0, None, ["a", "b", "c"]), episode("base", G, 3, 0, None, ["a", "b", "c"]),
+            episode("sft", G, 0, 0, 1, ["a"]), episode("sft", G, 1, 0, 2, ["a", "b"]),
+            episode("sft", G, 2, 0, 3, ["a", "b", "a"]), episode("sft", G, 3, 0, None, ["a", "b", "c"])]
+    write_dataset(data / "evaluate_text", rows)
+    return data
+
+
+def test_table_prints_success_its_standard_error_turns_on_wins_and_the_change_from_base(tmp_path):
+    data = evaluated(tmp_path / "data")
+    res = run(["table", "--data", str(data)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    # p = 1/4: s.e. sqrt(.25 * .75 / 4) = 21.65 %; p = 3/4: the same; the difference: hypot(21.65, 21.65) = 30.6
+    assert lines[1] == "base  25.0 ± 21.7 (1.00) n=4  25.0 ± 21.7 (1.00) n=4  "
+    assert lines[2] == "sft  75.0 ± 21.7 (2.00) n=4  75.0 ± 21.7 (2.00) n=4  +50.0 ± 30.6"
+    md = run(["table", "--data", str(data), "--markdown"]).stdout.splitlines()
+    assert md[1] == "|---|---|---|---|"
+    assert md[3] == "| sft | 75.0 ± 21.7 (2.00) n=4 | 75.0 ± 21.7 (2.00) n=4 | +50.0 ± 30.6 |"
+
+
+def test_table_win_turns_counts_wins_per_turn_repeats_and_the_fewest_turns_bound(tmp_path):
+    res = run(["table", "--data", str(evaluated(tmp_path / "data")), "--win-turns"])
+    assert res.exit_code == 0, res.output
+    # base: 1/4 won, the bound at 25 % is 1 turn; sft: 3/4 won at turns 1, 2, 3 -> at least (1 + 2 + 3) / 3 = 2
+    assert (f"{G} base: 4 episodes, won at turn 1: 1; 0 repeat an earlier reply of theirs; turns on wins at 25.0 % "
+            "are at least 1.00 (this policy: 1.00)") in res.stdout
+    assert (f"{G} sft: 4 episodes, won at turn 1: 1, turn 2: 1, turn 3: 1; 1 repeat an earlier reply of theirs; "
+            "turns on wins at 75.0 % are at least 2.00 (this policy: 2.00)") in res.stdout
+
+
+def test_table_of_a_run_without_evaluate_text_is_one_line(tmp_path):
+    assert_one_line(run(["table", "--data", str(tmp_path)]), "evaluate_text")
+
+
+# -- curio compare runs / rollouts / rl-text ---------------------------------------------------------------------
+def finished_run(root: Path, md5: str, success: float, seconds: float) -> Path:
+    root.mkdir(parents=True)
+    lock = {"schema": "2.0", "stages": {"rollout-text": {"outs": [{"path": "data/rollout_text", "md5": md5},
+                                                                  {"path": "metrics/stages/rollout-text.json"}]}}}
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+    (root / "metrics" / "stages").mkdir(parents=True)
+    (root / "metrics" / "stages" / "rollout-text.json").write_text(
+        json.dumps({"success_rate": success, "seconds": seconds}))
+    return root
+
+
+def test_compare_runs_leaves_out_wall_clock_keys_and_names_what_differs(tmp_path):
+    before = finished_run(tmp_path / "before", "aaa", 0.5, 10.0)
+    same = finished_run(tmp_path / "same" / "curio", "aaa", 0.5, 99.0)  # fresh_clone_run --keep DIR: DIR/curio
+    res = run(["compare", "runs", str(before), str(tmp_path / "same")])
+    assert res.exit_code == 0 and "rollout-text       1/1 the same" in res.stdout and "row-identical" in res.stdout
+    other = finished_run(tmp_path / "other", "bbb", 0.25, 10.0)
+    res = run(["compare", "runs", str(same), str(other)])
+    assert res.exit_code == 1 and res.stdout.rstrip().endswith("DIFFERENT")
+    assert "out data/rollout_text: aaa -> bbb" in res.stdout and "metric success_rate: 0.5 -> 0.25" in res.stdout
+
+
+def test_compare_runs_without_a_dvc_lock_is_one_line(tmp_path):
+    assert_one_line(run(["compare", "runs", str(tmp_path), str(tmp_path)]), "no dvc.lock under")
+
+
+def tokenizer_dir(path: Path) -> Path:
+    from pipeline.models.tiny import train_tokenizer
+
+    train_tokenizer(["a b c", "yes no", "<Answer>a</Answer>"], vocab_size=300).save_pretrained(path)
+    return path
+
+
+def test_compare_rollouts_of_the_same_draws_finds_no_difference(tmp_path):
+    rows = [episode("base", G, 0, 0, 1, ["a"]), episode("base", G, 1, 0, None, ["a b", "c", "yes no"])]
+    a, b = write_dataset(tmp_path / "a", rows), write_dataset(tmp_path / "b", rows)
+    res = run(["compare", "rollouts", str(a), str(b), "--tokenizer", str(tokenizer_dir(tmp_path / "tok"))])
+    assert res.exit_code == 0, res.output
+    # 1 of 2 won, s.e. sqrt(.5 * .5 / 2) = 35.4 %; mean turns (1 + 3) / 2, on wins 1; difference 0 s.e.
+    for group in (G, "all"):
+        assert f"{group:<28}   50.0% ± 35.4%   50.0% ± 35.4%       +0.00  2.00/2.00   1.00/1.00" in res.stdout
+    assert "Kolmogorov-Smirnov D = 0.000, p = 1.000" in res.stdout
+    assert "replies identical at the same position: 4 of 4" in res.stdout
+
+
+def test_compare_rollouts_of_other_episodes_is_one_line(tmp_path):
+    a = write_dataset(tmp_path / "a", [episode("base", G, 0, 0, 1, ["a"])])
+    b = write_dataset(tmp_path / "b", [episode("base", G, 1, 0, 1, ["a"])])
+    assert_one_line(run(["compare", "rollouts", str(a), str(b)]), "do not play the same episodes")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--rows", "filtered_bc/outcome,ppo/outcome"], "--rows: bad row 'ppo/outcome'"),
+    (["--rows", "archer/outcome+more"], "bad row"),
+    ([], "games.val_fraction"),  # the configurations are chosen on val: there must be one
+])
+def test_compare_rl_text_refuses_bad_rows_and_no_val_split_before_any_stage(tmp_path, args, needle):
+    assert_one_line(run(["compare", "rl-text", "--project", str(tmp_path / "p"), *args]), needle)
+    assert not (tmp_path / "p" / "data").exists()
+
+
+# -- curio choose hparams / tiers / format-prompt --------------------------------------------------------------
+@pytest.mark.parametrize("args, needle", [
+    (["--grid", "train_policy.sft.lr=1e-4,2e-4"], "--grid needs --stage"),
+    (["--stage", "pairs-text", "--grid", "pairs_text.turn_threshold=0,1"], "trains no policy: add --through"),
+    (["--stage", "train-dpo", "--through", "train-sft"], "train-sft is not downstream of train-dpo"),
+    (["--stage", "train-sft", "--through", "evaluate-text"], "--through evaluate-text"),
+    (["--stage", "no-such-stage", "--through", "train-dpo"], "no stage 'no-such-stage'"),
+    (["--stage", "train-sft", "--grid", "train_policy.sft.lr"], "expected KEY=V1,V2"),
+    (["--from", "/no/such/run"], "--from /no/such/run: not a directory"),
+])
+def test_choose_hparams_refuses_bad_options_in_one_line(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(REPO)
+    assert_one_line(run(["choose", "hparams", "--out", str(tmp_path / "out"), *args]), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_choose_tiers_plays_every_candidate_on_val_and_picks_per_game_inside_the_band(tmp_path):
+    candidates = ["twenty_questions@shown4", "twenty_questions@shown10", "bandit@easy2"]
+    out = tmp_path / "tiers.json"
+    res = run(["choose", "tiers", *SCRIPTED, "--k", "1", "--candidates", " ".join(candidates), "--low", "0",
+               "--high", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    table = json.loads(out.read_text())
+    assert list(table["results"]) == candidates
+    assert all(r["episodes"] > 0 and 0 <= r["success_rate"] <= 1 for r in table["results"].values())
+    assert table["chosen"] == pick(table["results"], 0.0, 1.0)  # every tier inside: per game the nearest 0.5
+    assert set(table["chosen"]) == {"twenty_questions", "bandit"} and all(table["chosen"].values())
+    for c in candidates:
+        assert f"{c:28s} val success {table['results'][c]['success_rate']:.3f}" in res.stdout
+    assert "chosen on val (success in [0.00, 1.00], nearest its middle)" in res.stdout and "(2 groups)" in res.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "games.val_fraction > 0"),
+    (["-S", "games.val_fraction=0.5", "--low", "0.7", "--high", "0.2"], "--low 0.7 is above --high 0.2"),
+    (["-S", "games.val_fraction=0.5", "--candidates", "no_such_game@x"], "games.groups"),
+])
+def test_choose_tiers_refuses_bad_input_in_one_line(args, needle):
+    assert_one_line(run(["choose", "tiers", "-S", "policy.backend=scripted", "-S", "policy.model=scripted",
+                         *args]), needle)
+
+
+def test_choose_format_prompt_plays_each_candidate_and_names_the_choice(tmp_path):
+    out = tmp_path / "format.json"
+    res = run(["choose", "format-prompt", *SCRIPTED, "-S", "games.groups=[twenty_questions@shown4]", "--k", "1",
+               "--candidates", "game,rule+free", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    table = json.loads(out.read_text())
+    assert list(table["results"]) == ["game", "rule+free"]
+    assert all(r["parsed"] == 1.0 for r in table["results"].values())  # the scripted players always use the tags
+    best = max(table["results"], key=lambda c: (table["results"][c]["success_rate"], table["results"][c]["parsed"]))
+    assert table["chosen"] == best
+    prompt, _, free = best.partition("+")
+    assert (f"chosen on val: policy.format_prompt={prompt} policy.free_answers={str(free == 'free').lower()}"
+            in res.stdout)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--candidates", "game+tags"], "'game+tags' is not FORMAT_PROMPT or FORMAT_PROMPT+free"),
+    (["--candidates", "shout"], "policy.format_prompt"),
+    (["-S", "games.val_fraction=0"], "games.val_fraction > 0"),
+])
+def test_choose_format_prompt_refuses_bad_input_in_one_line(args, needle):
+    assert_one_line(run(["choose", "format-prompt", *SCRIPTED, *args]), needle)
+
+
+# -- curio check-imports / params-hashes -----------------------------------------------------------------------
+def test_check_imports_without_its_config_is_one_line(tmp_path):
+    assert_one_line(run(["check-imports", "--config", str(tmp_path / "pyproject.toml")]), "no such file")
+
+
+def test_params_hashes_covers_every_stage_of_params_yaml_and_of_each_preset(monkeypatch):
+    monkeypatch.chdir(REPO)
+    res = run(["params-hashes"])
+    assert res.exit_code == 0, res.output
+    hashes = json.loads(res.stdout)
+    labels = ["params.yaml", *(p.name for p in (REPO / "presets").glob("*.yaml"))]
+    assert set(hashes) == {f"{label}:{stage}" for label in labels
+                            for stage in (s.name for s in declared_stages())} | {"schema", "defaults"}
+    # what a stage records is the hash of its own slice
+    assert all(h["hash"] == h["slice_hash"] for key, h in hashes.items() if ":" in key)
+    smollm2 = hashes["smollm2.yaml:rollout-text"]["hash"]
+    assert smollm2 != hashes["params.yaml:rollout-text"]["hash"]  # the preset changes the policy rollout-text plays
