@@ -61,7 +61,7 @@ def free_port() -> int:
 
 
 def server_command(python: str, gguf: Path, port: int, n_ctx: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
-    """The one command that serves ``gguf`` on 127.0.0.1:``port`` (as the README gives it), plus ``extra``
+    """The one command that serves ``gguf`` on 127.0.0.1:``port`` (as docs/real-models.md gives it), plus ``extra``
     server options (e.g. ``--n_threads 2``)."""
     return [
         python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL_ALIAS,

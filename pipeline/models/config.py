@@ -76,7 +76,7 @@ class LoraConfigSection(Section):
     """LoRA adapters (peft) for train-sft / train-dpo: only adapters train, merged into the saved model."""
 
     enabled: bool = Field(True, description="train LoRA adapters instead of every weight "
-                          "(the tiny policy generalises to held-out secrets better with them: README)")
+                          "(the tiny policy generalises to held-out secrets better with them: docs/recipes.md)")
     r: int = Field(8, ge=1, le=1024, description="adapter rank")
     alpha: int = Field(16, ge=1, description="lora_alpha: adapters are scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pipeline.core.config import Section
 from pipeline.llm.config import LLMConfig
 from pipeline.models.config import DPOConfigSection, LoraConfigSection, SFTConfigSection
+from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT, Channels, EmbedDim, Hidden
 
 # -- shared -----------------------------------------------------------------------------------------------
 #: The scripted player's default noise (``policy.model: scripted``; ``scripted:NOISE`` sets it).
@@ -56,17 +57,15 @@ class PolicyConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="hf backend: the weights' dtype when the policy plays (rollout-text, pairs-text, "
         "rl-text's filtered-BC rounds, evaluate-text); its output layer stays float32, and training, reference "
-        "log-probs and ArCHer (which plays the weights it trains) stay float32 on a CPU. bfloat16 plays SmolLM2 "
-        "~1.7x faster on a CPU with AVX-512 bf16 (eager attention there; bench/bench_real_speed.py --dtype), with "
-        "the same success on train tasks but replies ~6 % longer: not the same distribution, and the SmolLM2 "
-        "preset's trained policies scored 7-11 points lower on held-out games (docs/real-models.md)")
+        "log-probs and ArCHer (which plays the weights it trains) stay float32 on a CPU. bfloat16 plays faster "
+        "on a CPU with AVX-512 bf16 (eager attention there), but its replies are not float32's distribution: "
+        "speed, replies and held-out results in docs/real-models.md (bench/bench_real_speed.py --dtype)")
     cpu_linear: Literal["torch", "onednn"] = Field(
         "torch", description="hf backend on a CPU: the GEMM of the float32 linear layers when the policy plays. "
         "torch = torch's default (MKL on x86); onednn = oneDNN with the weights reordered once per weights "
-        "version (an extra copy of them): decode steps stream the weights ~1.7x faster, so the SmolLM2 preset's "
-        "rollout-text runs ~1.4x faster (bench/bench_real_speed.py --cpu-linear). Its float sums differ in the "
-        "last bits; its replies were the same as torch's in docs/real-models.md's checks. Training and reference "
-        "log-probs keep torch's")
+        "version (an extra copy of them): decode steps stream the weights faster (measured in "
+        "docs/real-models.md; bench/bench_real_speed.py --cpu-linear). Its float sums differ in the last bits. "
+        "Training and reference log-probs keep torch's")
 
     @model_validator(mode="after")
     def _scripted_model(self) -> PolicyConfig:
@@ -287,9 +286,9 @@ class TrainRewardTextConfig(Section):
     lr: float = Field(1e-3, gt=0, description="Adam learning rate (Motif: 1e-5 over 500k pairs)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_len: int = Field(256, ge=8, le=2048, description="bytes of a move and its context the network reads")
-    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
-    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
-    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
+    embed_dim: EmbedDim
+    channels: Channels
+    hidden: Hidden
 
 
 class MotifRewardConfig(Section):
@@ -298,8 +297,9 @@ class MotifRewardConfig(Section):
     threshold_quantile: float | None = Field(0.5, ge=0.0, le=1.0, description="ε = this quantile of the "
                                              "normalised reward r̃ over the training moves (Motif: 0.5); null = "
                                              "no threshold")
-    count_exponent: float = Field(3.0, ge=0.0, description="β: a move repeated in one episode earns r̃ / N^β, "
-                                  "N = its count so far in the episode (Motif: 3)")
+    count_exponent: float = Field(MOTIF_COUNT_EXPONENT, ge=0.0, description="β: a move repeated in one episode "
+                                  "earns r̃ / N^β, N = its count so far in the episode "
+                                  f"(Motif: {MOTIF_COUNT_EXPONENT:g})")
     intrinsic_coef: float = Field(1.0, ge=0.0, description="weight of the reward model's reward")
     outcome_coef: float = Field(0.0, ge=0.0, description="weight of the game's outcome reward (-1 per turn, 0 "
                                 "on the winning one; reward games: the reward on the last turn); 0 = "
@@ -314,9 +314,9 @@ class OniModelConfig(Section):
     batch_size: int = Field(64, ge=1, description="labelled moves per step")
     lr: float = Field(3e-3, gt=0, description="Adam learning rate")
     max_len: int = Field(256, ge=8, le=2048, description="bytes of a move and its context the network reads")
-    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
-    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
-    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
+    embed_dim: EmbedDim
+    channels: Channels
+    hidden: Hidden
 
 
 class OniTextConfig(Section):
