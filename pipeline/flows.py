@@ -111,13 +111,10 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     stages it does not run from ``data/`` (:mod:`pipeline.flow_workspace`). A run that cannot be made (a bad
     param, an unknown stage, an upstream the overrides change) ends Failed with one line, having created nothing.
     """
-    from prefect.runtime import flow_run
     from prefect.states import Failed
 
     from pipeline.core.suggest import did_you_mean
-    from pipeline.flow_workspace import Refused, describe, plan, warning, workspace_overrides
-    from pipeline.params_check import NAME as PARAMS_CHECK
-    from pipeline.params_check import check as check_params
+    from pipeline.flow_workspace import Refused
 
     logger = get_run_logger()
 
@@ -135,53 +132,82 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
             return refuse(f"unknown stage {name!r}{did_you_mean(name, order)}; known: {', '.join(order)}")
     tracked = not overrides
     if not tracked:
-        root = Path(params.data_dir) / "prefect" / (flow_run.get_name() or "run")
-        asked, overrides = params, workspace_overrides(overrides, root)
-        params = _params(params_file, overrides)
-        selected = [n for n in order if n in stages] if stages else [n for n in order if n != PARAMS_CHECK]
         try:
-            workspace = plan(_params(params_file, None), asked, selected, root)
+            params, overrides = _workspace(params_file, params, overrides, order, stages)
         except Refused as e:
             return refuse(str(e))
-        workspace.create()
-        logger.info("overrides: %s (params.yaml and dvc.lock untouched)", describe(workspace))
-        if (unread := warning(workspace, selected)) is not None:
-            logger.warning("%s", unread)
     summary: dict[str, str] = {}
     with pipeline_run("pipeline", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
                       artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         for name in order:
             if stages and name not in stages:
                 continue
-            if interrupt.requested() is not None:  # SIGTERM came as the last stage finished: no stage after it
-                with interrupt.at(f"stage {name}"):
-                    return Cancelled(message=interrupt.message())
-            if tracked and not force and stage_is_current(name):
-                logger.info("%s: up to date", name)
-                summary[name] = "up to date"
-                continue
-            if name == PARAMS_CHECK:  # its stamp is DVC's: an overridden run's params were checked above
-                if tracked:
-                    check_params(params_file)
-                    res = _dvc("commit", "--force", name)
-                    if res.returncode != 0:
-                        raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
-                summary[name] = "ran" if tracked else "checked"
-                continue
-            logger.info("%s: running", name)
-            sub = report_flow if name == "report" else STAGE_FLOWS[name]
-            state = sub.with_options(flow_run_name=f"{name} seed={params.seed}")(
-                params_file=params_file, overrides=overrides, return_state=True)
-            if state.is_cancelled():  # the stage stopped on SIGTERM, saying where it resumes: so does the run
-                return state
-            state.result()  # a failed stage raises its error here
-            if tracked:
-                res = _dvc("commit", "--force", name)
-                if res.returncode != 0:
-                    raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
-            summary[name] = "ran"
+            ran = _run_in_pipeline(name, params_file, overrides, params, tracked, force)
+            if not isinstance(ran, str):  # the state the run ends with (a stop)
+                return ran
+            summary[name] = ran
     _publish(summary, params)
     return summary
+
+
+def _workspace(params_file: str, params: Params, overrides: dict[str, Any], order: list[str],
+               stages: list[str] | None) -> tuple[Params, dict[str, Any]]:
+    """An overridden run's params and overrides, its outputs under ``DATA_DIR/prefect/<flow run name>/`` (created
+    here); ``Refused`` (nothing created) when the overrides change an upstream it does not run."""
+    from prefect.runtime import flow_run
+
+    from pipeline.flow_workspace import describe, plan, warning, workspace_overrides
+    from pipeline.params_check import NAME as PARAMS_CHECK
+
+    logger = get_run_logger()
+    root = Path(params.data_dir) / "prefect" / (flow_run.get_name() or "run")
+    asked, overrides = params, workspace_overrides(overrides, root)
+    params = _params(params_file, overrides)
+    selected = [n for n in order if n in stages] if stages else [n for n in order if n != PARAMS_CHECK]
+    workspace = plan(_params(params_file, None), asked, selected, root)
+    workspace.create()
+    logger.info("overrides: %s (params.yaml and dvc.lock untouched)", describe(workspace))
+    if (unread := warning(workspace, selected)) is not None:
+        logger.warning("%s", unread)
+    return params, overrides
+
+
+def _run_in_pipeline(name: str, params_file: str, overrides: dict[str, Any] | None, params: Params, tracked: bool,
+                     force: bool) -> Any:
+    """One stage of the pipeline flow: what the summary says of it ("up to date", "ran", "checked"), or the state
+    the run ends with when it stopped (SIGTERM)."""
+    from pipeline.params_check import NAME as PARAMS_CHECK
+    from pipeline.params_check import check as check_params
+
+    logger = get_run_logger()
+    if interrupt.requested() is not None:  # SIGTERM came as the last stage finished: no stage after it
+        with interrupt.at(f"stage {name}"):
+            return Cancelled(message=interrupt.message())
+    if tracked and not force and stage_is_current(name):
+        logger.info("%s: up to date", name)
+        return "up to date"
+    if name == PARAMS_CHECK:  # its stamp is DVC's: an overridden run's params were checked above
+        if tracked:
+            check_params(params_file)
+            _commit(name)
+        return "ran" if tracked else "checked"
+    logger.info("%s: running", name)
+    sub = report_flow if name == "report" else STAGE_FLOWS[name]
+    state = sub.with_options(flow_run_name=f"{name} seed={params.seed}")(
+        params_file=params_file, overrides=overrides, return_state=True)
+    if state.is_cancelled():  # the stage stopped on SIGTERM, saying where it resumes: so does the run
+        return state
+    state.result()  # a failed stage raises its error here
+    if tracked:
+        _commit(name)
+    return "ran"
+
+
+def _commit(name: str) -> None:
+    """``dvc commit`` a stage run by the flow, so ``dvc.lock`` records it as ``dvc repro`` would."""
+    res = _dvc("commit", "--force", name)
+    if res.returncode != 0:
+        raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
 
 
 @task(task_run_name="evaluate {checkpoint} {split} seed={seed}", cache_policy=NO_CACHE)

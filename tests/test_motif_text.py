@@ -23,6 +23,7 @@ from pipeline.llm.base import ChatBackend, Generation
 from pipeline.llm.config import LLMConfig
 from pipeline.models.reward_net import RewardNetConfig, fit_reward_model, load_reward_model, soft_bt_loss
 from pipeline.params import load_params
+from pipeline.text.turn_rewards import motif_rewards, outcome_rewards
 from pipeline.text.utterance_prefs import (
     UtterancePreferenceJudge,
     exact_move_reward,
@@ -30,7 +31,6 @@ from pipeline.text.utterance_prefs import (
     utterance_pairs,
     utterance_text,
 )
-from stages.rl.text import motif_rewards, outcome_rewards
 
 REPO = Path(__file__).resolve().parents[1]
 

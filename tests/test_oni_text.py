@@ -203,7 +203,7 @@ def test_switching_to_oni_makes_rl_text_alone_stale():
         assert moved == (name in ("rl-text", "annotate-utterances", "train-reward-text")), name
     rl = declaration("rl-text")
     assert rl.needs(changed) == rl.needs(base)  # no reward model from another stage
-    assert {"stages/rl/oni_text.py", "pipeline/text/oni.py", "pipeline/text/prompts/oni_label.yaml",
+    assert {"pipeline/text/oni_rewards.py", "pipeline/text/oni.py", "pipeline/text/prompts/oni_label.yaml",
             "pipeline/llm/online_annotation.py"} <= set(spec["rl-text"]["deps"])
     assert "pipeline/llm/online_annotation.py" in spec["rl-nethack"]["deps"]
 

@@ -132,7 +132,7 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
     import stages.rl.filtered_bc as fbc
     from pipeline.text.curriculum import task_key
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.text import online_curriculum
+    from stages.rl.text_rounds import online_curriculum
 
     run = [*CURRICULUM_RUN, f"rl_text.algorithm={algorithm}", f"rl_text.reward={reward}",
            # the tiny policy rarely writes <Answer> tags: its first lines are its moves, so utterances get judged

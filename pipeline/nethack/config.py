@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import Section
 from pipeline.llm.config import LLMConfig
+from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT, Channels, EmbedDim, Hidden
 
 # -- nethack track ------------------------------------------------------------------------------------------
 NetHackTask = Literal[
@@ -92,9 +93,9 @@ class TrainRewardConfig(Section):
                       "the embedded default sees ~16k pairs, so it takes larger steps)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_len: int = Field(96, ge=8, le=1024, description="bytes of a caption the network reads")
-    embed_dim: int = Field(16, ge=4, le=512, description="byte embedding size")
-    channels: int = Field(32, ge=4, le=1024, description="convolution channels")
-    hidden: int = Field(64, ge=4, le=1024, description="hidden units of the head")
+    embed_dim: EmbedDim
+    channels: Channels
+    hidden: Hidden
 
 
 class RLNetHackVariant(Section):
@@ -149,7 +150,7 @@ class RLNetHackConfig(Section):
         "0.1 / 0.1)",
     )
     train_for_env_steps: int = Field(64_000, ge=1, description="env steps per variant (resumes until reached)")
-    count_exponent: float = Field(3.0, ge=0, description="β: r_int is divided by N_ep(message)^β")
+    count_exponent: float = Field(MOTIF_COUNT_EXPONENT, ge=0, description="β: r_int is divided by N_ep(message)^β")
     threshold_quantile: float | None = Field(
         0.5, ge=0, le=1, description="ε = this quantile of the normalised reward; null = no threshold"
     )
@@ -172,7 +173,8 @@ class RLNetHackConfig(Section):
         description="ONI's online annotation (reward types retrieval / classification / ranking / cosine)")
     preset: Literal["oni"] | None = Field(
         None, description="oni: ONI's setup replaces variants, extended_actions and count_exponent (Motif, "
-        "extrinsic and the four online rewards; ext 0.1 on score, 10 on goal tasks; int 0.4; beta 3)"
+        "extrinsic and the four online rewards; ext 0.1 on score, 10 on goal tasks; int 0.4; "
+        f"beta {MOTIF_COUNT_EXPONENT:g})"
     )
 
     @model_validator(mode="before")
@@ -183,7 +185,7 @@ class RLNetHackConfig(Section):
             data = {
                 **data,
                 "extended_actions": True,
-                "count_exponent": 3.0,
+                "count_exponent": MOTIF_COUNT_EXPONENT,
                 "variants": {
                     "motif": {"reward": "motif", "ext_coef": ext, "int_coef": 0.4},
                     "extrinsic": {"reward": "none", "ext_coef": ext, "int_coef": 0.0},

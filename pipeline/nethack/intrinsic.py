@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT
+
 
 class MessageRewards:
     """r̃ by message, computed in batches by the reward model and cached."""
@@ -71,7 +73,7 @@ class EpisodicIntrinsicReward:
         *,
         ext_coef: float,
         int_coef: float,
-        count_exponent: float = 3.0,
+        count_exponent: float = MOTIF_COUNT_EXPONENT,
         threshold: float | None = None,
     ) -> None:
         if int_coef != 0 and rewards is None:

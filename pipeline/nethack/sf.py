@@ -36,6 +36,7 @@ from torch import nn
 
 from pipeline.core.artifacts import atomic_write_json
 from pipeline.llm import online_annotation
+from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT
 from pipeline.nethack import oni, sf_compat
 from pipeline.nethack.clock import DEFAULT_CLOCK
 from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env, seed_env
@@ -82,7 +83,8 @@ def add_nethack_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--reward_model_dir", default="", type=str, help="trained message reward model ('' = none)")
     p.add_argument("--ext_coef", default=1.0, type=float, help="weight of the task (extrinsic) reward")
     p.add_argument("--int_coef", default=0.0, type=float, help="weight of the intrinsic reward")
-    p.add_argument("--count_exponent", default=3.0, type=float, help="beta: r_int is divided by N_ep(m)^beta")
+    p.add_argument("--count_exponent", default=MOTIF_COUNT_EXPONENT, type=float,
+                   help="beta: r_int is divided by N_ep(m)^beta")
     p.add_argument("--threshold_quantile", default=None, type=optional_quantile,
                    help="epsilon as a quantile of the normalised reward; 'none' = no threshold")
     p.add_argument("--intrinsic_reward", default="motif", choices=REWARD_TYPES,

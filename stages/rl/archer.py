@@ -9,7 +9,8 @@ High level, an utterance-level off-policy critic; low level, a token-level polic
   utterance's tokens (batched, left-padded with explicit position ids: see ``utterance_logprobs``).
 - reward (``rl_text.reward``): ``outcome``, games scored by turns (twenty questions, …) pay −1 per turn and 0 on
   the winning turn, games scored by reward (bandits) pay the episode's reward on its last turn; ``judge``, ``motif``
-  and ``oni``, each transition pays its utterance's dense reward (stages/rl/text.py), stored in the replay buffer.
+  and ``oni``, each transition pays its utterance's dense reward (pipeline/text/turn_rewards.py), stored in the
+  replay buffer.
 - tasks: a uniform sample per round, or the curriculum's picks (``rl_text.curriculum.enabled``) over the policy's
   own episodes of the rounds before (``data/rl_text/episodes``).
 
@@ -36,8 +37,9 @@ import json
 import random
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import torch
@@ -56,6 +58,7 @@ from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.config import ConfigError
 from pipeline.core.errors import CurioError
 from pipeline.core.processes import requested, world_size
+from pipeline.core.registry import STAGES
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend, Sampling
@@ -66,21 +69,17 @@ from pipeline.params import Params
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
-from stages.rl.text import (
-    NAME,
-    STAGE,
-    curriculum_metrics,
-    episode_jobs,
-    make_turn_rewards,
-    online_curriculum,
-    outcome_rewards,
-    round_episodes,
-)
+from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards, outcome_rewards
+from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+    from pipeline.text.curriculum import OnlineCurriculum
+
 T = TypeVar("T")
+#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+OUTPUTS = frozenset({"replay", "state", "episodes"})
 #: What data/rl_text/episodes keeps of each episode: the round's success statistics and the curriculum's scores.
 EPISODE_KEYS = ("group", "task_id", "sample", "success", "invalid", "turns", "score")
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -311,8 +310,8 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     processes, config_file = requested()
     if processes > 1 or config_file:
         check_batches(params, processes, actor)
-        return launched_stage(f"stages.rl.{params.rl_text.algorithm}", NAME, params, ctx,
-                              num_processes=processes, config_file=config_file)
+        # the whole stage in each process (stages/rl/text.py runs rl_text.algorithm's module)
+        return launched_stage(STAGES[NAME], NAME, params, ctx, num_processes=processes, config_file=config_file)
     return train_processes(params, ctx, actor, acting, extra_outputs)
 
 
@@ -337,134 +336,198 @@ def train_processes(params: Params, ctx: StageContext, actor: bool,
     checkpoints, model), so the files on disk are the one-process run's: any number of processes resumes them.
     The other processes get what they need from it (``from_main``) and gather their episodes to it.
     """
-    cfg, ccfg, acfg = params.rl_text, params.rl_text.critic, params.rl_text.archer
-    out = params.data_path("rl_text")
-    init = require_policy(params, "dpo")
-    device = params.policy.device
-    accelerator = None
-    if world_size() > 1:
-        from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs
-
-        # an encoder's unused parts (e.g. a BERT pooler) get no gradient: DDP must not wait for them
-        accelerator = Accelerator(cpu=not device.startswith("cuda"),
-                                  kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-        check_batches(params, accelerator.num_processes, actor)  # an accelerate config file's process count
-        device = str(accelerator.device)
-    main = accelerator is None or accelerator.is_main_process
-    replay = state_dir = None
-    start = 0
-    if main:
-        key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
-        replay = ReplayBuffer(out / "replay", key, {"init": init_hash}, ccfg.buffer_capacity)
-        # Round checkpoints of other params or another init are stale: never resumed.
-        state_dir = keyed_dir(out / "state", run_key(key, init_hash))
-        done_rounds = sorted(int(p.name.split("-")[1]) for p in state_dir.glob("round-*") if (p / "DONE").exists())
-        start = done_rounds[-1] + 1 if done_rounds else 0
-    start = from_main(start, accelerator)  # the others load the checkpoint the main process resumes from
-    games = make_games(params)
-    score_by_turns = {g.name: g.score_by_turns for g in games}
-    jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
-    sampling = sampling_from_config(params.rollout_text)
-    curriculum = online_curriculum(  # read by the main process only: it holds the episodes
-        params, jobs, lambda i: json.loads((out / "episodes" / f"round-{i:03d}.json").read_text()))
-    rewarder = make_turn_rewards(params)
-
-    ckpt = out / "state" / f"round-{start - 1:03d}" if start else None
-    policy, tokenizer = load_policy(ckpt / "policy" if ckpt else init, device)
-    if ckpt:
-        critic = DoubleCritic.load(ckpt / "critic", device)
-        target = DoubleCritic.load(ckpt / "target", device)
-    else:
-        torch.manual_seed(chunk_seed(params.seed, NAME + "/critic", 0))
-        encoder, enc_tok = load_encoder(init if ccfg.model == "policy" else ccfg.model)
-        critic = DoubleCritic(encoder, enc_tok, ccfg.max_state_tokens, params.rollout_text.max_new_tokens).to(device)
-        target = copy.deepcopy(critic)
-    critic_opt = torch.optim.Adam(critic.parameters(), lr=ccfg.lr)
-    actor_opt = torch.optim.Adam(policy.parameters(), lr=acfg.actor_lr)
-    if ckpt:
-        opts = torch.load(ckpt / "optimizers.pt", weights_only=True)
-        critic_opt.load_state_dict(opts["critic"])
-        actor_opt.load_state_dict(opts["actor"])
-
-    backend = HFBackend(init, batch_size=params.rollout_text.batch_size, model_obj=policy, tokenizer=tokenizer,
-                        device=device, drop_finished=params.policy.drop_finished)
-    player = acting(backend, critic) if acting else backend  # plays and samples a_π with the unwrapped models
-    sample_pi = sampler(player, sampling)
-    trained_critic, trained_policy = critic, policy  # what the gradient steps run: DDP-wrapped in several processes
-    if accelerator is not None:
-        trained_critic, critic_opt = accelerator.prepare(critic, critic_opt)
-        if actor:
-            trained_policy, actor_opt = accelerator.prepare(policy, actor_opt)
-    for r in range(start, cfg.rounds):
+    cfg = params.rl_text
+    loop = start_loop(params, actor, acting)
+    for r in range(loop.start, cfg.rounds):
         with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
-            seed = chunk_seed(params.seed, NAME, r)
-            if not from_main(main and r in replay.data.finished(), accelerator):
-                keys = round_episodes(params, jobs, r, curriculum) if main or curriculum is None else None
-                episodes = episode_jobs(jobs, keys if curriculum is None else from_main(keys, accelerator))
-                if accelerator is not None:  # each process plays a contiguous part; gathered back in order
-                    with accelerator.split_between_processes(episodes) as part:
-                        episodes = part
-                with torch.no_grad():
-                    rows = play_episodes(player, episodes, sampling,
-                                         seed=process_seed(params.seed, NAME, r, accelerator),
-                                         max_format_retries=params.rollout_text.max_format_retries,
-                                         policy_name=f"{cfg.algorithm}-round-{r}")
-                    if rewarder is not None:  # judge: continuations by the policy itself (CHAI: before re-ranking)
-                        rewards = rewarder(backend, tokenizer, games, rows,
-                                           process_seed(params.seed, f"{NAME}/judge", r, accelerator), r)
-                        rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
-                if accelerator is not None:
-                    from accelerate.utils import gather_object
-
-                    rows = gather_object(rows)
-                if main:
-                    # before the part that marks r played
-                    atomic_write_json(out / "episodes" / f"round-{r:03d}.json",
-                                      [{k: row[k] for k in EPISODE_KEYS} for row in rows])
-                    replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]],
-                                                                            row.get("turn_rewards"))])
+            if not from_main(loop.main and r in loop.replay.data.finished(), loop.accelerator):
+                play_round(loop, r)
                 point.text += " (its episodes played)"  # kept: the rerun redoes its gradient steps only
-                stop_here(accelerator)
-            # same RNG whether rollouts ran or not
-            torch.manual_seed(process_seed(params.seed, NAME + "/train", r, accelerator))
-            rng = random.Random(seed)
-            buffer = replay.contents(r) if main else None
-            stats: dict[str, float] = {}
-            if from_main(bool(buffer), accelerator):
-                losses = [critic_step(trained_critic, target, critic_opt,
-                                      global_batch(rng, buffer, ccfg.batch_size, accelerator), sample_pi, ccfg.gamma,
-                                      ccfg.tau, ccfg.grad_clip, accelerator) for _ in range(ccfg.steps)]
-                stats["critic_loss"] = sum(losses) / len(losses)
-                if actor and r >= acfg.warmup_rounds and acfg.actor_steps:
-                    steps = [actor_step(trained_policy, tokenizer, critic, actor_opt,
-                                        [b["state"] for b in global_batch(rng, buffer, acfg.batch_size, accelerator)],
-                                        sample_pi, ccfg.grad_clip, accelerator) for _ in range(acfg.actor_steps)]
-                    stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
-                    stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
-            if main:
-                round_stats = summarize(json.loads((out / "episodes" / f"round-{r:03d}.json").read_text()))
+                stop_here(loop.accelerator)
+            stats = train_round(loop, r)
+            if loop.main:
+                round_stats = summarize(json.loads((loop.out / "episodes" / f"round-{r:03d}.json").read_text()))
                 ctx.tracker.log_metrics({"rl/success_rate": round_stats["success_rate"],
                                          **{f"rl/{k}": v for k, v in stats.items()}}, step=r)
-                save_round(state_dir, r, policy, tokenizer, critic, target, critic_opt, actor_opt, stats)
+                save_round(loop.state_dir, r, loop.policy, loop.tokenizer, loop.critic, loop.target, loop.critic_opt,
+                           loop.actor_opt, stats)
         if r + 1 < cfg.rounds:
-            stop_here(accelerator)  # the round is checkpointed: the next one starts the rerun
+            stop_here(loop.accelerator)  # the round is checkpointed: the next one starts the rerun
+    return end_loop(loop, extra_outputs)
 
-    if rewarder is not None:
-        rewarder.close()
-    if not main:
+
+@dataclass
+class Loop:
+    """What the rounds of :func:`train_processes` share: where they run, what they play, what they train."""
+
+    params: Params
+    actor: bool
+    out: Path
+    init: str
+    accelerator: Accelerator | None
+    device: str
+    main: bool  # the process that holds the replay buffer and writes
+    replay: ReplayBuffer | None = None  # the main process's
+    state_dir: Path | None = None  # the main process's
+    start: int = 0  # the first round not checkpointed
+    games: list = field(default_factory=list)
+    jobs: list = field(default_factory=list)
+    sampling: Sampling | None = None
+    curriculum: OnlineCurriculum | None = None
+    rewarder: TurnRewards | None = None
+    policy: Any = None
+    tokenizer: Any = None
+    critic: DoubleCritic | None = None
+    target: DoubleCritic | None = None
+    critic_opt: Any = None  # the optimisers: prepared by accelerate in several processes
+    actor_opt: Any = None
+    backend: HFBackend | None = None  # the policy; ``player`` wraps it (CHAI's re-ranking)
+    player: ChatBackend | None = None
+    trained_critic: Any = None  # what the gradient steps run: DDP-wrapped in several processes
+    trained_policy: Any = None
+
+
+def start_loop(params: Params, actor: bool, acting: Callable[[HFBackend, DoubleCritic], ChatBackend] | None) -> Loop:
+    """The processes, the round to resume from, the games, the reward and the models (a round's checkpoint)."""
+    accelerator, device = start_processes(params, actor)
+    loop = Loop(params, actor, params.data_path("rl_text"), require_policy(params, "dpo"), accelerator, device,
+                main=accelerator is None or accelerator.is_main_process)
+    if loop.main:
+        key, init_hash = params_key(params), dir_hash(loop.init)
+        loop.replay = ReplayBuffer(loop.out / "replay", key, {"init": init_hash}, params.rl_text.critic.buffer_capacity)
+        # Round checkpoints of other params or another init are stale: never resumed.
+        loop.state_dir = keyed_dir(loop.out / "state", run_key(key, init_hash))
+        done = sorted(int(p.name.split("-")[1]) for p in loop.state_dir.glob("round-*") if (p / "DONE").exists())
+        loop.start = done[-1] + 1 if done else 0
+    loop.start = from_main(loop.start, accelerator)  # the others load the checkpoint the main process resumes from
+    loop.games = make_games(params)
+    loop.jobs = [(g, t) for g in loop.games for t in game_tasks(params, g, "train")]
+    loop.sampling = sampling_from_config(params.rollout_text)
+    loop.curriculum = online_curriculum(  # read by the main process only: it holds the episodes
+        params, loop.jobs, lambda i: json.loads((loop.out / "episodes" / f"round-{i:03d}.json").read_text()))
+    loop.rewarder = make_turn_rewards(params, params_key(params))
+    load_models(loop)
+    loop.backend = HFBackend(loop.init, batch_size=params.rollout_text.batch_size, model_obj=loop.policy,
+                             tokenizer=loop.tokenizer, device=device, drop_finished=params.policy.drop_finished)
+    # plays and samples a_π with the unwrapped models
+    loop.player = acting(loop.backend, loop.critic) if acting else loop.backend
+    loop.trained_critic, loop.trained_policy = loop.critic, loop.policy
+    if accelerator is not None:
+        loop.trained_critic, loop.critic_opt = accelerator.prepare(loop.critic, loop.critic_opt)
+        if actor:
+            loop.trained_policy, loop.actor_opt = accelerator.prepare(loop.policy, loop.actor_opt)
+    return loop
+
+
+def start_processes(params: Params, actor: bool) -> tuple[Accelerator | None, str]:
+    """(the ``accelerate.Accelerator`` of this process, its device); (None, ``policy.device``) in one process."""
+    if world_size() <= 1:
+        return None, params.policy.device
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # an encoder's unused parts (e.g. a BERT pooler) get no gradient: DDP must not wait for them
+    accelerator = Accelerator(cpu=not params.policy.device.startswith("cuda"),
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    check_batches(params, accelerator.num_processes, actor)  # an accelerate config file's process count
+    return accelerator, str(accelerator.device)
+
+
+def load_models(loop: Loop) -> None:
+    """The policy, critic, target critic and optimisers: the checkpoint of the round before ``loop.start``, or the
+    initial policy and a fresh critic."""
+    params, ccfg, device = loop.params, loop.params.rl_text.critic, loop.device
+    ckpt = loop.out / "state" / f"round-{loop.start - 1:03d}" if loop.start else None
+    loop.policy, loop.tokenizer = load_policy(ckpt / "policy" if ckpt else loop.init, device)
+    if ckpt:
+        loop.critic = DoubleCritic.load(ckpt / "critic", device)
+        loop.target = DoubleCritic.load(ckpt / "target", device)
+    else:
+        torch.manual_seed(chunk_seed(params.seed, NAME + "/critic", 0))
+        encoder, enc_tok = load_encoder(loop.init if ccfg.model == "policy" else ccfg.model)
+        loop.critic = DoubleCritic(encoder, enc_tok, ccfg.max_state_tokens,
+                                   params.rollout_text.max_new_tokens).to(device)
+        loop.target = copy.deepcopy(loop.critic)
+    loop.critic_opt = torch.optim.Adam(loop.critic.parameters(), lr=ccfg.lr)
+    loop.actor_opt = torch.optim.Adam(loop.policy.parameters(), lr=params.rl_text.archer.actor_lr)
+    if ckpt:
+        opts = torch.load(ckpt / "optimizers.pt", weights_only=True)
+        loop.critic_opt.load_state_dict(opts["critic"])
+        loop.actor_opt.load_state_dict(opts["actor"])
+
+
+def play_round(loop: Loop, r: int) -> None:
+    """Round ``r``'s episodes, played by every process (its share) with their turn rewards; the main process
+    writes them (``episodes/``) and adds their transitions to the replay buffer as part r."""
+    params, accelerator, main, curriculum = loop.params, loop.accelerator, loop.main, loop.curriculum
+    keys = round_episodes(params, loop.jobs, r, curriculum) if main or curriculum is None else None
+    episodes = episode_jobs(loop.jobs, keys if curriculum is None else from_main(keys, accelerator))
+    if accelerator is not None:  # each process plays a contiguous part; gathered back in order
+        with accelerator.split_between_processes(episodes) as part:
+            episodes = part
+    with torch.no_grad():
+        rows = play_episodes(loop.player, episodes, loop.sampling, seed=process_seed(params.seed, NAME, r, accelerator),
+                             max_format_retries=params.rollout_text.max_format_retries,
+                             policy_name=f"{params.rl_text.algorithm}-round-{r}")
+        if loop.rewarder is not None:  # judge: continuations by the policy itself (CHAI: before re-ranking)
+            rewards = loop.rewarder(loop.backend, loop.tokenizer, loop.games, rows,
+                                    process_seed(params.seed, f"{NAME}/judge", r, accelerator), r)
+            rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
+    if accelerator is not None:
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows)
+    if main:
+        score_by_turns = {g.name: g.score_by_turns for g in loop.games}
+        # before the part that marks r played
+        atomic_write_json(loop.out / "episodes" / f"round-{r:03d}.json",
+                          [{k: row[k] for k in EPISODE_KEYS} for row in rows])
+        loop.replay.add(r, [tr for row in rows for tr in transitions(row, r, score_by_turns[row["group"]],
+                                                                      row.get("turn_rewards"))])
+
+
+def train_round(loop: Loop, r: int) -> dict[str, float]:
+    """Round ``r``'s critic steps, then (the actor, after the warm-up rounds) its actor steps: their mean losses."""
+    params, accelerator = loop.params, loop.accelerator
+    ccfg, acfg = params.rl_text.critic, params.rl_text.archer
+    # same RNG whether rollouts ran or not
+    torch.manual_seed(process_seed(params.seed, NAME + "/train", r, accelerator))
+    rng = random.Random(chunk_seed(params.seed, NAME, r))
+    buffer = loop.replay.contents(r) if loop.main else None
+    stats: dict[str, float] = {}
+    if not from_main(bool(buffer), accelerator):
+        return stats
+    sample_pi = sampler(loop.player, loop.sampling)
+    losses = [critic_step(loop.trained_critic, loop.target, loop.critic_opt,
+                          global_batch(rng, buffer, ccfg.batch_size, accelerator), sample_pi, ccfg.gamma, ccfg.tau,
+                          ccfg.grad_clip, accelerator) for _ in range(ccfg.steps)]
+    stats["critic_loss"] = sum(losses) / len(losses)
+    if loop.actor and r >= acfg.warmup_rounds and acfg.actor_steps:
+        steps = [actor_step(loop.trained_policy, loop.tokenizer, loop.critic, loop.actor_opt,
+                            [b["state"] for b in global_batch(rng, buffer, acfg.batch_size, accelerator)],
+                            sample_pi, ccfg.grad_clip, accelerator) for _ in range(acfg.actor_steps)]
+        stats["actor_loss"] = sum(s["loss"] for s in steps) / len(steps)
+        stats["advantage"] = sum(s["advantage"] for s in steps) / len(steps)
+    return stats
+
+
+def end_loop(loop: Loop, extra_outputs: Callable[[Path, DoubleCritic], None] | None) -> StageResult:
+    """After the last round: the reward closed; the main process saves the model and gives the stage's result."""
+    if loop.rewarder is not None:
+        loop.rewarder.close()
+    if not loop.main:
         return StageResult()
-    final = out / "model"
+    final = loop.out / "model"
     if final.exists():
         shutil.rmtree(final)
-    tiny.save(policy, tokenizer, final)
+    tiny.save(loop.policy, loop.tokenizer, final)
     if extra_outputs:
-        extra_outputs(final, critic)
-    replay.data.mark_complete(cfg.rounds)
-    result = finish(params, out)
-    result.metrics.update(curriculum_metrics(params, curriculum))
-    if rewarder is not None:
-        result.metrics.update(rewarder.metrics())
+        extra_outputs(final, loop.critic)
+    loop.replay.data.mark_complete(loop.params.rl_text.rounds)
+    result = finish(loop.params, loop.out)
+    result.metrics.update(curriculum_metrics(loop.params, loop.curriculum))
+    if loop.rewarder is not None:
+        result.metrics.update(loop.rewarder.metrics())
     return result
 
 

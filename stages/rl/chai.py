@@ -17,7 +17,10 @@ from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm.base import ChatBackend
 from pipeline.params import Params
 from pipeline.text.critic import CRITIC_DIR, CriticRerank, DoubleCritic
-from stages.rl.archer import train_loop
+from stages.rl import archer
+
+#: What it writes under data/rl_text besides model/: ArCHer's, the same loop writes them.
+OUTPUTS = archer.OUTPUTS
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -30,4 +33,4 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         critic.save(model_dir / CRITIC_DIR)
         (model_dir / CRITIC_DIR / "chai.json").write_text(json.dumps({"num_samples": k}))
 
-    return train_loop(params, ctx, actor=False, acting=acting, extra_outputs=save_critic)
+    return archer.train_loop(params, ctx, actor=False, acting=acting, extra_outputs=save_critic)

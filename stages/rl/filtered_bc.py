@@ -7,7 +7,7 @@ current policy. With a dense ``rl_text.reward`` (judge, motif, oni) the ranking 
 per-utterance rewards instead (highest first, ties in play order; stored in the round's rollouts as
 ``turn_rewards``): the mean, not the sum, because a judge's reward is mostly positive, so a sum would rank long,
 failed conversations above short wins. Format-invalid trajectories are never cloned, with either reward. With
-``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (stages/rl/text.py).
+``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (stages/rl/text_rounds.py).
 
 Rollouts are one Parquet part per round and the policy is saved after every round, so a killed run resumes at
 the first unfinished round. On SIGTERM it stops once the round's rollouts are written, or with a checkpoint of
@@ -41,16 +41,11 @@ from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
-from stages.rl.text import (
-    NAME,
-    STAGE,
-    TurnRewards,
-    curriculum_metrics,
-    episode_jobs,
-    make_turn_rewards,
-    online_curriculum,
-    round_episodes,
-)
+from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
+from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+
+#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+OUTPUTS = frozenset({"rollouts", "rounds", "checkpoints"})
 
 JUDGED_SCHEMA = EPISODE_SCHEMA.append(pa.field("turn_rewards", pa.list_(pa.float64())))
 
@@ -79,7 +74,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     lora = params.train_policy.lora if cfg.lora else None
     out = params.data_path("rl_text")
     init = require_policy(params, "dpo")
-    key, init_hash = params.section_hash(STAGE.params), dir_hash(init)
+    key, init_hash = params_key(params), dir_hash(init)
     rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": init_hash})
     # Round models and SFT checkpoints of other params or another init are stale: never resumed.
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
@@ -88,7 +83,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts, i))
-    rewarder = make_turn_rewards(params)
+    rewarder = make_turn_rewards(params, key)
     current = Path(init)
     try:
         for r in range(cfg.rounds):

@@ -11,7 +11,7 @@ State: ``data/rl_text/oni/`` (keyed by rl-text's params and its initial policy, 
 the spools, ``labels.jsonl`` and the snapshots; a killed run's rerun starts the annotator on them again (answers
 already paid for are in labels.jsonl and the LLM response cache). The process is niced like the NetHack one, gets
 SIGTERM when rl-text dies (PR_SET_PDEATHSIG) and is stopped by :meth:`OniTurnRewards.close` (the algorithms call it
-in their ``finally``) or at exit.
+when they finish) or at exit.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 from pipeline.core.artifacts import dir_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
+from pipeline.core.config import ParamsSlice
 from pipeline.core.errors import CurioError
 from pipeline.llm import online_annotation
-from pipeline.params import Params
 from pipeline.text import oni
 from pipeline.text.policies import require_policy
-from stages.rl.text import STAGE, TurnRewards
 
+#: The annotator's state, under rl-text's output directory.
 DIRECTORY = "oni"
 
 
@@ -40,7 +40,7 @@ class AnnotatorStalled(CurioError):
     """wait_for_labels: the annotator did not catch up with the rounds played in rl_text.oni.wait_timeout_s."""
 
 
-def annotator_settings(params: Params) -> dict[str, Any]:
+def annotator_settings(params: ParamsSlice) -> dict[str, Any]:
     """The annotator process's JSON config, from ``rl_text.oni``."""
     cfg = params.rl_text.oni
     return {"annotator": cfg.annotator.model_dump(mode="json"), "label_threshold": cfg.label_threshold,
@@ -48,21 +48,21 @@ def annotator_settings(params: Params) -> dict[str, Any]:
             "max_attempts": cfg.max_attempts, "model": cfg.model.model_dump(mode="json"), "seed": params.seed}
 
 
-def oni_directory(params: Params) -> Path:
-    """``data/rl_text/oni``, emptied when written under other params or another initial policy."""
-    key = run_key(params.section_hash(STAGE.params), dir_hash(require_policy(params, "dpo")))
-    return keyed_dir(params.data_path("rl_text", DIRECTORY), key)
+def oni_directory(params: ParamsSlice, key: str) -> Path:
+    """``data/rl_text/oni``, emptied when written under other params (``key``: the hash of rl-text's params) or
+    another initial policy."""
+    return keyed_dir(params.data_path("rl_text", DIRECTORY), run_key(key, dir_hash(require_policy(params, "dpo"))))
 
 
-class OniTurnRewards(TurnRewards):
+class OniTurnRewards:
     """Spools each round's moves to the annotator process; per move, its label or the refit model's reward."""
 
-    def __init__(self, params: Params, *, poll_s: float = 0.1) -> None:
+    def __init__(self, params: ParamsSlice, key: str, *, poll_s: float = 0.1) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would spool its part of a round as the round
             raise CurioError("rl_text.reward: oni runs in one process (one annotator, one spool per round); "
                              "run ArCHer / CHAI on one device with it")
         self.cfg = params.rl_text.oni
-        self.directory = oni_directory(params)
+        self.directory = oni_directory(params, key)
         self.settings = annotator_settings(params)
         self.poll_s = poll_s
         self.proc: Any = None
