@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.artifacts import atomic_write_bytes, dataset_hash, part_files, read_manifest
 from pipeline.core.samples import clean, frame_text, sample_indices
+from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT
 
 PAGES_DIR = "report_pages"  # beside report.html
 TEXT_CAP = 4000  # characters of one message / raw reply kept on a page
@@ -39,7 +40,7 @@ ROW_CAP = {"episodes": 1500, "pairs": 1000, "annotations-text": 1000, "annotatio
            "nethack-steps": 12, "nethack-episodes": 5000}  # nethack-steps: episodes (of NLE steps each)
 STEP_CAP = 2000  # steps of one NetHack episode replayed on a page
 KEYFRAME = 64  # a full tty frame every KEYFRAME steps, changed runs of characters in between
-COUNT_EXPONENT = 3.0  # β of r̃(m) / N_ep(m)^β (pipeline.nethack.intrinsic), the default of rl_nethack's variants
+COUNT_EXPONENT = MOTIF_COUNT_EXPONENT  # β of r̃(m) / N_ep(m)^β (pipeline.nethack.intrinsic), rl_nethack's default
 MARGINS = "train_policy/dpo_margins"  # train-dpo's scores of the pairs of data/reflogprobs
 REPLAYS = "evaluate_nethack_replays"  # evaluate-nethack's recorded steps
 USAGE = ("attempts", "cached", "tokens_in", "tokens_out")  # an annotation's cost (pipeline.llm.ledger.Usage)
@@ -485,7 +486,8 @@ PAGE_BUILDERS: dict[str, Callable[[_Page], list[dict]]] = {
 
 
 INTRINSIC_NOTE = ("Intrinsic reward: r̃(m), the trained reward model's normalised output for the step's message "
-                  "(data/reward_model/message_rewards.json), and r̃(m) / N_ep(m)^3, its count-decayed episodic value "
+                  f"(data/reward_model/message_rewards.json), and r̃(m) / N_ep(m)^{COUNT_EXPONENT:g}, its count-decayed "
+                  "episodic value "
                   "without a threshold (pipeline/nethack/intrinsic.py); extrinsic: the task reward.")
 NO_INTRINSIC_NOTE = "Intrinsic reward: not shown (no data/reward_model/message_rewards.json yet: run train-reward)."
 USAGE_NOTE = ("Cost per row, as the stage's LLM ledger counts it (its rows sum to the ledger of the run that wrote "
