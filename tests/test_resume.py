@@ -80,6 +80,7 @@ def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_pa
         with pytest.raises(Killed):
             stage_module("rl-text").run(params_at(tmp_path, *run), StageContext())
     assert resumed[0] == 0 and resumed[1] > 0  # the same key resumed the killed run's checkpoint
+    assert list(out.rglob("checkpoint-*")) and not list(out.rglob("README.md"))  # no model card (tags in set order)
     assert list((out / "checkpoints").rglob("checkpoint-*"))
 
     kill[0] = False

@@ -184,6 +184,9 @@ def _train(trainer, checkpoint_dir: Path) -> int:
     ``Stopped`` once the checkpoint of the current step is saved."""
     last = _last_checkpoint(checkpoint_dir)
     resumed = int(Path(last).name.split("-")[-1]) if last else 0
+    # TRL writes a model card into the checkpoint directory on each save, its tags in a set's order (which varies
+    # with the hash seed from run to run): no card, so a rerun's outputs are the same bytes
+    trainer.create_model_card = lambda *args, **kwargs: None
     with interrupt.at(f"step {resumed}") as point:
         trainer.add_callback(_CheckpointOnSignal(point))
         if hasattr(trainer, _TOKENS):
