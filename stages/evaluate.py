@@ -57,8 +57,11 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
     games = make_games(params, groups)
     jobs = [(g, t, s) for g in games for t in game_tasks(params, g, split) for s in range(k)]
     sampling = sampling_from_config(params.rollout_text, temperature=temperature)
-    return play_episodes(backend, jobs, sampling, seed=seed,
-                         max_format_retries=params.rollout_text.max_format_retries, policy_name=policy)
+    try:
+        return play_episodes(backend, jobs, sampling, seed=seed,
+                             max_format_retries=params.rollout_text.max_format_retries, policy_name=policy)
+    finally:
+        backend.close()  # a vllm policy's server stops before the next policy's starts
 
 
 def evaluate_chunk(params: Params, _state: None, _index: int, policy: str) -> list[dict]:

@@ -141,6 +141,7 @@ def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[
                     schema=MULTITURN_PAIR_SCHEMA, desc="per-turn pairs")
     finally:
         judge.close()
+        policy.close()  # a vllm policy's server
     return {} if judge.rules else judge.ledger.metrics("judge")
 
 

@@ -54,8 +54,39 @@ def annotate_pairs(model, tokenizer, pairs: list[dict], batch_size: int, device:
     return rows
 
 
+def masked_sums(backend, sequences: list[tuple[list[int], list[int], list[int]]]) -> list[float]:
+    """:func:`sequence_logps` on a vLLM server: the sum of log π(token) over the masked completion tokens of
+    each (prompt_ids, completion_ids, mask), from the engine's ``prompt_logprobs`` of the ids as given."""
+    scored = backend.prompt_logprobs([p + c for p, c, _ in sequences])
+    return [sum(lp for lp, keep in zip(logps[len(p) - 1:], m, strict=True) if keep)
+            for logps, (p, _, m) in zip(scored, sequences, strict=True)]
+
+
+def vllm_pairs(backend, tokenizer, pairs: list[dict]) -> list[dict]:
+    rows = [{**p, **tokenize_pair(tokenizer, p["prompt"], p["chosen"], p["rejected"])} for p in pairs]
+    for side in ("chosen", "rejected"):
+        logps = masked_sums(backend, [(r["prompt_ids"], r[f"{side}_ids"], r[f"{side}_mask"]) for r in rows])
+        for r, lp in zip(rows, logps, strict=True):
+            r[f"ref_{side}_logps"] = lp
+    return rows
+
+
+def load_vllm_reference(params: Params, ref_path: str) -> tuple:
+    """The reference on vLLM's server (float32, as the hf path scores) and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from pipeline.llm.vllm import VLLMBackend
+
+    cfg = params.reflogprobs
+    backend = VLLMBackend(ref_path, cfg.base_url, device=params.policy.device, dtype="float32",
+                          max_concurrency=8, timeout_s=600.0)
+    return backend, AutoTokenizer.from_pretrained(ref_path)
+
+
 def reference_chunk(params: Params, state: tuple, _index: int, pairs: list[dict]) -> list[dict]:
     model, tokenizer = state
+    if params.reflogprobs.backend == "vllm":
+        return vllm_pairs(model, tokenizer, pairs)
     return annotate_pairs(model, tokenizer, pairs, params.reflogprobs.batch_size, params.policy.device)
 
 
@@ -68,7 +99,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     run_chunked(
         out, num_chunks=len(chunks),  # the reference model is loaded once per process that computes chunks
         make_chunk=ChunkJob(run=partial(reference_chunk, params), inputs=chunks,
-                            load=partial(load_policy, ref_path, params.policy.device)),
+                            load=partial(load_vllm_reference, params, ref_path) if params.reflogprobs.backend == "vllm"
+                            else partial(load_policy, ref_path, params.policy.device)),
         params_hash=params.section_hash(STAGE.params),
         upstream={"pairs": dataset_hash(src), "reference": dir_hash(ref_path)},
         desc="reference log-probs",

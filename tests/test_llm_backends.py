@@ -1,7 +1,6 @@
-"""make_backend picks and wires the configured backend; vllm (stubbed), rules, embedding (the real model)."""
+"""make_backend picks and wires the configured backend; rules, embedding (the real model), vllm's missing environment
+(its server: tests/test_vllm_server.py)."""
 
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -41,45 +40,13 @@ def test_environment_rules_means_the_game_program():
     assert make_environment(LLMConfig(backend="rules", model="oracle")) is None
 
 
-def test_vllm_missing_is_one_clear_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # import fails as if not installed
-    with pytest.raises(ImportError, match=r"vLLM's own environment.*backend: openai") as err:
+def test_vllm_without_its_environment_is_one_clear_line(monkeypatch, tmp_path):
+    from pipeline.core.errors import CurioError
+
+    monkeypatch.setenv("CURIO_VLLM_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
+    with pytest.raises(CurioError, match=r"no vLLM environment at .*run `make vllm`") as err:
         make_backend(LLMConfig(backend="vllm", model="some/model"), role="judge")
-    assert "\n" not in str(err.value)
-
-
-def test_vllm_backend_one_chat_call_per_batch(monkeypatch):
-    calls = []
-
-    class SamplingParams:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-
-    class LLM:
-        def __init__(self, model, **kw):
-            self.model = model
-            calls.append(kw)
-
-        def chat(self, messages, sampling_params, use_tqdm):
-            calls.append((len(messages), sampling_params))
-            out = []
-            for conv in messages:
-                ids = [7, 8]
-                lp = [{7: types.SimpleNamespace(logprob=-0.5)}, {8: types.SimpleNamespace(logprob=-1.5)}]
-                completion = types.SimpleNamespace(text="re: " + conv[-1]["content"], token_ids=ids, logprobs=lp)
-                out.append(types.SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3]))
-            return out
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    backend = make_backend(LLMConfig(backend="vllm", model="m", max_tokens=32), role="judge")
-    out = backend.generate(
-        [[{"role": "user", "content": f"q{i}"}] for i in range(5)], Sampling(max_tokens=500, logprobs=True, seed=1)
-    )
-    assert calls.pop(0) == {"enable_prefix_caching": True}  # each turn re-sends its conversation: prefix-cached
-    assert len(calls) == 1 and calls[0][0] == 5
-    assert calls[0][1].max_tokens == 32 and calls[0][1].seed == 1 and calls[0][1].logprobs == 0
-    assert out[3].text == "re: q3" and out[3].token_logprobs == [-0.5, -1.5]
-    assert (out[3].tokens_in, out[3].tokens_out) == (3, 2)
+    assert "\n" not in str(err.value) and err.value.exit_code == 2
 
 
 def test_hf_backend_is_built_from_params(monkeypatch):

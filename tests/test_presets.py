@@ -75,13 +75,19 @@ def value(params, key: str):
     return node
 
 
+#: Overlays: presets that change a backend, valid params stacked after a model preset (``curio preset A B``).
+OVERLAYS = {"vllm.yaml": "smollm2.yaml"}
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_valid_params_as_curio_preset_prints_it(name, monkeypatch):
     monkeypatch.chdir(REPO)
-    res = CliRunner().invoke(app, ["preset", f"presets/{name}"])
+    monkeypatch.setenv("CURIO_VLLM_PYTHON", sys.executable)  # vllm roles: `make vllm`'s interpreter is not needed
+    stack = [f"presets/{OVERLAYS[name]}"] if name in OVERLAYS else []
+    res = CliRunner().invoke(app, ["preset", *stack, f"presets/{name}"])
     assert res.exit_code == 0, res.output
     args = res.output.split()
-    overrides = preset_overrides(REPO / "presets" / name)
+    overrides = preset_overrides(*(REPO / p for p in stack), REPO / "presets" / name)
     assert args[::2] == ["-S"] * len(overrides) and args[1::2] == overrides
     load_params(REPO / "params.yaml", overrides)
 

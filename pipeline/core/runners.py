@@ -90,16 +90,27 @@ def loaded(load: Callable[[], Any] | None) -> Any:
     key = _load_key(load)
     with _LOAD_LOCK:
         if key not in _LOADED:
+            for state in _LOADED.values():
+                _stop_processes(state)
             _LOADED.clear()
             _LOADED[key] = load()
         return _LOADED[key]
 
 
+def _stop_processes(state: Any) -> None:
+    """Close what a dropped state runs outside this process (a backend's own server: ``owns_process``)."""
+    for item in state if isinstance(state, tuple | list) else (state,):
+        if getattr(item, "owns_process", False):
+            item.close()
+
+
 def release(load: Callable[[], Any] | None) -> None:
-    """Drop what ``load`` built from this process's cache (the driver, once a local run of chunks is over)."""
+    """Drop what ``load`` built from this process's cache (the driver, once a local run of chunks is over); a
+    server one of its backends started stops with it."""
     if load is not None:
         with _LOAD_LOCK:
-            _LOADED.pop(_load_key(load), None)
+            state = _LOADED.pop(_load_key(load), None)
+        _stop_processes(state)
 
 
 def _set_torch_threads(n: int) -> None:

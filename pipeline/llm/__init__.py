@@ -3,7 +3,8 @@
 ``make_backend(cfg, role=...)`` turns an ``LLMConfig`` from params.yaml into a backend:
 
 - ``hf``: local transformers model (``pipeline.llm.hf.HFBackend``), batched and left-padded.
-- ``vllm``: in-process vLLM (optional extra, imported only when selected).
+- ``vllm``: vLLM's OpenAI-compatible server, started from ``make vllm``'s environment or attached to
+  (``pipeline.llm.vllm``).
 - ``openai``: any OpenAI-compatible server; key from the environment variable named by ``api_key_env``.
 - ``rules``: a registered program (``pipeline.llm.rules``).
 - ``embedding``: sentence-embedding similarity (``EmbeddingBackend``, not a chat backend).
@@ -65,17 +66,19 @@ def _inner_backend(cfg: LLMConfig, game: Any) -> ChatBackend:
         from pipeline.llm.hf import HFBackend  # torch and transformers: only for an hf backend
 
         return HFBackend(cfg.model, device=cfg.device, batch_size=cfg.batch_size)
+    options = {"api_key_env": cfg.api_key_env, "max_concurrency": cfg.max_concurrency, "timeout_s": cfg.timeout_s,
+               "max_retries": cfg.max_retries, "max_tokens": cfg.max_tokens, "backoff_s": cfg.backoff_s}
     if cfg.backend == "vllm":
-        from pipeline.llm.vllm import VLLMBackend  # vllm: an optional extra (GPU only)
+        from pipeline.llm.vllm import VLLMBackend  # vLLM's server, from its own environment (make vllm)
+        from pipeline.models.gguf import resolve_model
 
-        return VLLMBackend(cfg.model, max_tokens=cfg.max_tokens)
+        return VLLMBackend(resolve_model(cfg.model), cfg.base_url, device=cfg.device, dtype=cfg.dtype,
+                           server_args=tuple(cfg.server_args), **options)
     if cfg.backend == "openai":
         if not cfg.base_url:  # never the SDK's default public endpoint (load_params refuses this too)
             raise ConfigError("llm: the openai backend needs base_url (the server's URL)")
         from pipeline.llm.openai_backend import OpenAIBackend, ShardedOpenAIBackend  # the openai client: when used
 
-        options = {"api_key_env": cfg.api_key_env, "max_concurrency": cfg.max_concurrency, "timeout_s": cfg.timeout_s,
-                   "max_retries": cfg.max_retries, "max_tokens": cfg.max_tokens, "backoff_s": cfg.backoff_s}
         if cfg.client_processes > 1:
             return ShardedOpenAIBackend(cfg.model, cfg.base_url, processes=cfg.client_processes, **options)
         return OpenAIBackend(cfg.model, cfg.base_url, **options)

@@ -352,6 +352,11 @@ class CachedBackend(ChatBackend):
                                     "rerun (finished work is kept)")
         return generations
 
+    @property
+    def owns_process(self) -> bool:
+        """Whether the backend runs a server of its own (vllm), which must stop when the backend is dropped."""
+        return bool(getattr(self.inner, "owns_process", False))
+
     def close(self) -> None:
         self.inner.close()
         if self.cache is not None:

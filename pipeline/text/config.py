@@ -198,6 +198,11 @@ class PairsTextConfig(Section):
 
 class ReflogprobsConfig(Section):
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: the reference model in this process (float32); vllm: vLLM's prompt_logprobs on the "
+        "stage's own float32 server of the reference (or base_url's), the token ids sent as they are (docs/vllm.md "
+        "gives the measured difference from hf)")
+    base_url: str | None = Field(None, description="vllm: a running vLLM server that serves the reference policy")
 
 
 class TrainPolicyConfig(Section):

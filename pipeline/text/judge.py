@@ -83,6 +83,11 @@ class Judge:
     def judge(self, items: list[JudgeItem]) -> list[Verdict]:
         raise NotImplementedError
 
+    @property
+    def owns_process(self) -> bool:
+        """Whether its backend runs a server of its own (vllm), stopped when the judge is dropped."""
+        return bool(getattr(getattr(self, "backend", None), "owns_process", False))
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the backend."""
 

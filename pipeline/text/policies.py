@@ -78,7 +78,12 @@ def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int 
         from pipeline.text.critic import is_chai_model, load_reranked  # torch, as above
 
         return load_reranked(backend, path, params.policy.device) if is_chai_model(path) else backend
-    cfg = LLMConfig(backend=params.policy.backend, model=path, batch_size=batch_size or 64)
+    require_policy(params, name_or_path)
+    # vllm: a server of this policy's weights for the stage, as many requests in flight as hf would batch, and
+    # the policy's own dtype (float32 by default: the distribution hf plays)
+    batch = batch_size or params.rollout_text.batch_size
+    cfg = LLMConfig(backend=params.policy.backend, model=path, batch_size=batch, max_concurrency=batch,
+                    max_tokens=8192, timeout_s=900.0, device=params.policy.device, dtype=params.policy.dtype)
     return make_backend(cfg, role="policy")
 
 

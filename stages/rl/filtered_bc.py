@@ -40,7 +40,7 @@ from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, require_policy
+from pipeline.text.policies import game_tasks, load_policy_backend, make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
 from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
 
@@ -129,17 +129,25 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
         model, tokenizer = load_policy(current, params.policy.device)
         seed = chunk_seed(params.seed, NAME, r)
         if r not in rollouts.finished():
-            policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                               tokenizer=tokenizer, drop_finished=params.policy.drop_finished,
-                               dtype=params.policy.dtype)  # plays a copy in that dtype; ``model`` trains
-            episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
-            rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
-                                 max_format_retries=params.rollout_text.max_format_retries)
-            schema = EPISODE_SCHEMA
-            if rewarder is not None:
-                rewards = rewarder(policy, tokenizer, games, rows, chunk_seed(params.seed, f"{NAME}/judge", r), r)
-                rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
-                schema = JUDGED_SCHEMA
+            if params.policy.backend == "vllm":  # a server of the round's saved weights plays it
+                policy = load_policy_backend(params, str(current))
+            else:
+                policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
+                                   tokenizer=tokenizer, drop_finished=params.policy.drop_finished,
+                                   dtype=params.policy.dtype)  # plays a copy in that dtype; ``model`` trains
+            try:
+                episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
+                rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
+                                     max_format_retries=params.rollout_text.max_format_retries)
+                schema = EPISODE_SCHEMA
+                if rewarder is not None:
+                    rewards = rewarder(policy, tokenizer, games, rows, chunk_seed(params.seed, f"{NAME}/judge", r),
+                                       r)
+                    rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
+                    schema = JUDGED_SCHEMA
+            finally:
+                if params.policy.backend == "vllm":
+                    policy.close()
             rollouts.write_part(r, rows, schema)
             point.text += " (its episodes played)"  # kept: the rerun clones them
             interrupt.check()

@@ -1,0 +1,207 @@
+"""backend: vllm's server lifecycle, against a stand-in server (tests/fake_vllm: vLLM's module path and arguments,
+standard library only): start and health check, attach, a failed start (exit 2 with the log's tail), a port
+taken, no per-request seed on a CPU, prompt_logprobs sums, and no server left after the stage is SIGKILLed.
+The same paths against the real vLLM server: tests/test_vllm_real.py (slow tier, `make vllm`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.llm import make_backend
+from pipeline.llm.base import Sampling
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.vllm import ServerError, VLLMBackend, VLLMServer, server_dtype
+
+FAKE = Path(__file__).resolve().parent / "fake_vllm"
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """$CURIO_VLLM_PYTHON: an interpreter whose ``vllm`` is the stand-in; its pids go to the returned file."""
+    python = tmp_path / "vllm-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={FAKE} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("CURIO_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("FAKE_VLLM_PIDFILE", str(pidfile))
+    monkeypatch.setenv("CURIO_LOG_DIR", str(tmp_path / "logs"))
+    return pidfile
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return False
+
+
+def pids(pidfile: Path) -> list[int]:
+    return [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
+
+
+def test_started_server_answers_and_stops(fake_vllm, tmp_path):
+    backend = VLLMBackend(str(tmp_path / "model"), max_tokens=64)
+    try:
+        (pid,) = pids(fake_vllm)
+        assert alive(pid) and backend.model == "curio"
+        out = backend.generate([[{"role": "user", "content": "abc"}]], Sampling(max_tokens=8, seed=3))
+        assert out[0].text == "cba" and out[0].meta["token_ids"] == [99, 98, 97] and out[0].error is None
+        # prompt_logprobs: the log-prob of every token after the first, for the ids sent
+        assert backend.prompt_logprobs([[5, 10, 20]]) == [[-0.1, -0.2]]
+    finally:
+        backend.close()
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
+
+
+def test_no_seed_is_sent_on_a_cpu(fake_vllm, tmp_path, monkeypatch):
+    """A request with ``seed`` kills vLLM's CPU engine (the stand-in does the same): a CPU backend never sends one."""
+    monkeypatch.setenv("FAKE_VLLM_SEED_CRASH", "1")
+    backend = VLLMBackend(str(tmp_path / "model"), max_retries=0)
+    try:
+        assert backend.send_seed is False
+        assert backend.generate([[{"role": "user", "content": "hi"}]], Sampling(seed=7))[0].text == "ih"
+        backend.send_seed = True  # what a CUDA backend sends: the stand-in dies as the CPU engine would
+        # the answers of a server that died are never returned as answers: the stage stops to resume later
+        with pytest.raises(ServerError, match="has stopped.*resumes where it stopped"):
+            deadline = time.monotonic() + 10  # until the supervisor has seen its server go (its poll)
+            while time.monotonic() < deadline:
+                backend.generate([[{"role": "user", "content": "hi"}]], Sampling(seed=7))
+                time.sleep(0.2)
+    finally:
+        backend.close()
+
+
+def test_attach_to_a_running_server(fake_vllm, tmp_path):
+    server = VLLMServer(str(tmp_path / "model"), name="judge-model")
+    try:
+        cfg = LLMConfig(backend="vllm", model=str(tmp_path / "model"), base_url=server.base_url, cache=False)
+        backend = make_backend(cfg, role="judge")
+        assert backend.inner.model == "judge-model" and backend.inner.server is None  # attached: nothing started
+        assert backend.generate([[{"role": "user", "content": "yes"}]], Sampling())[0].text == "sey"
+        backend.close()
+        assert server.alive()  # closing an attached backend leaves the server alone
+    finally:
+        server.close()
+    assert len(pids(fake_vllm)) == 1
+
+
+def test_attached_server_gone_stops_the_stage(fake_vllm, tmp_path):
+    server = VLLMServer(str(tmp_path / "model"))
+    backend = VLLMBackend("m", server.base_url, max_retries=0)
+    try:
+        assert backend.generate([[{"role": "user", "content": "ok"}]], Sampling())[0].text == "ko"
+        server.close()
+        with pytest.raises(ServerError, match="no vLLM server answers at"):
+            backend.generate([[{"role": "user", "content": "ok"}]], Sampling())
+    finally:
+        backend.close()
+        server.close()
+
+
+def test_failed_start_is_one_error_with_the_log_tail(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "1")
+    with pytest.raises(ServerError) as info:
+        VLLMServer(str(tmp_path / "model"))
+    first, *rest = str(info.value).splitlines()
+    assert "exited with 3 before it answered" in first and info.value.exit_code == 2
+    assert rest == ["RuntimeError: no CPU backend for this model"]
+
+
+def test_missing_environment_names_make_vllm(tmp_path, monkeypatch):
+    monkeypatch.setenv("CURIO_VLLM_PYTHON", str(tmp_path / "nothing" / "python"))
+    with pytest.raises(ServerError, match="run `make vllm`"):
+        VLLMServer(str(tmp_path / "model"))
+
+
+def test_a_taken_port_moves_to_another(fake_vllm, tmp_path, monkeypatch):
+    import pipeline.llm.vllm as vllm
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = vllm.free_port
+    monkeypatch.setattr(vllm, "free_port", lambda: next(ports, None) or real())
+    try:
+        server = VLLMServer(str(tmp_path / "model"))
+        assert server.port != taken.getsockname()[1] and server.alive()
+        server.close()
+    finally:
+        taken.close()
+
+
+@pytest.mark.parametrize("flags,expected", [({"avx2", "avx512f"}, "float32"), ({"avx2", "avx512_bf16"}, "bfloat16")])
+def test_auto_dtype_follows_the_cpu(monkeypatch, flags, expected):
+    import pipeline.llm.vllm as vllm
+
+    monkeypatch.setattr(vllm, "cpu_flags", lambda: flags)
+    assert server_dtype("auto", "cpu") == expected
+    assert server_dtype("float32", "cpu") == "float32" and server_dtype("auto", "cuda") == "auto"
+
+
+def test_reflogprobs_sums_the_masked_tokens(fake_vllm, tmp_path):
+    """The stage's vLLM path sums prompt_logprobs over the completion mask, as sequence_logps does."""
+    from stages.reflogprobs import masked_sums
+
+    backend = VLLMBackend(str(tmp_path / "model"))
+    try:
+        # prompt [1, 2], completion [3, 4, 5] with 4 masked out: -0.03 - 0.05
+        assert masked_sums(backend, [([1, 2], [3, 4, 5], [1, 0, 1])]) == pytest.approx([-0.08])
+    finally:
+        backend.close()
+
+
+def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path):
+    """A stage killed with SIGKILL cannot stop its server: the supervisor does, within a second."""
+    script = tmp_path / "stage.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from pipeline.llm.vllm import VLLMBackend
+        backend = VLLMBackend({str(tmp_path / "model")!r})
+        print("up", flush=True)
+        time.sleep(600)
+    """))
+    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert stage.stdout.readline().strip() == "up"
+        (pid,) = pids(fake_vllm)
+        assert alive(pid)
+        stage.send_signal(signal.SIGKILL)
+        stage.wait()
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid)
+    finally:
+        stage.kill()
+
+
+def test_params_name_make_vllm_when_its_environment_is_missing(tmp_path, monkeypatch):
+    from pipeline.core.config import ConfigError
+    from pipeline.params import load_params
+
+    monkeypatch.setenv("CURIO_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    for override in ("policy.backend=vllm", "reflogprobs.backend=vllm"):
+        with pytest.raises(ConfigError, match=r"^params: (policy|reflogprobs)\.backend: vllm: no vLLM environment "
+                                              r"at .*run `make vllm`") as info:
+            load_params("params.yaml", [override])
+        assert "\n" not in str(info.value)
+    # attached to a running server, no environment is needed here
+    load_params("params.yaml", ["reflogprobs.backend=vllm", "reflogprobs.base_url=http://127.0.0.1:9/v1"])
