@@ -182,6 +182,11 @@ def check_params(params: Params) -> None:
             raise ConfigError(f"params: rl_text.reward: {rl.reward} with the rules 'exact' judge needs a knowledge "
                               f"base ({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(inexact)}: "
                               f"set {exact_judge[0]} to an LLM judge (hf, vllm, openai)")
+    if rl.reward == "infogain":
+        without = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
+        if without:
+            raise ConfigError(f"params: rl_text.reward: infogain reads the game's knowledge base "
+                              f"({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(without)}")
     known = {"random", "all", *params.rl_nethack.variants}
     for name in params.evaluate_nethack.policies:
         if name not in known:

@@ -81,6 +81,29 @@ def test_multiturn_prompt_counts_only_the_completions_turn(real, family):
         assert [tok.decode(r[:-1]) for r in runs] == [completion[0]["content"]] and runs[0][-1] == eot
 
 
+@pytest.mark.parametrize("family", ["chatml", "llama3"])
+def test_grpo_trains_on_the_sampled_reply_ids_only(real, family):
+    """GRPO's sequences (pipeline.text.grpo): each reply's prompt is the conversation before it rendered with the
+    generation prompt (what the policy was fed when it played), its loss tokens the ids it sampled (the turn's
+    contents and end of turn here); no template, system or user token carries loss."""
+    from pipeline.text.grpo import reply_logps, reply_sequences
+
+    model, tok = use(real, family)
+    eot = tok.convert_tokens_to_ids(EOT[family])
+    conversation = PROMPT + CHOSEN
+    sampled = [tok(m["content"], add_special_tokens=False)["input_ids"] + [eot]
+               for m in conversation if m["role"] == "assistant"]
+    sequences = reply_sequences(tok, conversation, sampled, max_positions=0, max_new_tokens=16)
+    replies = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    for k, (prompt, reply) in enumerate(sequences):
+        assert prompt == tok.apply_chat_template(conversation[:replies[k]], add_generation_prompt=True,
+                                                 return_dict=False)
+        assert reply == sampled[k] and tok.decode(reply[:-1]) == conversation[replies[k]]["content"]
+    logp, loss_mask = reply_logps(model, sequences, pad_id=tok.pad_token_id)
+    assert loss_mask.sum(dim=1).tolist() == [len(r) for _, r in sequences]  # loss on the sampled ids, nothing else
+    assert (logp[loss_mask == 1] < 0).all() and (logp[loss_mask == 0] == 0).all()
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_sft_and_dpo_train_on_real_weights(real, family, tmp_path):
     """Two LoRA steps each (adapters removed afterwards, so every family starts from the same weights): SFT

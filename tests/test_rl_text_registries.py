@@ -21,7 +21,7 @@ def allowed(key: str) -> set[str]:
 
 
 def test_every_algorithm_the_schema_allows_has_a_module_that_runs_it():
-    assert allowed("algorithm") == set(ALGORITHMS) == {"filtered_bc", "archer", "chai"}
+    assert allowed("algorithm") == set(ALGORITHMS) == {"filtered_bc", "archer", "chai", "grpo"}
     for name, module in ALGORITHMS.items():
         assert callable(module.run), name
         assert isinstance(module.OUTPUTS, frozenset) and module.OUTPUTS and "model" not in module.OUTPUTS, name
@@ -30,9 +30,9 @@ def test_every_algorithm_the_schema_allows_has_a_module_that_runs_it():
 
 
 def test_every_reward_the_schema_allows_has_an_implementation():
-    assert allowed("reward") == set(TURN_REWARDS) == {"outcome", "judge", "motif", "oni"}
+    assert allowed("reward") == set(TURN_REWARDS) == {"outcome", "judge", "motif", "oni", "infogain"}
     assert TURN_REWARDS["outcome"] is None  # the game's reward, read by each algorithm
-    assert all(callable(TURN_REWARDS[name]) for name in ("judge", "motif", "oni"))
+    assert all(callable(TURN_REWARDS[name]) for name in ("judge", "motif", "oni", "infogain"))
     params = load_params(REPO / "params.yaml", ["rl_text.reward=outcome"])
     assert make_turn_rewards(params, "key") is None
 
@@ -45,7 +45,7 @@ def test_a_name_without_an_implementation_is_one_line():
     unknown = SimpleNamespace(rl_text=SimpleNamespace(algorithm="nope", reward="nope"))  # past the schema
     with pytest.raises(ConfigError) as e:
         run(unknown, None)
-    assert str(e.value) == "rl_text.algorithm: no algorithm named 'nope'; known: filtered_bc, archer, chai"
+    assert str(e.value) == "rl_text.algorithm: no algorithm named 'nope'; known: filtered_bc, archer, chai, grpo"
     with pytest.raises(ConfigError) as e:
         make_turn_rewards(unknown, "key")
-    assert str(e.value) == "rl_text.reward: no turn reward named 'nope'; known: outcome, judge, motif, oni"
+    assert str(e.value) == "rl_text.reward: no turn reward named 'nope'; known: outcome, judge, motif, oni, infogain"

@@ -306,7 +306,8 @@ class HFBackend(ChatBackend):
                 break
         text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
         return Generation(text=text, token_logprobs=logps[:n] if logps is not None else None,
-                          tokens_in=len(prompt), tokens_out=n, meta={"cached_tokens": reused})
+                          tokens_in=len(prompt), tokens_out=n,
+                          meta={"cached_tokens": reused, "token_ids": [int(t) for t in toks[:n]]})
 
     def _past(self, hits: list[tuple[int, Entry | None]], width: int, room: int) -> DynamicCache:
         """The reused keys / values of a batch, each row's right-aligned in ``width`` positions, in buffers with

@@ -365,17 +365,44 @@ class RLCurriculumConfig(Section):
         "arm per (group, label)")
 
 
+class GRPOConfig(Section):
+    """``rl_text.algorithm: grpo``: group-relative advantages over the trajectories_per_task episodes of a task
+    (pipeline/text/grpo.py has the formulas)."""
+
+    credit: Literal["trajectory", "turn"] = Field(
+        "trajectory", description="trajectory: each episode's return, normalised within its task's group, for "
+        "every token of its replies | turn: each reply's discounted return of the per-turn rewards, normalised "
+        "over every turn of the group")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="ε of the clipped importance ratio")
+    beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (the DPO policy); 0 = none, "
+                        "and no reference model is loaded (TRL's default)")
+    gamma: float = Field(1.0, ge=0, le=1, description="turn credit: the discount of the per-turn returns")
+    outcome_coef: float = Field(1.0, ge=0, description="weight of the game's outcome reward among the per-turn "
+                                "rewards (with a dense rl_text.reward; with outcome it is the reward)")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    epochs: int = Field(1, ge=1, le=16, description="passes over a round's replies (TRL's num_iterations)")
+    batch_size: int = Field(16, ge=1, description="agent replies per optimizer step")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    val_trajectories: int = Field(
+        1, ge=0, description="episodes per val task (games.val_fraction) played after each round; the model "
+        "kept is the round with the best val success, the DPO policy counting as round 0 (early stopping on "
+        "val); 0 = no val: the last round")
+
+
 class RLTextConfig(Section):
-    algorithm: Literal["filtered_bc", "archer", "chai"] = Field(
+    algorithm: Literal["filtered_bc", "archer", "chai", "grpo"] = Field(
         "filtered_bc", description="filtered_bc: online filtered BC | archer: hierarchical actor-critic | chai: "
-        "online CHAI (critic re-ranks sampled utterances, no actor update)")
-    reward: Literal["outcome", "judge", "motif", "oni"] = Field(
+        "online CHAI (critic re-ranks sampled utterances, no actor update) | grpo: group-relative policy "
+        "optimisation over the task's episodes (rl_text.grpo)")
+    reward: Literal["outcome", "judge", "motif", "oni", "infogain"] = Field(
         "outcome", description="the per-utterance reward the algorithm learns from: outcome = the game's (-1 per "
         "turn, 0 on the winning one; reward games: the episode's reward on its last turn; filtered_bc ranks "
         "successes first, then fewer turns) | judge = the multi-turn-aware reward of forward-simulated "
         "continuations (rl_text.judge_reward) | motif = the utterance reward model of train-reward-text "
         "(rl_text.motif) | oni = the judge labels moves while rl-text plays, a reward model refit between "
-        "rounds (rl_text.oni); filtered_bc ranks by the mean over a trajectory's utterances for all but outcome")
+        "rounds (rl_text.oni) | infogain = each question's expected information gain (bits) over the secrets "
+        "still consistent with the replies, from the game's knowledge base (twenty_questions, guess_my_city); "
+        "filtered_bc ranks by the mean over a trajectory's utterances for all but outcome")
     judge_reward: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig,
                                             description="reward judge: forward simulation and its judge")
     motif: MotifRewardConfig = Field(default_factory=MotifRewardConfig,
@@ -399,6 +426,7 @@ class RLTextConfig(Section):
                                  description="archer and chai: utterance-level double critic with a Polyak target")
     archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")
     chai: ChaiConfig = Field(default_factory=ChaiConfig, description="chai: the critic re-ranks sampled utterances")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="grpo: group-relative policy optimisation")
 
     @model_validator(mode="after")
     def _curriculum_has_spread(self) -> RLTextConfig:

@@ -61,6 +61,7 @@ class Episode:
     final_action: str | None = None
     actions: list[str] = field(default_factory=list)
     tokens_out: int = 0  # tokens the policy generated in this episode, format retries included
+    turn_ids: list[list[int] | None] = field(default_factory=list)  # each kept reply's sampled token ids
     stop_at: int | None = None  # stop playing (without ending the game) once ``turns`` reaches this
 
     def score(self) -> float:
@@ -86,8 +87,10 @@ def play_episodes(
     max_format_retries: int = 3,
     policy_name: str = "",
     on_turn: Callable[[int], None] | None = None,
+    token_ids: bool = False,
 ) -> list[dict]:
-    """Play ``(game, task, sample_index)`` jobs to the end; returns one row per episode (EPISODE_SCHEMA).
+    """Play ``(game, task, sample_index)`` jobs to the end; returns one row per episode (EPISODE_SCHEMA, plus
+    ``turn_token_ids`` with ``token_ids``: each agent reply's sampled ids, from a backend that returns them).
 
     Deterministic given ``seed`` and the job list (torch and Python RNGs are seeded here).
     """
@@ -98,7 +101,13 @@ def play_episodes(
         for g, t, s in jobs
     ]
     _play(policy, episodes, sampling, max_format_retries, on_turn)
-    return [episode_row(e, seed, policy_name) for e in episodes]
+    rows = [episode_row(e, seed, policy_name) for e in episodes]
+    if token_ids:
+        for row, e in zip(rows, episodes, strict=True):
+            if any(ids is None for ids in e.turn_ids):
+                raise ValueError(f"play: the {getattr(policy, 'name', 'policy')} backend returned no token ids")
+            row["turn_token_ids"] = e.turn_ids
+    return rows
 
 
 def _play(
@@ -124,6 +133,7 @@ def _play(
                 continue  # re-sampled next round, nothing appended
             ep.retries_this_turn = 0
             ep.conversation.append({"role": "assistant", "content": gen.text})
+            ep.turn_ids.append(gen.meta.get("token_ids"))
             ep.actions.append(action)
             ep.final_action = action
             stepping[id(ep.game)].append((ep, action))

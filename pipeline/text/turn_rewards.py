@@ -8,7 +8,9 @@
   judge's pairwise preferences of annotate-utterances), normalised, thresholded and count-discounted
   (:func:`motif_rewards`);
 - ``oni``: the judge labels the moves while rl-text plays, in ONI's annotator process
-  (pipeline/text/oni_rewards.py).
+  (pipeline/text/oni_rewards.py);
+- ``infogain``: each question's expected information gain over the secrets still consistent, from the game's
+  knowledge base (:class:`InfogainTurnRewards`).
 
 A reward is computed once per round, right after the round is played; the algorithms store it with the round's
 episodes (``turn_rewards``), so a resumed round learns from the same numbers. Each takes the rl-text stage's
@@ -152,6 +154,36 @@ class MotifTurnRewards:
         pass
 
 
+class InfogainTurnRewards:
+    """Each question's expected information gain: the entropy (bits) of its yes / no answer over the secrets still
+    consistent with the replies before it, read off the game's knowledge base (an even split: 1 bit; a question
+    whose answer is already known: 0). The twenty-questions seed's reward, computed by a program."""
+
+    def __init__(self, params: ParamsSlice) -> None:
+        self.gains: list[float] = []
+
+    def __call__(self, policy, tokenizer, games, rows, seed, round_index):
+        from pipeline.text.multiturn_pairs import knowledge_base_candidates, split_quality
+        from pipeline.text.play import history_of, task_from_row
+
+        by_name = {g.name: g for g in games}
+        out = []
+        for row in rows:
+            game = by_name[row["group"]]
+            consistent = knowledge_base_candidates(game, task_from_row(row))
+            moves = history_of(row["conversation"], parse=game.parse_action)
+            gains = [split_quality(consistent, moves[:i], question) for i, (question, _) in enumerate(moves)]
+            self.gains.extend(gains)
+            out.append(gains)
+        return out
+
+    def metrics(self):
+        return {"rl/infogain/mean_bits": sum(self.gains) / len(self.gains)} if self.gains else {}
+
+    def close(self):
+        pass
+
+
 #: ``rl_text.reward`` → its implementation, built from the rl-text stage's params and their hash (``None``:
 #: ``outcome``, the game's own reward). A value the params schema allows without an entry here fails the tests.
 TURN_REWARDS: dict[str, Callable[[ParamsSlice, str], TurnRewards] | None] = {
@@ -159,6 +191,7 @@ TURN_REWARDS: dict[str, Callable[[ParamsSlice, str], TurnRewards] | None] = {
     "judge": lambda params, key: JudgeTurnRewards(params),
     "motif": lambda params, key: MotifTurnRewards(params),
     "oni": OniTurnRewards,
+    "infogain": lambda params, key: InfogainTurnRewards(params),
 }
 
 

@@ -2,9 +2,11 @@
 
 - ``filtered_bc`` (stages/rl/filtered_bc.py): clone the best trajectories so far (ArCHer's Online Filtered BC);
 - ``archer`` (stages/rl/archer.py): utterance-level double critic + token-level policy gradient;
-- ``chai`` (stages/rl/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated.
+- ``chai`` (stages/rl/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated;
+- ``grpo`` (stages/rl/grpo.py): group-relative advantages over a task's episodes, clipped policy gradient, the
+  number of rounds chosen on val.
 
-All three play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
+All four play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
 equal environment samples. Output: ``data/rl_text/model`` (CHAI adds its critic there) and the
 success-vs-episodes history ``metrics/plots/rl_rounds.json``.
 
@@ -25,7 +27,7 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.params import Params
 from pipeline.text.oni_rewards import DIRECTORY as ONI_DIRECTORY
 from pipeline.text.policies import policy_deps
-from stages.rl import archer, chai, filtered_bc
+from stages.rl import archer, chai, filtered_bc, grpo
 from stages.rl.text_rounds import NAME, PARAMS
 
 
@@ -39,6 +41,7 @@ STAGE = Stage(
     params=PARAMS,
     code=[
         "stages/rl/text_rounds.py", "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py",
+        "stages/rl/grpo.py", "pipeline/text/grpo.py",
         "pipeline/text/critic.py", "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py",
         "pipeline/envs", "pipeline/text/curriculum.py", "pipeline/text/multiturn_pairs.py",
         "pipeline/text/multiturn_reward.py", "pipeline/text/prompts/multiturn_judge.yaml",
@@ -61,7 +64,7 @@ STAGE = Stage(
 #: ``rl_text.algorithm`` → the module that runs it (``run(params, ctx)``) and names what it writes under
 #: data/rl_text besides model/ (``OUTPUTS``: another algorithm's leftovers are removed). A value the params schema
 #: allows without an entry here fails the tests.
-ALGORITHMS: dict[str, ModuleType] = {"filtered_bc": filtered_bc, "archer": archer, "chai": chai}
+ALGORITHMS: dict[str, ModuleType] = {"filtered_bc": filtered_bc, "archer": archer, "chai": chai, "grpo": grpo}
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:

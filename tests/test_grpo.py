@@ -1,0 +1,165 @@
+"""GRPO (rl_text.algorithm: grpo): its formulas on numbers worked by hand, the infogain reward on a 4-candidate
+game, and the stage on the built-in model: rounds, val, early stopping, a resume mid-round."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from pipeline.core.stage import StageContext, stage_module
+from pipeline.params import load_params
+from pipeline.text.grpo import discounted_returns, group_advantages, token_loss, turn_advantages
+
+TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_layer=1", "bootstrap.n_embd=32",
+                  "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4",
+                  "bootstrap.n_positions=512"]
+
+
+def test_group_advantages_by_hand():
+    # returns 1, 0, 0, 1: mean 0.5, sample std sqrt((4 x 0.25) / 3) = 0.57735; A = ±0.5 / (0.57735 + 1e-4)
+    a = group_advantages([1.0, 0.0, 0.0, 1.0])
+    assert a == pytest.approx([0.86588, -0.86588, -0.86588, 0.86588], abs=1e-5)
+    assert group_advantages([-20.0, -20.0, -20.0]) is None  # no signal: the group is skipped
+    assert group_advantages([3.0]) is None
+
+
+def test_discounted_and_turn_returns_by_hand():
+    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert discounted_returns([1.0, -1.0], 1.0) == [0.0, -1.0]
+    # G = [[1, 1], [0, 0]] with gamma 1: normalised over the group's four turns as above
+    adv = turn_advantages([[0.0, 1.0], [0.0, 0.0]], 1.0)
+    assert adv == [pytest.approx([0.86588] * 2, abs=1e-5), pytest.approx([-0.86588] * 2, abs=1e-5)]
+    assert turn_advantages([[0.0], [0.0]], 1.0) is None
+
+
+def test_clipped_loss_and_kl_by_hand():
+    log15 = math.log(1.5)
+    logp, old = torch.tensor([[log15, 0.0]]), torch.tensor([[0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0]])  # the second token is not a sampled reply token: no loss
+    # ratio 1.5, eps 0.2: A = +1 -> -min(1.5, 1.2) = -1.2; A = -1 -> -min(-1.5, -1.2) = 1.5
+    loss, stats = token_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    assert float(loss) == pytest.approx(-1.2) and stats["clipped"] == 1.0
+    loss, stats = token_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps=0.2)
+    assert float(loss) == pytest.approx(1.5) and stats["clipped"] == 0.0
+    # KL (k3) to a reference at log-prob 0: exp(0 - ln 1.5) - (0 - ln 1.5) - 1 = 0.666667 + 0.405465 - 1
+    loss, stats = token_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2, beta=0.1,
+                             ref=torch.zeros_like(logp))
+    assert stats["kl"] == pytest.approx(0.072132, abs=1e-6) and float(loss) == pytest.approx(-1.2 + 0.0072132)
+    # token-level mean over the masked tokens of the batch (two rows, three tokens)
+    loss, _ = token_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
+                         torch.tensor([[1.0, 1.0], [1.0, 0.0]]), clip_eps=0.2)
+    assert float(loss) == pytest.approx(-(1 + 2 + 3) / 3)
+
+
+def test_infogain_on_a_four_candidate_game_by_hand(monkeypatch):
+    """Secrets a, b, c, d; "big?" is yes for a, "red?" for b and c, "b?" (a guess) for b. The questions' answers
+    split 1/4, then 2/3 of the three left, then 1/2 of the two left: H(1/4), H(2/3), H(1/2) bits."""
+    import pipeline.text.multiturn_pairs as mp
+    from pipeline.text.turn_rewards import InfogainTurnRewards
+
+    yes = {"big?": {"a"}, "red?": {"b", "c"}, "b?": {"b"}}
+
+    def consistent(history):
+        left = {"a", "b", "c", "d"}
+        for q, reply in history:
+            left = left & yes[q] if reply.lower().startswith("yes") else left - yes[q]
+        return sorted(left)
+
+    monkeypatch.setattr(mp, "knowledge_base_candidates", lambda game, task: consistent)
+
+    class Game:
+        name = "fake"
+
+        @staticmethod
+        def parse_action(text):
+            return text
+
+    conversation = [{"role": "system", "content": "play"}, {"role": "user", "content": "start"},
+                    {"role": "assistant", "content": "big?"}, {"role": "user", "content": "No."},
+                    {"role": "assistant", "content": "red?"}, {"role": "user", "content": "Yes."},
+                    {"role": "assistant", "content": "b?"}, {"role": "user", "content": "Yes. Goal reached."}]
+    row = {"group": "fake", "task_id": "b", "secret": "{}", "category": "x", "difficulty": "easy", "split": "train",
+           "conversation": conversation}
+    [gains] = InfogainTurnRewards(None)(None, None, [Game()], [row], 0, 0)
+
+    def h(p):
+        return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+    assert gains == pytest.approx([h(1 / 4), h(2 / 3), 1.0])
+    assert gains == pytest.approx([0.811278, 0.918296, 1.0], abs=1e-6)
+
+
+def test_infogain_needs_a_knowledge_base():
+    from pipeline.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="infogain reads the game's knowledge base"):
+        load_params("params.yaml", ["rl_text.reward=infogain", "games.groups=[twenty_questions,wordle]"])
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(tmp_path_factory):
+    """A tiny bootstrap run (the built-in policy the stage starts from): its directory."""
+    tmp = tmp_path_factory.mktemp("bootstrap")
+    stage_module("bootstrap").run(load_params("params.yaml", [f"data_dir={tmp / 'data'}", *TINY_BOOTSTRAP]),
+                                  StageContext())
+    return tmp
+
+
+class Killed(Exception):
+    """Stands for a kill during the second round's update."""
+
+
+def grpo_params(tmp_path, *extra):
+    return load_params("params.yaml", [f"data_dir={tmp_path / 'data'}", *TINY_BOOTSTRAP, "rl_text.algorithm=grpo",
+                                       "rl_text.reward=infogain", "games.max_train_tasks=6", "games.val_fraction=0.34",
+                                       "rl_text.rounds=2", "rl_text.tasks_per_round=2",
+                                       "rl_text.trajectories_per_task=3", "rollout_text.max_new_tokens=8",
+                                       "rl_text.grpo.lr=0.001", "policy.free_answers=true", "tracking.enabled=false",
+                                       *extra])
+
+
+def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_path, monkeypatch):
+    import stages.rl.grpo as grpo
+
+    def fresh(where):
+        shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", where / "data" / "train_policy" / "dpo")
+        return grpo_params(where)
+
+    straight = fresh(tmp_path / "straight")
+    stage_module("rl-text").run(straight, StageContext())
+    history = json.loads(straight.plots_path("rl_rounds.json").read_text())
+    assert [h["round"] for h in history] == [0, 1] and all(h["algorithm"] == "grpo" for h in history)
+    assert all(0.0 <= h["val_success"] <= 1.0 for h in history)
+    assert history[0]["grpo/replies"] > 0  # infogain gives every group a spread: replies were trained on
+    assert history[0]["grpo/groups_skipped"] == 0
+
+    killed = fresh(tmp_path / "killed")
+    real_update, plays, updates = grpo.update, [], []
+    real_play = grpo.play_episodes
+
+    def update(*args, **kwargs):
+        updates.append(1)
+        if len(updates) == 2:
+            raise Killed
+        return real_update(*args, **kwargs)
+
+    def play(*args, **kwargs):
+        plays.append(kwargs.get("policy_name"))
+        return real_play(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "update", update)
+    monkeypatch.setattr(grpo, "play_episodes", play)
+    with pytest.raises(Killed):
+        stage_module("rl-text").run(killed, StageContext())
+    assert plays.count("rl-round-1") == 1  # round 1 was played, then killed in its update
+    stage_module("rl-text").run(killed, StageContext())
+    assert plays.count("rl-round-0") == 1 and plays.count("rl-round-1") == 1  # nothing played again
+    assert json.loads(killed.plots_path("rl_rounds.json").read_text()) == history  # the same rounds, the same val
+    for name in ("model.safetensors",):
+        a = (straight.data_path("rl_text", "model") / name).read_bytes()
+        b = (killed.data_path("rl_text", "model") / name).read_bytes()
+        assert a == b  # the resumed run kept the same model
