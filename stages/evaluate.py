@@ -18,7 +18,7 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.params import Params
-from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.play import EPISODE_SCHEMA, pass_at_k, play_episodes, summarize
 from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "evaluate-text"
@@ -46,6 +46,9 @@ STAGE = Stage(
     notes={"pipeline/text/critic.py": "a chai model is the policy re-ranked by its critic",
            "pipeline/envs": "the games it plays"},
 )
+
+
+PASS_K = 4  # pass@4 (and mean@4: the success rate), as multi-turn agent papers report them
 
 
 def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, temperature: float,
@@ -150,6 +153,10 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     else:
         group_png.unlink(missing_ok=True)  # a single group: eval.png says it all; no stale multi-group plot
     metrics = {f"{p}/{k}": v for p, res in results.items() for k, v in res.items()}
+    for p in policies:  # the field's pass@k beside the success rate (= mean@k), where k episodes per task were played
+        passed = pass_at_k([r for r in rows if r["policy"] == p], PASS_K)
+        if passed is not None:
+            metrics[f"{p}/pass@{PASS_K}"] = passed
     for p in policies:
         for g in groups:
             metrics[f"{p}/{g}/success_rate"] = per_group[p][g]["success_rate"]

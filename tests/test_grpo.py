@@ -163,3 +163,15 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
         a = (straight.data_path("rl_text", "model") / name).read_bytes()
         b = (killed.data_path("rl_text", "model") / name).read_bytes()
         assert a == b  # the resumed run kept the same model
+
+
+def test_pass_at_k_by_hand():
+    from pipeline.text.play import pass_at_k
+
+    def rows(task, wins, n):
+        return [{"group": "g", "task_id": task, "success": i < wins} for i in range(n)]
+
+    # 8 episodes, 1 win: 1 - C(7, 4) / C(8, 4) = 1 - 35 / 70 = 0.5; 4 episodes, 0 wins: 0; 8 episodes, 5 wins: 1
+    assert pass_at_k(rows("a", 1, 8), 4) == pytest.approx(0.5)
+    assert pass_at_k(rows("a", 1, 8) + rows("b", 0, 4) + rows("c", 5, 8), 4) == pytest.approx((0.5 + 0 + 1) / 3)
+    assert pass_at_k(rows("a", 1, 3), 4) is None  # fewer than k episodes of a task

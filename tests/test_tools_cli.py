@@ -69,11 +69,18 @@ def test_table_prints_success_its_standard_error_turns_on_wins_and_the_change_fr
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     # p = 1/4: s.e. sqrt(.25 * .75 / 4) = 21.65 %; p = 3/4: the same; the difference: hypot(21.65, 21.65) = 30.6
-    assert lines[1] == "base  25.0 ± 21.7 (1.00) n=4  25.0 ± 21.7 (1.00) n=4  "
-    assert lines[2] == "sft  75.0 ± 21.7 (2.00) n=4  75.0 ± 21.7 (2.00) n=4  +50.0 ± 30.6"
+    # one episode per task: no pass@4 ("-")
+    assert lines[1] == "base  25.0 ± 21.7 (1.00) n=4  25.0 ± 21.7 (1.00) n=4    -"
+    assert lines[2] == "sft  75.0 ± 21.7 (2.00) n=4  75.0 ± 21.7 (2.00) n=4  +50.0 ± 30.6  -"
     md = run(["table", "--data", str(data), "--markdown"]).stdout.splitlines()
-    assert md[1] == "|---|---|---|---|"
-    assert md[3] == "| sft | 75.0 ± 21.7 (2.00) n=4 | 75.0 ± 21.7 (2.00) n=4 | +50.0 ± 30.6 |"
+    assert md[1] == "|---|---|---|---|---|"
+    assert md[3] == "| sft | 75.0 ± 21.7 (2.00) n=4 | 75.0 ± 21.7 (2.00) n=4 | +50.0 ± 30.6 | - |"
+    # four episodes of one task, one won: pass@4 = 1 - C(3, 4) / C(4, 4) = 100 %; none won: 0 %
+    rows = [episode("base", G, 0, s, 1 if s == 0 else None, ["a"]) for s in range(4)] + \
+        [episode("sft", G, 0, s, None, ["a"]) for s in range(4)]
+    write_dataset(tmp_path / "four" / "evaluate_text", rows)
+    lines = run(["table", "--data", str(tmp_path / "four")]).stdout.splitlines()
+    assert lines[1].endswith("  100.0") and lines[2].endswith("  0.0")
 
 
 def test_table_win_turns_counts_wins_per_turn_repeats_and_the_fewest_turns_bound(tmp_path):

@@ -264,6 +264,21 @@ def task_from_row(row: dict) -> Task:
     )
 
 
+def pass_at_k(rows: list[dict], k: int) -> float | None:
+    """The unbiased pass@k of Chen et al. (2021): per task with n ≥ k episodes, c of them won,
+    1 − C(n − c, k) / C(n, k), the chance that k of its episodes drawn without replacement hold a win; the mean over
+    tasks. None when a task has fewer than k episodes. (mean@k, the mean success over k samples, is the success
+    rate.)"""
+    import math
+
+    by_task: dict[tuple[str, str], list[bool]] = {}
+    for r in rows:
+        by_task.setdefault((r["group"], r["task_id"]), []).append(bool(r["success"]))
+    if not by_task or any(len(v) < k for v in by_task.values()):
+        return None
+    return sum(1 - math.comb(len(v) - sum(v), k) / math.comb(len(v), k) for v in by_task.values()) / len(by_task)
+
+
 def summarize(rows: list[dict]) -> dict[str, float]:
     """Success rate, mean turns (successes), invalid rate, over a list of episode rows."""
     n = len(rows)

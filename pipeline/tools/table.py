@@ -21,6 +21,7 @@ from pathlib import Path
 from pipeline.core.artifacts import read_rows
 from pipeline.envs.base import make_game
 from pipeline.envs.gamekit import ShownCandidates
+from pipeline.text.play import pass_at_k
 
 
 def cell(rows: list[dict]) -> dict:
@@ -76,7 +77,8 @@ def held_out_table(data: Path, markdown: bool = False, win_turns: bool = False) 
              for p in policies}
     base = table.get("base")
     sep = " | " if markdown else "  "
-    header = ["policy", *(f"{g} success ± s.e. (turns on wins)" for g in cols), "Δ all vs base (± s.e.)"]
+    header = ["policy", *(f"{g} success ± s.e. (turns on wins)" for g in cols), "Δ all vs base (± s.e.)",
+              "pass@4 (mean@4 = success)"]
     lines = [("| " if markdown else "") + sep.join(header) + (" |" if markdown else "")]
     if markdown:
         lines.append("|" + "---|" * len(header))
@@ -86,7 +88,8 @@ def held_out_table(data: Path, markdown: bool = False, win_turns: bool = False) 
         if base and p != "base":
             a, b = table[p]["all"], base["all"]
             delta = f"{100 * (a['p'] - b['p']):+.1f} ± {100 * math.hypot(a['se'], b['se']):.1f}"
-        line = sep.join([p, *cells, delta])
+        passed = pass_at_k([r for r in rows if r["policy"] == p], 4)  # None: fewer than 4 episodes of a task
+        line = sep.join([p, *cells, delta, f"{100 * passed:.1f}" if passed is not None else "-"])
         lines.append(f"| {line} |" if markdown else line)
     if win_turns:
         lines += ["", *won_at_each_turn(rows, table, policies, groups)]
