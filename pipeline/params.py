@@ -153,10 +153,6 @@ def check_params(params: Params) -> None:
                 raise ConfigError(f"params: {key}: {group!r}: {e}") from None
     if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
         _check_model("policy.model", params.policy.model)
-    if params.policy.backend == "vllm":
-        _check_vllm("policy.backend", None)
-    if params.reflogprobs.backend == "vllm":
-        _check_vllm("reflogprobs.backend", params.reflogprobs.base_url)
     if params.policy.backend == "openai":
         raise ConfigError("params: policy.backend: openai is not supported for the policy (it has no base_url; "
                           "serve the policy with hf or vllm)")
@@ -216,20 +212,6 @@ def _check_role(key: str, cfg: LLMConfig) -> None:
             raise ConfigError(f"params: {key}.api_key_env: environment variable {cfg.api_key_env} is not set")
     elif cfg.backend in ("hf", "vllm"):
         _check_model(f"{key}.model", cfg.model)
-        if cfg.backend == "vllm":
-            _check_vllm(f"{key}.backend", cfg.base_url)
-
-
-def _check_vllm(key: str, base_url: str | list[str] | None) -> None:
-    """A vllm role without base_url starts a server from vLLM's environment: it must exist (`make vllm`)."""
-    if base_url:
-        return
-    from pipeline.llm.vllm import ServerError, server_python
-
-    try:
-        server_python()
-    except ServerError as e:
-        raise ConfigError(f"params: {key}: vllm: {str(e).removeprefix('llm: backend vllm: ')}") from None
 
 
 def _check_model(key: str, model: str) -> None:

@@ -207,3 +207,13 @@ def nethack_track(chain, tmp_path_factory):
             execute(name, params)
     return params
 
+
+def assert_one_line(result, *needles: str, code: int = 2) -> str:
+    """Exit ``code``, stderr exactly one ``curio: ...`` line mentioning every needle, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr, result.exception)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("curio: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

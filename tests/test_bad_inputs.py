@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import assert_one_line
 from typer.testing import CliRunner
 
 from pipeline import cli
@@ -113,15 +114,6 @@ def run(args: list[str]):
     return CliRunner().invoke(cli.app, args)
 
 
-def assert_one_line(result, code: int = 2, *needles: str) -> str:
-    """Exit ``code``, stderr exactly one ``curio: ...`` line mentioning every needle, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr, result.exception)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("curio: "), result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # -- params: one line naming the key, exit 2, nothing written ---------------------------------------------------
@@ -169,7 +161,7 @@ PARAM_CASES = [
 @pytest.mark.parametrize(("args", "key"), PARAM_CASES, ids=[c[1] + f"-{i}" for i, c in enumerate(PARAM_CASES)])
 def test_bad_param_is_one_line_exit_2_and_the_good_output_stays(project, args, key):
     before = tree_digest(project / "data")
-    assert_one_line(run(["stage", "annotate-text", *args]), 2, key)
+    assert_one_line(run(["stage", "annotate-text", *args]), key)
     assert tree_digest(project / "data") == before
 
 
@@ -182,13 +174,13 @@ def test_bad_param_is_one_line_exit_2_and_the_good_output_stays(project, args, k
 def test_bad_params_file_is_refused(project, content, needle):
     (project / "bad.yaml").write_bytes(content)
     before = tree_digest(project / "data")
-    assert_one_line(run(["stage", "annotate-text", "--params", "bad.yaml"]), 2, "bad.yaml", needle)
+    assert_one_line(run(["stage", "annotate-text", "--params", "bad.yaml"]), "bad.yaml", needle)
     assert tree_digest(project / "data") == before
 
 
 def test_missing_params_file_and_unknown_stage(project):
-    assert_one_line(run(["params", "--params", "nope.yaml"]), 2, "nope.yaml not found")
-    assert_one_line(run(["stage", "no-such-stage"]), 2, "unknown stage")
+    assert_one_line(run(["params", "--params", "nope.yaml"]), "nope.yaml not found")
+    assert_one_line(run(["stage", "no-such-stage"]), "unknown stage")
 
 
 @pytest.mark.parametrize(("stage", "needed"), [("reflogprobs", "train-sft"), ("train-dpo", "train-sft"),
@@ -201,7 +193,7 @@ def test_a_policy_not_trained_yet_names_its_stage_for_a_real_model_too(project, 
     real = project / "real-model"
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=64, n_positions=32)).save_pretrained(real)
     before = tree_digest(project / "data")
-    assert_one_line(run(["stage", stage, "-S", f"policy.model={real}"]), 2, f"run {needed} first")
+    assert_one_line(run(["stage", stage, "-S", f"policy.model={real}"]), f"run {needed} first")
     assert tree_digest(project / "data") == before
 
 
@@ -241,7 +233,7 @@ def test_unreachable_server_is_exit_3_and_keeps_finished_output(project):
     result = run(["stage", "annotate-text", "-S", "annotate_text.judge.backend=openai",
                   "-S", "annotate_text.judge.model=m", "-S", f"annotate_text.judge.base_url=http://127.0.0.1:{port}/v1",
                   "-S", "annotate_text.judge.max_retries=1", "-S", "annotate_text.judge.backoff_s=0.01"])
-    assert_one_line(result, 3, f"127.0.0.1:{port}", "start the server")
+    assert_one_line(result, f"127.0.0.1:{port}", "start the server", code=3)
     assert tree_digest(project / "data" / "annotate_text") == before  # the old verdicts are still there
 
 
@@ -312,7 +304,7 @@ def test_corrupt_input_names_the_stage_to_rerun_and_keeps_the_output(project, co
     before = tree_digest(out)
     corrupt(project / "data" / "rollout_text")
     # a lost dataset: "run rollout-text first (`curio stage rollout-text`)"; a damaged one: "rerun `curio stage ...`"
-    assert_one_line(run(["stage", "annotate-text"]), 2, "rollout_text", "`curio stage rollout-text`")
+    assert_one_line(run(["stage", "annotate-text"]), "rollout_text", "`curio stage rollout-text`")
     assert tree_digest(out) == before
 
 

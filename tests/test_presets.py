@@ -82,7 +82,6 @@ OVERLAYS = {"vllm.yaml": "smollm2.yaml"}
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_valid_params_as_curio_preset_prints_it(name, monkeypatch):
     monkeypatch.chdir(REPO)
-    monkeypatch.setenv("CURIO_VLLM_PYTHON", sys.executable)  # vllm roles: `make vllm`'s interpreter is not needed
     stack = [f"presets/{OVERLAYS[name]}"] if name in OVERLAYS else []
     res = CliRunner().invoke(app, ["preset", *stack, f"presets/{name}"])
     assert res.exit_code == 0, res.output

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_one_line
 from typer.testing import CliRunner
 
 from pipeline import cli
@@ -24,15 +25,6 @@ def run(args: list[str]):
     return CliRunner().invoke(cli.app, args)
 
 
-def assert_one_line(result, *needles: str, code: int = 2) -> str:
-    """Exit ``code``, stderr exactly one ``curio: ...`` line mentioning every needle, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr, result.exception)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("curio: "), result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def episode(policy: str, group: str, task: int, sample: int, won_at: int | None, replies: list[str]) -> dict:
