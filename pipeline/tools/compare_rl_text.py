@@ -41,11 +41,12 @@ from pipeline.tools import REPO, ToolError
 
 UPSTREAM = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo"]
 MOTIF_UPSTREAM = ["annotate-utterances", "train-reward-text"]
-REWARDS = ("outcome", "judge", "motif", "oni")
+REWARDS = ("outcome", "judge", "motif", "oni", "infogain")
 GRID: dict[str, list[list[str]]] = {
     "filtered_bc": [["rl_text.top_quantile=0.1"], ["rl_text.top_quantile=0.25"]],
     "archer": [["rl_text.archer.actor_lr=0.00001"], ["rl_text.archer.actor_lr=0.0001"]],
     "chai": [["rl_text.chai.num_samples=3"], ["rl_text.chai.num_samples=5"]],
+    "grpo": [["rl_text.grpo.lr=0.00001"], ["rl_text.grpo.lr=0.0001"]],
 }
 
 
