@@ -28,6 +28,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.play import EPISODE_SCHEMA, REPLAY_STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
+from pipeline.nethack.progression import progression
 from pipeline.params import Params
 
 NAME = "evaluate-nethack"
@@ -54,7 +55,8 @@ STAGE = Stage(
     ],
     track="nethack",
 )
-COLUMNS = ("return", "score", "depth", "length", "success")
+COLUMNS = ("return", "score", "depth", "xlvl", "progression", "length", "success")
+ROW_SCHEMA_VERSION = 2  # 2: the experience level reached (xlvl)
 
 
 def evaluate_policy(params: Params, index: int, name: str) -> tuple[list[dict], pa.Table]:
@@ -88,17 +90,35 @@ def evaluate_policy(params: Params, index: int, name: str) -> tuple[list[dict], 
     return [s.row(name) for s in summaries], steps.cast(REPLAY_STEP_SCHEMA)
 
 
-PAIRED = ("return", "score")  # compared with the random policy seed by seed
+PAIRED = ("return", "score", "progression")  # compared seed by seed with the random and the extrinsic agents
+BASELINES = ("random", "extrinsic")
+BOOTSTRAP = 2000  # resamples behind the median's standard error
 
 
 def _mean_sem(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
+def _median_sem(values: np.ndarray) -> tuple[float, float]:
+    """The median and its bootstrap standard error (seeded: the same rows give the same figure)."""
+    if len(values) < 2:
+        return float(np.median(values)) if len(values) else 0.0, 0.0
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(values, size=(BOOTSTRAP, len(values)), replace=True), axis=1)
+    return float(np.median(values)), float(medians.std(ddof=1))
+
+
+def with_progression(row: dict) -> dict:
+    """The row with BALROG's progression (0-100) of the dungeon and experience levels it reached."""
+    return {**row, "progression": progression(int(row["depth"]), int(row["xlvl"]))}
+
+
 def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, float]]:
-    """Mean and standard error per policy and column; with ``random`` among the policies, also each other policy's
-    paired difference from it (``return_vs_random``, ``score_vs_random`` and their ``_sem``): the mean over seeds
-    of (policy − random) on the same seed, whose standard error is what "beats random by k s.e." is measured in."""
+    """Mean and standard error per policy and column (NLE's protocol adds the median score, with a bootstrap
+    standard error); with ``random`` or ``extrinsic`` among the policies, also each other policy's paired
+    difference from them (``return_vs_random``, ``score_vs_extrinsic``, ... and their ``_sem``): the mean over seeds
+    of (policy − baseline) on the same seed, whose standard error is what "beats random by k s.e." is measured in."""
+    rows = [with_progression(r) for r in rows]
     out = {}
     by_seed = {name: {r["seed"]: r for r in rows if r["policy"] == name} for name in policies}
     for name in policies:
@@ -106,23 +126,28 @@ def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, floa
         stats: dict[str, float] = {"episodes": len(mine)}
         for col in COLUMNS:
             stats[col], stats[f"{col}_sem"] = _mean_sem(np.asarray([float(r[col]) for r in mine]))
-        seeds = sorted(by_seed[name].keys() & by_seed.get("random", {}).keys())
-        if name != "random" and seeds:
+        stats["score_median"], stats["score_median_sem"] = _median_sem(np.asarray([float(r["score"]) for r in mine]))
+        for base in BASELINES:
+            seeds = sorted(by_seed[name].keys() & by_seed.get(base, {}).keys())
+            if name == base or not seeds:
+                continue
             for col in PAIRED:
-                diff = np.asarray([float(by_seed[name][s][col]) - float(by_seed["random"][s][col]) for s in seeds])
-                stats[f"{col}_vs_random"], stats[f"{col}_vs_random_sem"] = _mean_sem(diff)
+                diff = np.asarray([float(by_seed[name][s][col]) - float(by_seed[base][s][col]) for s in seeds])
+                stats[f"{col}_vs_{base}"], stats[f"{col}_vs_{base}_sem"] = _mean_sem(diff)
         out[name] = stats
     return out
 
 
 def markdown_table(summary: dict[str, dict[str, float]]) -> str:
-    lines = ["| policy | return | return − random (paired) | score | depth | length | success |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| policy | return | return − random (paired) | score | median score | depth | experience level | "
+             "progression (BALROG, 0-100) | length | success |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
-        cells = [f"{s[c]:.2f} ± {s[c + '_sem']:.2f}" for c in COLUMNS]
+        cells = {c: f"{s[c]:.2f} ± {s[c + '_sem']:.2f}" for c in COLUMNS}
         paired = (f"{s['return_vs_random']:+.2f} ± {s['return_vs_random_sem']:.2f}" if "return_vs_random" in s
                   else "—")
-        lines.append(f"| {name} | {cells[0]} | {paired} | " + " | ".join(cells[1:]) + " |")
+        median = f"{s['score_median']:.1f} ± {s['score_median_sem']:.1f}"
+        lines.append(f"| {name} | {cells['return']} | {paired} | {cells['score']} | {median} | {cells['depth']} | "
+                     f"{cells['xlvl']} | {cells['progression']} | {cells['length']} | {cells['success']} |")
     return "\n".join(lines)
 
 
@@ -187,6 +212,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         upstream=upstream,
         schema=EPISODE_SCHEMA,
         desc="evaluate-nethack policies",
+        schema_version=ROW_SCHEMA_VERSION,
         companions=[(params.data_path("evaluate_nethack_replays"), REPLAY_STEP_SCHEMA)],
     )
     summary = summarize(read_table(out).to_pylist(), policies)

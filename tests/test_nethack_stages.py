@@ -362,7 +362,8 @@ def test_evaluate_summary_pairs_each_policy_with_random_seed_by_seed():
     from stages.evaluate_nethack import summarize
 
     def row(policy, seed, ret):
-        return {"policy": policy, "seed": seed, "return": ret, "score": 10 * ret, "depth": 1, "length": 5, "success": 0}
+        return {"policy": policy, "seed": seed, "return": ret, "score": 10 * ret, "depth": 1, "xlvl": 1, "length": 5,
+                "success": 0}
 
     rows = [row("random", s, r) for s, r in ((1, 1.0), (2, 2.0), (3, 3.0))]
     rows += [row("motif", s, r) for s, r in ((1, 2.0), (2, 2.0), (3, 7.0), (9, 100.0))]
@@ -374,3 +375,25 @@ def test_evaluate_summary_pairs_each_policy_with_random_seed_by_seed():
     assert motif["return"] == pytest.approx(111 / 4)  # the unpaired mean keeps every episode
     assert "return_vs_random" not in summary["random"]
     assert "return_vs_random" not in summarize(rows, ["motif"])["motif"]
+    assert motif["score_median"] == pytest.approx(45.0) and summary["random"]["score_median"] == 20.0
+    # the extrinsic agent is the other baseline, paired the same way: extrinsic returns 1, 1, 1 -> 1, 1, 6
+    rows += [row("extrinsic", s, 1.0) for s in (1, 2, 3)]
+    paired = summarize(rows, ["random", "extrinsic", "motif"])["motif"]
+    assert paired["return_vs_extrinsic"] == pytest.approx(8 / 3) and "return_vs_random" in paired
+
+
+def test_balrog_progression_by_hand():
+    """BALROG's table (pipeline/nethack/data/balrog_progression.json): dungeon level 1 at experience level 1 is 0;
+    otherwise 100 x the larger of the two levels' human win shares (dungeon level 2: 0.015392, experience level 2:
+    0.018478, experience level 10: 0.1791); levels past the table count as its last."""
+    from pipeline.nethack.progression import progression
+    from stages.evaluate_nethack import summarize
+
+    assert progression(1, 1) == 0.0
+    assert progression(2, 1) == pytest.approx(1.5392)
+    assert progression(2, 2) == pytest.approx(1.8478)
+    assert progression(1, 10) == pytest.approx(17.91, abs=1e-2)
+    assert progression(60, 1) == progression(50, 1) > 80.0
+    rows = [{"policy": "a", "seed": s, "return": 0.0, "score": 0, "depth": d, "xlvl": x, "length": 1, "success": 0}
+            for s, (d, x) in enumerate(((1, 1), (2, 1), (2, 2)))]
+    assert summarize(rows, ["a"])["a"]["progression"] == pytest.approx((0 + 1.5392 + 1.8478) / 3)

@@ -22,7 +22,7 @@ BLSTATS_SIZE = nethack.NLE_BLSTATS_SIZE
 MESSAGE_SIZE = 256  # bytes of NLE's message observation
 TTY_SHAPE = (24, 80)  # NLE's terminal: message line, 21 map rows, two status lines
 TTY_SIZE = TTY_SHAPE[0] * TTY_SHAPE[1]
-SCORE, DEPTH = nethack.NLE_BL_SCORE, nethack.NLE_BL_DEPTH
+SCORE, DEPTH, XLVL = nethack.NLE_BL_SCORE, nethack.NLE_BL_DEPTH, nethack.NLE_BL_XP
 
 STEP_SCHEMA = pa.schema(
     [
@@ -49,6 +49,7 @@ EPISODE_SCHEMA = pa.schema(
         pa.field("return", pa.float64()),  # sum of task rewards
         pa.field("score", pa.int64()),  # best in-game score seen (NLE zeroes blstats after death)
         pa.field("depth", pa.int32()),  # deepest dungeon level reached
+        pa.field("xlvl", pa.int32()),  # highest experience level reached
         pa.field("length", pa.int32()),  # steps
         pa.field("success", pa.bool_()),  # goal tasks: goal reached
         pa.field("end_status", pa.int8()),  # NLE StepStatus: -1 aborted (step cap), 1 death, 2 task success
@@ -144,6 +145,7 @@ class EpisodeSummary:
     ret: float = 0.0
     score: int = 0
     depth: int = 1
+    xlvl: int = 1
     length: int = 0
     last_info: dict = field(default_factory=dict, repr=False)
 
@@ -155,11 +157,13 @@ class EpisodeSummary:
             self.score = int(bl[SCORE])
         if bl[DEPTH] > self.depth:
             self.depth = int(bl[DEPTH])
+        if bl[XLVL] > self.xlvl:
+            self.xlvl = int(bl[XLVL])
         self.last_info = info  # success and end status: the last step's info says it
 
     def row(self, policy: str) -> dict:
         return {"policy": policy, "episode": self.episode, "seed": self.seed, "return": self.ret,
-                "score": self.score, "depth": self.depth, "length": self.length,
+                "score": self.score, "depth": self.depth, "xlvl": self.xlvl, "length": self.length,
                 "success": bool(self.last_info.get("success", False)),
                 "end_status": int(self.last_info.get("end_status", 0))}
 
