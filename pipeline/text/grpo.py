@@ -79,7 +79,8 @@ def token_loss(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, 
         per_token = per_token + beta * kl
     n = mask.sum().clamp(min=1)
     loss = (per_token * mask).sum() / n
-    stats = {"clipped": float(((clipped < unclipped).float() * mask).sum() / n), "kl": float((kl * mask).sum() / n)}
+    with torch.no_grad():
+        stats = {"clipped": float(((clipped < unclipped).float() * mask).sum() / n), "kl": float((kl * mask).sum() / n)}
     return loss, stats
 
 
