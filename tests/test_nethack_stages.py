@@ -307,6 +307,24 @@ def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewa
     assert third["action"] == "trained" and third["resumed_from_env_steps"] == 0
 
 
+def test_a_variant_past_its_timeout_is_one_line_and_keeps_its_checkpoint(chain, tmp_path):
+    """rl_nethack.timeout_s: the trainer is stopped (it saves), and the stage says how to resume, exit 4."""
+    from conftest import nethack_params
+
+    from pipeline.core.errors import TimedOut
+    from pipeline.nethack.sf import latest_checkpoint
+    from stages.rl.appo import train_variant
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "reward_model").symlink_to(chain.data_path("reward_model"))
+    params = nethack_params(tmp_path, "rl_nethack.timeout_s=10", "rl_nethack.train_for_env_steps=50000000")
+    with pytest.raises(TimedOut) as info:
+        train_variant(params, "motif", params.rl_nethack.variants["motif"])
+    assert info.value.exit_code == 4 and "\n" not in str(info.value)
+    assert "did not finish within rl_nethack.timeout_s = 10 s" in str(info.value) and "dvc repro" in str(info.value)
+    assert latest_checkpoint(tmp_path / "data" / "rl_nethack" / "motif") is not None  # saved on the way out
+
+
 def test_rl_stage_killed_mid_training_stops_its_trainer_and_resumes(chain, tmp_path):
     import subprocess
     import sys

@@ -33,6 +33,12 @@ class ServerUnavailable(CurioError):
     exit_code = 3
 
 
+class TimedOut(CurioError):
+    """A bounded step ran past its time limit (rl_nethack.timeout_s); it stopped at a checkpoint the rerun resumes."""
+
+    exit_code = 4
+
+
 class DiskFull(CurioError, OSError):
     """A write failed for want of space (ENOSPC / EDQUOT). Whatever was being written is not trusted (temp files,
     staging directories and unfinished checkpoints are dropped or ignored): after freeing space, the rerun resumes

@@ -38,6 +38,7 @@ from pathlib import Path
 from pipeline.core import interrupt
 from pipeline.core.artifacts import atomic_write_json, dir_hash, stable_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
+from pipeline.core.errors import TimedOut
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.oni import ONLINE_REWARDS, PROGRESS
@@ -184,8 +185,11 @@ def train_variant(params: Params, name: str, variant: RLNetHackVariant, log: Pat
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            raise RuntimeError(
-                f"rl-nethack: {name} did not finish within {cfg.timeout_s} s (see {log}); rerun to resume"
+            saved = latest_checkpoint(experiment)
+            raise TimedOut(
+                f"rl-nethack: {name} did not finish within rl_nethack.timeout_s = {cfg.timeout_s} s (its checkpoint "
+                f"at {saved[1] if saved else 0} env steps is kept; log {log}): resume with `dvc repro` or `curio "
+                "stage rl-nethack` and the same params (`dvc exp run` first restores the baseline's outputs)"
             ) from None
     saved = latest_checkpoint(experiment)
     # a stop that came after its last iteration leaves it trained, as the rerun would find it (and skip it)
