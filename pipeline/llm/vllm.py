@@ -264,18 +264,15 @@ class VLLMBackend(OpenAIBackend):
     async def _prompt_logprobs_all(self, sequences: list[list[int]]) -> list[list[float]]:
         import asyncio
 
-        limit = asyncio.Semaphore(self.max_concurrency)
-
         async def one(ids: list[int]) -> list[float]:
-            async with limit:
-                replica = await self._acquire()
-                try:
-                    data = await self._client(replica).post(
-                        "/completions", cast_to=object,
-                        body={"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-                              "prompt_logprobs": 0})
-                finally:
-                    self._release(replica)
+            replica = await self._acquire()  # at most max_concurrency in flight per server
+            try:
+                data = await self._client(replica).post(
+                    "/completions", cast_to=object,
+                    body={"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                          "prompt_logprobs": 0})
+            finally:
+                self._release(replica)
             steps = data["choices"][0]["prompt_logprobs"][1:]
             return [float(step[str(token)]["logprob"]) for token, step in zip(ids[1:], steps, strict=True)]
 

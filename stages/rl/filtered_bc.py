@@ -42,7 +42,15 @@ from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, load_policy_backend, make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
-from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+from stages.rl.text_rounds import (
+    NAME,
+    curriculum_metrics,
+    episode_jobs,
+    online_curriculum,
+    params_key,
+    read_part,
+    round_episodes,
+)
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds", "checkpoints"})
@@ -168,8 +176,3 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
         shutil.rmtree(checkpoints / f"round-{r:03d}", ignore_errors=True)  # the round's model is saved
     return round_dir
 
-
-def read_part(ds: ChunkedDataset, index: int) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(ds.path / ds.parts[index].file).to_pylist()

@@ -38,7 +38,15 @@ from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, t
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+from stages.rl.text_rounds import (
+    NAME,
+    curriculum_metrics,
+    episode_jobs,
+    online_curriculum,
+    params_key,
+    read_part,
+    round_episodes,
+)
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
@@ -251,11 +259,6 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
         atomic_write_json(round_dir / "val.json", result)
         atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
 
-
-def read_part(ds: ChunkedDataset, index: int) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(ds.path / ds.parts[index].file).to_pylist()
 
 
 def read_rows_all(ds: ChunkedDataset, rounds: int) -> list[dict]:
