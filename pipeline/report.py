@@ -265,6 +265,21 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
               "reached the episode's deepest dungeon level or highest experience level and went on to ascend, in "
               "percent (pipeline/nethack/progression.py).</p>"))
 
+    curve = metrics_root / "plots" / "rl-nethack.json"
+    if matched := matched_steps(read_plot_rows(curve) if curve.exists() else []):
+        steps, table = matched
+        parts.append(section("NetHack track: training return at matched env steps", _table(
+            ["agent", *(f"{s:,} steps" for s in steps)], table)
+            + "<p class='note'>Each agent's mean training return (task reward, its recent episodes) at the same env "
+              "steps, read off its learning curve (metrics/plots/rl-nethack.json) by linear interpolation between "
+              "the nearest points; blank where it has not reached them.</p>"))
+    if oni := labeller_rows(stages.get("rl-nethack", {})):
+        parts.append(section("NetHack track: the online labeller's cost", _table(
+            ["agent", "messages labelled", "labels / s", "helpful share", "held-out accuracy", "LLM requests sent",
+             "LLM failures"], oni)
+            + "<p class='note'>ONI's annotator over the whole training run of each online agent (rl-nethack's "
+              "metrics; its progress over env steps is in metrics/plots/rl-nethack-oni/).</p>"))
+
     curves = []
     for d in plot_definitions(dvc_yaml):
         path = dvc_yaml.parent / d["file"]
@@ -294,6 +309,37 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
              ".note{max-width:60em;color:#555;font-size:90%}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
+
+
+def matched_steps(rows: list[dict], points: int = 4) -> tuple[list[int], list[list[Any]]] | None:
+    """Each variant's training return at ``points`` env-step marks shared by all (¼, ½, ¾ and all of the longest
+    curve), linearly interpolated along its curve; None without a curve."""
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if isinstance(r.get("env_steps"), int | float) and isinstance(r.get("return"), int | float):
+            curves.setdefault(str(r.get("variant", "")), []).append((float(r["env_steps"]), float(r["return"])))
+    if not curves:
+        return None
+    end = max(x for pts in curves.values() for x, _ in pts)
+    marks = [int(round(end * (i + 1) / points, -3)) or int(end) for i in range(points)]
+
+    def at(pts: list[tuple[float, float]], x: float) -> str:
+        pts = sorted(pts)
+        if x > pts[-1][0] * 1.01 or x < pts[0][0]:  # not reached (1 %: the last point of a finished run)
+            return ""
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+            if x0 <= x <= x1:
+                return f"{y0 + (y1 - y0) * ((x - x0) / (x1 - x0) if x1 > x0 else 0):.3g}"
+        return f"{pts[-1][1]:.3g}"
+
+    return marks, [[name, *(at(pts, m) for m in marks)] for name, pts in curves.items()]
+
+
+def labeller_rows(metrics: dict[str, Any]) -> list[list[Any]]:
+    """[agent, labels, labels/s, helpful share, held-out accuracy, LLM sent, LLM failures] of each online agent."""
+    agents = [m["name"] for k in metrics if (m := re.fullmatch(r"(?P<name>[\w-]+)/oni_labels", k))]
+    keys = ("labels", "labels_per_s", "helpful_share", "heldout_accuracy", "llm_sent", "llm_failures")
+    return [[a, *(metrics.get(f"{a}/oni_{k}", "") for k in keys)] for a in agents]
 
 
 def _dataset_table(datasets: list[list[Any]]) -> str:

@@ -1,10 +1,11 @@
 """evaluate-nethack: trained agents against a random policy on the task they trained on.
 
 Every policy plays the same ``episodes`` seeds (paired comparison) on ``rl_nethack.task`` with
-``evaluate_nethack.max_episode_steps`` as the step cap. Reported per policy: mean task return, in-game score,
-deepest dungeon level, episode length and success rate (goal tasks), with standard errors. A trained policy acts
-on ``parallel_envs`` envs at once (one batched network call per step) and samples its actions with a seeded
-torch RNG, so the numbers are reproducible.
+``evaluate_nethack.max_episode_steps`` as the step cap; none is a game an evaluated agent trained on
+(:func:`evaluation_seeds`, from the games its training envs recorded). Reported per policy: mean task return,
+in-game score, deepest dungeon level, episode length and success rate (goal tasks), with standard errors. A
+trained policy acts on ``parallel_envs`` envs at once (one batched network call per step) and samples its actions
+with a seeded torch RNG, so the numbers are reproducible.
 
 Output: ``data/evaluate_nethack`` — chunked Parquet, one row per episode, one part per policy (resumable);
 ``data/evaluate_nethack_replays`` — every step of each policy's first ``replay_episodes`` episodes with its terminal
@@ -27,6 +28,7 @@ from pipeline.core.artifacts import chunk_seed, file_sha256, read_manifest, read
 from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.nethack.env import nethack_core_seed
 from pipeline.nethack.play import EPISODE_SCHEMA, REPLAY_STEP_SCHEMA, EnvSpec, StepRecorder, play_policy, play_random
 from pipeline.nethack.progression import progression
 from pipeline.params import Params
@@ -59,14 +61,44 @@ COLUMNS = ("return", "score", "depth", "xlvl", "progression", "length", "success
 ROW_SCHEMA_VERSION = 2  # 2: the experience level reached (xlvl)
 
 
-def evaluate_policy(params: Params, index: int, name: str) -> tuple[list[dict], pa.Table]:
+def evaluation_seeds(seed: int, episodes: int, trained: set[int]) -> tuple[list[int], int]:
+    """The seeds of the evaluation episodes, and how many candidates were passed over: ``chunk_seed(seed, NAME, i)``
+    for i = 0, 1, … skipping any whose NetHack core seed is in ``trained`` (the games training played), so every
+    policy is evaluated on games it never trained on."""
+    seeds: list[int] = []
+    i = 0
+    while len(seeds) < episodes:
+        candidate = chunk_seed(seed, NAME, i)
+        i += 1
+        if nethack_core_seed(candidate) not in trained:
+            seeds.append(candidate)
+    return seeds, i - episodes
+
+
+def trained_seeds(params: Params, policies: list[str]) -> tuple[set[int], list[str]]:
+    """The core seeds of every game the evaluated agents trained on, and the agents with no record of them."""
+    from pipeline.nethack.sf import training_seed_cores  # sample-factory: only for trained agents
+
+    trained: set[int] = set()
+    unrecorded = []
+    for name in policies:
+        if name == "random":
+            continue
+        cores = training_seed_cores(params.data_path("rl_nethack", name))
+        if cores is None:
+            unrecorded.append(name)
+        else:
+            trained |= cores
+    return trained, unrecorded
+
+
+def evaluate_policy(params: Params, index: int, name: str, seeds: list[int]) -> tuple[list[dict], pa.Table]:
     """One policy's episode summaries, and the recorded steps of its first ``replay_episodes`` episodes."""
     cfg = params.evaluate_nethack
     replays = min(cfg.replay_episodes, cfg.episodes)
     spec = EnvSpec(params.rl_nethack.task, params.rl_nethack.extended_actions, cfg.max_episode_steps,
                    frames=replays > 0, clock=params.nethack.clock)
     episodes = list(range(cfg.episodes))
-    seeds = [chunk_seed(params.seed, NAME, e) for e in episodes]
     recorder = StepRecorder(frames=True)
 
     def record(episode: int, *step) -> None:
@@ -178,9 +210,10 @@ def policy_names(params: Params) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def evaluate_chunk(params: Params, _state: None, index: int, policy: str) -> tuple[list[dict], pa.Table]:
+def evaluate_chunk(params: Params, seeds: list[int], _state: None, index: int,
+                   policy: str) -> tuple[list[dict], pa.Table]:
     """One chunk of evaluate-nethack: one policy's episodes (and the steps of those it keeps for replay)."""
-    return evaluate_policy(params, index, policy)
+    return evaluate_policy(params, index, policy, seeds)
 
 
 def run(params: Params, ctx: StageContext) -> StageResult:
@@ -203,11 +236,16 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         if found is None:
             raise FileNotFoundError(f"{params.data_path('rl_nethack', name)}: no checkpoint (run rl-nethack first)")
         upstream[name] = file_sha256(found[0])
+    trained, unrecorded = trained_seeds(params, policies)
+    if unrecorded:
+        print(f"evaluate-nethack: warning: {', '.join(unrecorded)} kept no record of its training seeds (trained "
+              "before records were kept): unseen seeds are checked against the other agents' only", flush=True)
+    seeds, passed_over = evaluation_seeds(params.seed, cfg.episodes, trained)
     out = params.data_path("evaluate_nethack")
     run_chunked(
         out,
         num_chunks=len(policies),
-        make_chunk=ChunkJob(run=partial(evaluate_chunk, params), inputs=policies),
+        make_chunk=ChunkJob(run=partial(evaluate_chunk, params, seeds), inputs=policies),
         params_hash=params.section_hash(STAGE.params),
         upstream=upstream,
         schema=EPISODE_SCHEMA,
@@ -229,5 +267,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         f"{name}/{key}": round(value, 4) for name, s in summary.items() for key, value in s.items()
     }
     metrics["replay_steps"] = read_manifest(params.data_path("evaluate_nethack_replays"))["rows"]
+    # unseen seeds: training games checked against, and evaluation seeds passed over because training played them
+    metrics.update(training_games_checked=len(trained), seeds_passed_over=passed_over,
+                   agents_without_seed_record=",".join(unrecorded) or "none")
     return StageResult(metrics=metrics, outputs=[str(out), str(params.data_path("evaluate_nethack_replays")),
                                                  str(plots / f"{NAME}.csv"), str(plots / f"{NAME}.png")])

@@ -291,6 +291,15 @@ def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewa
     assert (chain.plots_path() / "evaluate-nethack.png").stat().st_size > 1000
     episodes = pq.read_table(chain.data_path("evaluate_nethack", "part-00000.parquet")).to_pylist()
     assert [e["policy"] for e in episodes] == ["random", "random"]
+    # evaluated on unseen games: no evaluation seed is one of the games the agent began in training
+    from pipeline.nethack.env import nethack_core_seed
+    from pipeline.nethack.sf import training_seed_cores
+
+    trained = training_seed_cores(experiment)
+    envs = chain.rl_nethack.num_workers * chain.rl_nethack.num_envs_per_worker
+    assert trained and metrics["training_games_checked"] == len(trained) >= envs  # each env began a game at least
+    evaluated = {nethack_core_seed(e["seed"]) for e in read_table(chain.data_path("evaluate_nethack")).to_pylist()}
+    assert len(evaluated) == 2 and not evaluated & trained
 
     # The trained agent can also collect rollouts (Motif's dataset came from agents trained on the score).
     from_agent = longer.model_copy(deep=True, update={"data_dir": str(chain.data_path("from_agent"))})

@@ -12,7 +12,7 @@ import numpy as np
 from conftest import REPO, curio, make_project
 from PIL import Image
 
-from pipeline.report import binomial_se, ledger_rows, summaries
+from pipeline.report import binomial_se, labeller_rows, ledger_rows, matched_steps, summaries
 
 EVAL_TEXT = {"base/success_rate": 0.25, "base/episodes": 48, "base/mean_turns": 9.0,
              "sft/success_rate": 0.5, "sft/episodes": 48, "sft/mean_turns": 8.0,
@@ -30,6 +30,22 @@ def test_headlines_pick_one_number_per_policy():
     assert binomial_se(0.5, 100) == 0.05  # sqrt(.5 * .5 / 100)
     rows = ledger_rows({"evaluate-text": EVAL_TEXT})
     assert rows == [["evaluate-text", "environment", 12, 2, "", 900, 40, "", ""]]
+
+
+def test_nethack_curves_compared_at_matched_steps_and_the_labellers_cost():
+    rows = [{"variant": "a", "env_steps": 0, "return": 0.0}, {"variant": "a", "env_steps": 2000, "return": 4.0},
+            {"variant": "a", "env_steps": 4000, "return": 6.0},
+            {"variant": "b", "env_steps": 500, "return": 1.0}, {"variant": "b", "env_steps": 2500, "return": 3.0}]
+    marks, table = matched_steps(rows)
+    assert marks == [1000, 2000, 3000, 4000]  # quarters of the longest curve
+    # a at 1000: halfway from 0 to 4 = 2; at 3000: halfway from 4 to 6 = 5. b at 1000: 1 + (3-1)·500/2000 = 1.5,
+    # at 2000: 1 + 2·1500/2000 = 2.5; b never reached 3000 or 4000
+    assert table == [["a", "2", "4", "5", "6"], ["b", "1.5", "2.5", "", ""]]
+    assert matched_steps([]) is None
+    metrics = {"oni_ranking/oni_labels": 120, "oni_ranking/oni_labels_per_s": 3.5,
+               "oni_ranking/oni_helpful_share": 0.25, "oni_ranking/oni_heldout_accuracy": 0.9,
+               "oni_ranking/oni_llm_sent": 0, "motif/env_steps": 5}
+    assert labeller_rows(metrics) == [["oni_ranking", 120, 3.5, 0.25, 0.9, 0, ""]]
 
 
 def test_report_renders_offline_in_headless_chromium(tmp_path):

@@ -251,8 +251,14 @@ def seed_env(env: Score, seed: int) -> None:
     """Make the next episode of ``env`` reproducible from one integer: NetHack's core and display RNGs, with
     NetHack's own reseeding from true randomness turned off. (nle 1.0 has no separate level-generator RNG; gym's
     ``reset(seed=)`` seeds only gym's generator, which NetHack never reads.)"""
-    core = seed & 0x7FFFFFFF
+    core = nethack_core_seed(seed)
     env.seed(core, core ^ 0x5A5A5A5A, reseed=False)
+
+
+def nethack_core_seed(seed: int) -> int:
+    """The core seed NetHack gets for an episode seeded with ``seed`` (two seeds play the same game when these
+    agree, so unseen-seed checks compare them)."""
+    return seed & 0x7FFFFFFF
 
 
 register_tasks()

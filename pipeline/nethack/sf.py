@@ -39,7 +39,15 @@ from pipeline.llm import online_annotation
 from pipeline.models.reward_net_config import MOTIF_COUNT_EXPONENT
 from pipeline.nethack import oni, sf_compat
 from pipeline.nethack.clock import DEFAULT_CLOCK
-from pipeline.nethack.env import EXTENDED_ACTIONS, TASK_ACTIONS, TASK_NAMES, decode_message, make_env, seed_env
+from pipeline.nethack.env import (
+    EXTENDED_ACTIONS,
+    TASK_ACTIONS,
+    TASK_NAMES,
+    decode_message,
+    make_env,
+    nethack_core_seed,
+    seed_env,
+)
 from pipeline.nethack.intrinsic import EpisodicIntrinsicReward, MessageRewards
 from pipeline.nethack.oni import ONLINE_REWARDS, REWARD_TYPES, online_rewards
 from pipeline.nethack.reward import load_reward_model
@@ -190,16 +198,44 @@ class SeededEpisodes(gym.Wrapper):
     seed, the env's global index (worker × envs per worker + vector index) and the game's number.
 
     sample-factory seeds an env through gym's ``reset(seed=)``, which NetHack never reads; without this, every
-    game starts from true randomness."""
+    game starts from true randomness. With ``record`` (a directory), the number of games the env has begun is kept
+    in ``record/env_<id>.json`` (the most over resumes), so evaluation can tell which seeds training played
+    (:func:`training_seed_cores`)."""
 
-    def __init__(self, env: gym.Env, seed: int, env_id: int) -> None:
+    def __init__(self, env: gym.Env, seed: int, env_id: int, record: Path | None = None) -> None:
         super().__init__(env)
         self.base_seed, self.env_id, self.episode = seed, env_id, 0
+        self.record = record / f"env_{env_id}.json" if record is not None else None
+        self.recorded = _games(self.record) if self.record is not None else 0
 
     def reset(self, **kwargs):
         seed_env(self.env.unwrapped, episode_seed(self.base_seed, self.env_id, self.episode))
         self.episode += 1
+        if self.record is not None and self.episode > self.recorded:  # before the game is played
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.record, {"seed": self.base_seed, "env_id": self.env_id, "games": self.episode})
+            self.recorded = self.episode
         return self.env.reset(**kwargs)
+
+
+SEEDS_PLAYED = "curio_seeds"  # per experiment: env_<id>.json, the games each training env has begun
+
+
+def _games(path: Path) -> int:
+    return int(json.loads(path.read_text())["games"]) if path.exists() else 0
+
+
+def training_seed_cores(experiment_dir: str | Path) -> set[int] | None:
+    """NetHack's core seeds of every game an experiment's training envs have begun (``SeededEpisodes``'s
+    records); None when it has no record (trained before records were kept)."""
+    files = sorted(Path(experiment_dir, SEEDS_PLAYED).glob("env_*.json"))
+    if not files:
+        return None
+    cores: set[int] = set()
+    for f in files:
+        rec = json.loads(f.read_text())
+        cores.update(nethack_core_seed(episode_seed(rec["seed"], rec["env_id"], k)) for k in range(rec["games"]))
+    return cores
 
 
 class PolicyView:
@@ -269,7 +305,8 @@ def make_nethack_env(full_env_name: str, cfg: Any = None, env_config: Any = None
         clock=getattr(cfg, "nethack_clock", DEFAULT_CLOCK),
     )
     if cfg.seed is not None:
-        env = SeededEpisodes(env, cfg.seed, int((env_config or {}).get("env_id", 0)))
+        record = Path(cfg.train_dir) / cfg.experiment / SEEDS_PLAYED
+        env = SeededEpisodes(env, cfg.seed, int((env_config or {}).get("env_id", 0)), record)
     kind = getattr(cfg, "intrinsic_reward", "motif")
     if kind == "none" and cfg.int_coef != 0:
         raise ValueError("--intrinsic_reward=none needs --int_coef=0")
