@@ -141,6 +141,21 @@ def test_compare_rollouts_of_other_episodes_is_one_line(tmp_path):
     assert_one_line(run(["compare", "rollouts", str(a), str(b)]), "do not play the same episodes")
 
 
+def test_compare_rl_text_rows_name_grpo_with_turn_credit(tmp_path):
+    from pipeline.params import load_params
+    from pipeline.tools.compare_rl_text import GRID, parse_row, rl_overrides
+
+    row = parse_row("grpo_turn/infogain")
+    assert row == ("grpo_turn", "infogain", False)
+    (tmp_path / "params.yaml").write_text("{}\n")
+    params = load_params(tmp_path / "params.yaml", rl_overrides(tmp_path / "d", row, GRID["grpo_turn"][1]))
+    cfg = params.rl_text
+    assert (cfg.algorithm, cfg.reward, cfg.grpo.credit, cfg.grpo.lr) == ("grpo", "infogain", "turn", 1e-4)
+    plain = load_params(tmp_path / "params.yaml", rl_overrides(tmp_path / "d", parse_row("grpo/outcome"),
+                                                               GRID["grpo"][0]))
+    assert (plain.rl_text.algorithm, plain.rl_text.grpo.credit) == ("grpo", "trajectory")
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--rows", "filtered_bc/outcome,ppo/outcome"], "--rows: bad row 'ppo/outcome'"),
     (["--rows", "archer/outcome+more"], "bad row"),

@@ -47,7 +47,10 @@ GRID: dict[str, list[list[str]]] = {
     "archer": [["rl_text.archer.actor_lr=0.00001"], ["rl_text.archer.actor_lr=0.0001"]],
     "chai": [["rl_text.chai.num_samples=3"], ["rl_text.chai.num_samples=5"]],
     "grpo": [["rl_text.grpo.lr=0.00001"], ["rl_text.grpo.lr=0.0001"]],
+    "grpo_turn": [["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.00001"],
+                  ["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.0001"]],
 }
+ALGORITHM = {"grpo_turn": "grpo"}  # a row name that is an algorithm with a setting of its own: GRPO's turn credit
 
 
 def curio(proj: Path, args: list[str]) -> None:
@@ -149,6 +152,13 @@ def compare_rl_text(project: Path, overrides: list[str], row_specs: list[str], v
     return results
 
 
+def rl_overrides(data: Path, row: tuple[str, str, bool], cfg: list[str]) -> list[str]:
+    """rl-text's params of one configuration of a row, in its own data dir."""
+    alg, reward, curriculum = row
+    return [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={ALGORITHM.get(alg, alg)}",
+            f"rl_text.reward={reward}", f"rl_text.curriculum.enabled={str(curriculum).lower()}", *cfg]
+
+
 def run_config(proj: Path, name: str, i: int, cfg: list[str], row: tuple[str, str, bool], val_k: int,
                temperature: float) -> dict:
     """rl-text with the ``i``-th configuration of a row in its own data dir, scored on val."""
@@ -158,8 +168,7 @@ def run_config(proj: Path, name: str, i: int, cfg: list[str], row: tuple[str, st
     for upstream in ("bootstrap", "train_policy", "reward_model_text"):
         if not (data / upstream).exists() and (proj / "data" / upstream).exists():
             os.symlink(proj / "data" / upstream, data / upstream)
-    sets = [f"data_dir={data}", f"metrics_dir={data / 'metrics'}", f"rl_text.algorithm={alg}",
-            f"rl_text.reward={reward}", f"rl_text.curriculum.enabled={str(curriculum).lower()}", *cfg]
+    sets = rl_overrides(data, row, cfg)
     start = time.time()
     if not scored(data, "val"):  # a finished, scored run of an earlier call: not started again
         curio(proj, ["stage", "rl-text", *[x for s in sets for x in ("-S", s)]])
