@@ -15,6 +15,12 @@ loads torch and its model, instead of before them. The stage process sends each 
 forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
 stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``; one stopped by a
 signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` at once, dropping the calls not yet carried out.
+
+Under a pipeline run (``make run``, ``curio pipeline``, the Prefect ``pipeline`` flow) the pipeline's own process has
+MLflow loaded and its store open already: it serves its stages' calls on a Unix socket (:class:`TrackingService`,
+``$CURIO_TRACKING_SOCKET``), one thread per stage run, so a stage starts no tracking process and loads nothing of
+MLflow. The messages, their order and how a run ends are the same; a stage whose tracking settings differ from the
+pipeline's starts its own process as above.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -197,6 +207,30 @@ DISK_FULL_EXIT = 28  # ENOSPC
 #: ``CURIO_TRACKING_PROCESS=0``: make a stage's MLflow calls in the stage process itself, as one call after
 #: another (what ``bench/bench_tracking.py`` compares with the tracking process).
 PROCESS_ENV = "CURIO_TRACKING_PROCESS"
+#: A pipeline run's tracking service: its socket, and the set-up it serves (experiment, artifact root, store).
+SOCKET_ENV, SERVICE_KEY_ENV = "CURIO_TRACKING_SOCKET", "CURIO_TRACKING_SERVICE_KEY"
+#: ``CURIO_TRACKING_SERVICE=0``: a pipeline run serves no calls; each stage starts its own tracking process.
+SERVICE_ENV = "CURIO_TRACKING_SERVICE"
+
+
+def service_key(experiment: str, artifact_root: str, uri: str | None) -> str:
+    """What a tracking service must have been set up with to take a stage's calls: the same experiment, artifact
+    directory and store, resolved where the command runs."""
+    return json.dumps([experiment, str((Path.cwd() / artifact_root).resolve()), tracking_uri(uri=uri)])
+
+
+def _service_connection(experiment: str, artifact_root: str, uri: str | None) -> socket.socket | None:
+    """A connection to the pipeline's tracking service, when one serves this set-up."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path or os.environ.get(SERVICE_KEY_ENV) != service_key(experiment, artifact_root, uri):
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:  # the pipeline's process is gone: this stage tracks on its own
+        conn.close()
+        return None
+    return conn
 
 
 class StageTracking:
@@ -208,12 +242,16 @@ class StageTracking:
                  uri: str | None = None) -> None:
         self.proc: subprocess.Popen | None = None
         self.inline: _Handler | None = None
+        self.conn: socket.socket | None = None
         self.started = False
         self._lock = threading.Lock()  # one message per line, whichever thread logs
         if not enabled:
             return
         if os.environ.get(PROCESS_ENV, "1") == "0":
             self.inline = _Handler()
+        elif (conn := _service_connection(experiment, artifact_root, uri)) is not None:
+            self.conn = conn  # the pipeline's service is set up already: no "setup" message
+            return
         else:
             self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.tracking"], stdin=subprocess.PIPE,
                                          text=True, encoding="utf-8")
@@ -231,8 +269,12 @@ class StageTracking:
             with self._lock:
                 self.inline(message)
             return
-        assert self.proc is not None and self.proc.stdin is not None
         line = json.dumps(message) + "\n"
+        if self.conn is not None:
+            with self._lock, contextlib.suppress(OSError):  # the service went away: close() reports it
+                self.conn.sendall(line.encode("utf-8"))
+            return
+        assert self.proc is not None and self.proc.stdin is not None
         with self._lock, contextlib.suppress(BrokenPipeError, OSError):  # it failed: close() reports it
             self.proc.stdin.write(line)
             self.proc.stdin.flush()
@@ -248,6 +290,9 @@ class StageTracking:
                 if check:
                     raise
             return
+        if self.conn is not None:
+            self._close_service(status, check)
+            return
         if self.proc is None:
             return
         if status is not None:
@@ -262,10 +307,36 @@ class StageTracking:
             raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
                                 "MLFLOW_TRACKING_URI and that the store or server is reachable")
 
+    def _close_service(self, status: str | None, check: bool) -> None:
+        """End the run the service holds and wait for its answer: every call carried out, or the error."""
+        if status is not None:
+            self._write({"op": "end", "status": status})
+        conn, self.conn = self.conn, None
+        assert conn is not None
+        answer: dict = {}
+        with conn, contextlib.suppress(OSError, ValueError):
+            conn.shutdown(socket.SHUT_WR)
+            answer = json.loads(conn.makefile("r", encoding="utf-8").readline() or "{}")
+        code = answer.get("code", 1 if status is not None else 0)
+        if answer.get("error") and check:
+            print(f"curio: MLflow tracking failed: {answer['error']}", file=sys.stderr, flush=True)
+        if code == DISK_FULL_EXIT and check:
+            raise DiskFull.at("MLflow's store or artifacts (tracking.uri / tracking.artifact_root)")
+        if code != 0 and check:
+            raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
+                                "MLFLOW_TRACKING_URI and that the store or server is reachable")
+
+    def _abandon_service(self) -> None:
+        """Stopping: the service ends the run KILLED after the call in flight, dropping the rest; not waited for."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b'{"op": "abort"}\n')
+
     @contextlib.contextmanager
     def run(self, stage: str, params: dict, tags: dict | None = None) -> Iterator[Tracker]:
         """The stage's MLflow run, nested under ``$CURIO_PARENT_RUN_ID`` when set."""
-        if self.proc is None and self.inline is None:
+        if self.proc is None and self.inline is None and self.conn is None:
             yield Tracker(None)
             return
         if self.proc is not None and self.proc.poll() is not None:
@@ -281,6 +352,7 @@ class StageTracking:
             if self.proc is not None:  # the calls still queued (a model being logged) are dropped, not waited for
                 with contextlib.suppress(OSError):
                     self.proc.send_signal(signal.SIGTERM)
+            self._abandon_service()
             self.close("KILLED", check=False)
             raise
         except BaseException:
@@ -402,6 +474,101 @@ def _serve(lines: Iterator[str]) -> int:
     return 0
 
 
+class TrackingService:
+    """A pipeline run's stages' MLflow calls, carried out in the pipeline's process (MLflow loaded, store open) on a
+    Unix socket: one connection and one thread per stage run, the same messages as :func:`_serve` reads. A
+    connection that ends before ``end`` (the stage process died) ends its run ``KILLED``; ``abort`` (the stage is
+    stopping) ends it ``KILLED`` after the call in flight, dropping the calls queued behind it. The answer to
+    ``end`` is one line: ``{"code": 0}``, or the exit status the tracking process would have had and the error."""
+
+    def __init__(self, mlflow: Any) -> None:
+        self.mlflow = mlflow
+        self.dir = tempfile.mkdtemp(prefix="curio-mlflow-")
+        self.path = os.path.join(self.dir, "socket")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)  # the accepting thread looks at self.stopping this often
+        self.stopping = threading.Event()
+        self.sessions: list[threading.Thread] = []
+        self.accepting = threading.Thread(target=self._accept, name="curio-tracking", daemon=True)
+        self.accepting.start()
+
+    def _accept(self) -> None:
+        """Take connections until stopped, then those already waiting (a stopped stage does not wait for its
+        answer, so its connection may still be queued when the pipeline ends)."""
+        while True:
+            stopping = self.stopping.is_set()
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                if stopping:
+                    return
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            session = threading.Thread(target=self._session, args=(conn,), name="curio-tracking-run", daemon=True)
+            self.sessions.append(session)
+            session.start()
+
+    def _session(self, conn: socket.socket) -> None:
+        queue: deque[dict] = deque()
+        ready = threading.Condition()
+        state = {"eof": False, "abort": False}
+
+        def read() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                for line in conn.makefile("r", encoding="utf-8"):
+                    msg = json.loads(line)
+                    with ready:
+                        if msg["op"] == "abort":
+                            state["abort"] = True
+                            ready.notify()
+                            return
+                        queue.append(msg)
+                        ready.notify()
+            with ready:
+                state["eof"] = True
+                ready.notify()
+
+        threading.Thread(target=read, name="curio-tracking-read", daemon=True).start()
+        handler = _Handler()
+        handler.mlflow = self.mlflow
+        answer: dict[str, Any] = {"code": 0}
+        with conn:
+            try:
+                while True:
+                    with ready:
+                        while not (queue or state["eof"] or state["abort"]):
+                            ready.wait()
+                        if state["abort"] or not queue:  # stopping, or the stage process died before "end"
+                            if handler.calls is None and (start := [m for m in queue if m["op"] == "start"]):
+                                handler(start[0])  # the run is recorded, as KILLED, even if it had not begun
+                            handler.abort("KILLED")
+                            return
+                        msg = queue.popleft()
+                    if msg["op"] != "setup" and handler(msg):
+                        break
+            except Exception as e:  # noqa: BLE001 - sent to the stage process, which raises TrackingError
+                full = disk_full(e) is not None
+                answer = {"code": DISK_FULL_EXIT if full else 1, "error": f"{type(e).__name__}: {e}"}
+                with contextlib.suppress(Exception):
+                    handler.abort("FAILED")
+            with contextlib.suppress(OSError):
+                conn.sendall((json.dumps(answer) + "\n").encode("utf-8"))
+
+    def close(self, timeout: float = 60) -> None:
+        """Stop taking connections; give the runs in flight ``timeout`` seconds to end."""
+        self.stopping.set()
+        self.accepting.join()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for session in self.sessions:
+            session.join(timeout)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def stage_run(
     stage: str, params: dict, experiment: str = "curio", enabled: bool = True, tags: dict | None = None,
@@ -422,15 +589,22 @@ def pipeline_run(name: str, experiment: str = "curio", enabled: bool = True,
         return
     mlflow = _setup(experiment, artifact_root, uri)
     with mlflow.start_run(run_name=name, tags={"curio.kind": "pipeline", **git_tags()}) as run:
-        old = os.environ.get(PARENT_ENV)
-        os.environ[PARENT_ENV] = run.info.run_id
+        service = TrackingService(mlflow) if os.environ.get(SERVICE_ENV, "1") != "0" else None
+        exported = {PARENT_ENV: run.info.run_id}
+        if service is not None:
+            exported.update({SOCKET_ENV: service.path, SERVICE_KEY_ENV: service_key(experiment, artifact_root, uri)})
+        old = {k: os.environ.get(k) for k in exported}
+        os.environ.update(exported)
         try:
             yield run.info.run_id
         finally:
-            if old is None:
-                os.environ.pop(PARENT_ENV, None)
-            else:
-                os.environ[PARENT_ENV] = old
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            if service is not None:
+                service.close()
 
 
 def git_tags() -> dict[str, str]:
