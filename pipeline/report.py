@@ -253,14 +253,15 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
         cols = ["return", "score", "score_median", "depth", "xlvl", "progression", "length", "success"]
         svg = bars_svg(agents, [nh[f"{a}/return"] for a in agents], [nh.get(f"{a}/return_sem", 0.0) for a in agents],
                        "episode return", "NetHack evaluation (±1 standard error)")
+        bases = [b for b in ("random", "extrinsic", "motif") if b in agents]
         rows = [[a, *(f"{nh.get(f'{a}/{c}', float('nan')):.3g} ± {nh.get(f'{a}/{c}_sem', 0.0):.2g}" for c in cols),
                  *((f"{nh[f'{a}/return_vs_{b}']:+.3g} ± {nh.get(f'{a}/return_vs_{b}_sem', 0.0):.2g}"
-                    if f"{a}/return_vs_{b}" in nh else "—") for b in ("random", "extrinsic")),
+                    if f"{a}/return_vs_{b}" in nh else "—") for b in bases),
                  nh.get(f"{a}/episodes", "")] for a in agents]
         header = ["agent", "return", "score", "median score", "depth", "experience level",
                   "progression (BALROG, 0-100)", "length", "success"]
         parts.append(section("NetHack track: agents compared", svg + _table(
-            [*header, "return − random (same seeds)", "return − extrinsic (same seeds)", "episodes"], rows)
+            [*header, *(f"return − {b} (same seeds)" for b in bases), "episodes"], rows)
             + "<p class='note'>Progression: BALROG's measure (Paglieri et al. 2024), the share of human games that "
               "reached the episode's deepest dungeon level or highest experience level and went on to ascend, in "
               "percent (pipeline/nethack/progression.py).</p>"))

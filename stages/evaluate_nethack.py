@@ -122,8 +122,9 @@ def evaluate_policy(params: Params, index: int, name: str, seeds: list[int]) -> 
     return [s.row(name) for s in summaries], steps.cast(REPLAY_STEP_SCHEMA)
 
 
-PAIRED = ("return", "score", "progression")  # compared seed by seed with the random and the extrinsic agents
-BASELINES = ("random", "extrinsic")
+PAIRED = ("return", "score", "progression")  # compared seed by seed with the baseline agents
+# random and extrinsic (every agent's), and Motif (ONI's claim: online rewards match the offline reward model's)
+BASELINES = ("random", "extrinsic", "motif")
 BOOTSTRAP = 2000  # resamples behind the median's standard error
 
 
@@ -147,7 +148,7 @@ def with_progression(row: dict) -> dict:
 
 def summarize(rows: list[dict], policies: list[str]) -> dict[str, dict[str, float]]:
     """Mean and standard error per policy and column (NLE's protocol adds the median score, with a bootstrap
-    standard error); with ``random`` or ``extrinsic`` among the policies, also each other policy's paired
+    standard error); with ``random``, ``extrinsic`` or ``motif`` among the policies, also each other policy's paired
     difference from them (``return_vs_random``, ``score_vs_extrinsic``, ... and their ``_sem``): the mean over seeds
     of (policy − baseline) on the same seed, whose standard error is what "beats random by k s.e." is measured in."""
     rows = [with_progression(r) for r in rows]

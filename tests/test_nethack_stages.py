@@ -407,6 +407,10 @@ def test_evaluate_summary_pairs_each_policy_with_random_seed_by_seed():
     rows += [row("extrinsic", s, 1.0) for s in (1, 2, 3)]
     paired = summarize(rows, ["random", "extrinsic", "motif"])["motif"]
     assert paired["return_vs_extrinsic"] == pytest.approx(8 / 3) and "return_vs_random" in paired
+    # and Motif the third, for ONI's claim: an online agent returning 2, 2, 2 -> differences 0, 0, -5
+    rows += [row("oni_ranking", s, 2.0) for s in (1, 2, 3)]
+    oni = summarize(rows, ["random", "extrinsic", "motif", "oni_ranking"])["oni_ranking"]
+    assert oni["return_vs_motif"] == pytest.approx(-5 / 3) and oni["return_vs_motif_sem"] == pytest.approx(5 / 3)
 
 
 def test_balrog_progression_by_hand():
