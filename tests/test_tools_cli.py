@@ -148,7 +148,7 @@ def test_compare_rl_text_rows_name_grpo_with_turn_credit(tmp_path):
     row = parse_row("grpo_turn/infogain")
     assert row == ("grpo_turn", "infogain", False)
     (tmp_path / "params.yaml").write_text("{}\n")
-    params = load_params(tmp_path / "params.yaml", rl_overrides(tmp_path / "d", row, GRID["grpo_turn"][1]))
+    params = load_params(tmp_path / "params.yaml", rl_overrides(tmp_path / "d", row, GRID["grpo_turn"][0]))
     cfg = params.rl_text
     assert (cfg.algorithm, cfg.reward, cfg.grpo.credit, cfg.grpo.lr) == ("grpo", "infogain", "turn", 1e-4)
     plain = load_params(tmp_path / "params.yaml", rl_overrides(tmp_path / "d", parse_row("grpo/outcome"),

@@ -46,9 +46,10 @@ GRID: dict[str, list[list[str]]] = {
     "filtered_bc": [["rl_text.top_quantile=0.1"], ["rl_text.top_quantile=0.25"]],
     "archer": [["rl_text.archer.actor_lr=0.00001"], ["rl_text.archer.actor_lr=0.0001"]],
     "chai": [["rl_text.chai.num_samples=3"], ["rl_text.chai.num_samples=5"]],
-    "grpo": [["rl_text.grpo.lr=0.00001"], ["rl_text.grpo.lr=0.0001"]],
-    "grpo_turn": [["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.00001"],
-                  ["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.0001"]],
+    # the first point is the one --configs 1 runs: LoRA's usual rate (the real-model preset trains adapters)
+    "grpo": [["rl_text.grpo.lr=0.0001"], ["rl_text.grpo.lr=0.00001"]],
+    "grpo_turn": [["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.0001"],
+                  ["rl_text.grpo.credit=turn", "rl_text.grpo.lr=0.00001"]],
 }
 ALGORITHM = {"grpo_turn": "grpo"}  # a row name that is an algorithm with a setting of its own: GRPO's turn credit
 
