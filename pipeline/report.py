@@ -322,7 +322,8 @@ def matched_steps(rows: list[dict], points: int = 4) -> tuple[list[int], list[li
     if not curves:
         return None
     end = max(x for pts in curves.values() for x, _ in pts)
-    marks = [int(round(end * (i + 1) / points, -3)) or int(end) for i in range(points)]
+    digits = 1 - int(math.floor(math.log10(end))) if end > 0 else 0  # marks to two significant digits
+    marks = [int(round(end * (i + 1) / points, digits)) or int(end) for i in range(points)]
 
     def at(pts: list[tuple[float, float]], x: float) -> str:
         pts = sorted(pts)
