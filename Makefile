@@ -104,12 +104,9 @@ run: $(STAMP) nethack-clock plots-offline  ## the default DAG: dvc repro (nested
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 
-# Two pytest-xdist workers: most tests wait on a subprocess, a server or a sleep, so one test at a time used about one
-# core of two. Tests that share a session fixture run on one worker (tests/conftest.py); TEST_WORKERS=1 for one.
-TEST_WORKERS ?= 2
 test: $(DEV_STAMP) nethack-clock browser  ## the import contracts (pyproject.toml), then the fast test suite
 	$(BIN)/lint-imports
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q
 
 test-slow: $(SERVER_STAMP) $(VLLM_STAMP) nethack-clock
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow

@@ -33,18 +33,6 @@ def pytest_configure(config):
         clock.preload()
 
 
-#: Session fixtures that run part of a pipeline: under pytest-xdist (`make test` runs two workers) every test that
-#: uses one runs on the same worker, so each is built once; every other test goes with the rest of its file
-#: (module fixtures built once too).
-SHARED_RUNS = {"trained": "trained", "chain": "nethack", "nethack_track": "nethack"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        used = [group for name, group in SHARED_RUNS.items() if name in getattr(item, "fixturenames", ())]
-        item.add_marker(pytest.mark.xdist_group(used[0] if used else item.module.__name__))
-
-
 def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None,
           **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", **(env or {})}
