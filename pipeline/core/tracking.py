@@ -290,41 +290,37 @@ class StageTracking:
                 if check:
                     raise
             return
-        if self.conn is not None:
-            self._close_service(status, check)
-            return
-        if self.proc is None:
+        if self.conn is None and self.proc is None:
             return
         if status is not None:
             self._write({"op": "end", "status": status})
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(BrokenPipeError, OSError):
-            proc.stdin.close()  # type: ignore[union-attr]
-        code = proc.wait()
+        code = self._wait_for_service(status) if self.conn is not None else self._wait_for_process()
         if code == DISK_FULL_EXIT and check:
             raise DiskFull.at("MLflow's store or artifacts (tracking.uri / tracking.artifact_root)")
         if code != 0 and check:
             raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
                                 "MLFLOW_TRACKING_URI and that the store or server is reachable")
 
-    def _close_service(self, status: str | None, check: bool) -> None:
-        """End the run the service holds and wait for its answer: every call carried out, or the error."""
-        if status is not None:
-            self._write({"op": "end", "status": status})
+    def _wait_for_process(self) -> int:
+        """The tracking process's exit status, once it has carried out every call."""
+        proc, self.proc = self.proc, None
+        assert proc is not None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            proc.stdin.close()  # type: ignore[union-attr]
+        return proc.wait()
+
+    def _wait_for_service(self, status: str | None) -> int:
+        """The service's answer once it has carried out every call: 0, or the status the tracking process would
+        have exited with (its error printed here, as that process prints it)."""
         conn, self.conn = self.conn, None
         assert conn is not None
         answer: dict = {}
         with conn, contextlib.suppress(OSError, ValueError):
             conn.shutdown(socket.SHUT_WR)
             answer = json.loads(conn.makefile("r", encoding="utf-8").readline() or "{}")
-        code = answer.get("code", 1 if status is not None else 0)
-        if answer.get("error") and check:
+        if answer.get("error"):
             print(f"curio: MLflow tracking failed: {answer['error']}", file=sys.stderr, flush=True)
-        if code == DISK_FULL_EXIT and check:
-            raise DiskFull.at("MLflow's store or artifacts (tracking.uri / tracking.artifact_root)")
-        if code != 0 and check:
-            raise TrackingError("MLflow tracking failed (its error is above): check tracking.uri or "
-                                "MLFLOW_TRACKING_URI and that the store or server is reachable")
+        return answer.get("code", 1 if status is not None else 0)
 
     def _abandon_service(self) -> None:
         """Stopping: the service ends the run KILLED after the call in flight, dropping the rest; not waited for."""
@@ -548,7 +544,7 @@ class TrackingService:
                             handler.abort("KILLED")
                             return
                         msg = queue.popleft()
-                    if msg["op"] != "setup" and handler(msg):
+                    if handler(msg):
                         break
             except Exception as e:  # noqa: BLE001 - sent to the stage process, which raises TrackingError
                 full = disk_full(e) is not None

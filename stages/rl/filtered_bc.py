@@ -30,6 +30,7 @@ from pipeline.core.artifacts import (
     atomic_write_json,
     chunk_seed,
     dir_hash,
+    read_part,
     read_rows,
 )
 from pipeline.core.checkpoints import keyed_dir, run_key
@@ -42,15 +43,7 @@ from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, load_policy_backend, make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
-from stages.rl.text_rounds import (
-    NAME,
-    curriculum_metrics,
-    episode_jobs,
-    online_curriculum,
-    params_key,
-    read_part,
-    round_episodes,
-)
+from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds", "checkpoints"})
@@ -90,7 +83,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     games = make_games(params)
     jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
     sampling = sampling_from_config(params.rollout_text)
-    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts, i))
+    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
     current = Path(init)
     try:
@@ -115,7 +108,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     rows = read_rows(out / "rollouts", ["success", "invalid", "turns", "score"]) if cfg.rounds else []
     history, episodes = [], 0
     for r in range(cfg.rounds):
-        part = read_part(rollouts, r)
+        part = read_part(rollouts.path, r)
         episodes += len(part)
         history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": cfg.algorithm})
     atomic_write_json(params.plots_path("rl_rounds.json"), history)
@@ -160,7 +153,7 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
             point.text += " (its episodes played)"  # kept: the rerun clones them
             interrupt.check()
         so_far = [row for i in sorted(rollouts.finished()) if i <= r
-                  for row in read_part(rollouts, i)]
+                  for row in read_part(rollouts.path, i)]
         keep = top_fraction(so_far, cfg.top_quantile) if rewarder is None else top_by_turn_reward(
             so_far, cfg.top_quantile)
         if keep:  # every trajectory so far invalid: nothing to clone, the policy carries over unchanged
@@ -169,7 +162,7 @@ def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, rou
                 lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed, tracker=ctx.tracker,
                 prefix=f"rl_round_{r}", lora=lora,
             )
-        stats = summarize(read_part(rollouts, r))
+        stats = summarize(read_part(rollouts.path, r))
         ctx.tracker.log_metrics({"rl/success_rate": stats["success_rate"], "rl/kept": len(keep)}, step=r)
         tiny.save(model, tokenizer, round_dir)
         atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk

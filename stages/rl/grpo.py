@@ -27,7 +27,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.core import interrupt
-from pipeline.core.artifacts import ChunkedDataset, atomic_write_bytes, atomic_write_json, chunk_seed, dir_hash
+from pipeline.core.artifacts import (
+    ChunkedDataset,
+    atomic_write_bytes,
+    atomic_write_json,
+    chunk_seed,
+    dir_hash,
+    read_part,
+)
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
@@ -38,15 +45,7 @@ from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, t
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import (
-    NAME,
-    curriculum_metrics,
-    episode_jobs,
-    online_curriculum,
-    params_key,
-    read_part,
-    round_episodes,
-)
+from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
@@ -168,7 +167,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "train")]
     val_jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "val")]
     sampling = sampling_from_config(params.rollout_text)
-    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts, i))
+    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
     history: list[dict] = []
     start = rounds_dir / "round-start"  # the DPO policy's own val result: round 0 of the early stopping
@@ -187,7 +186,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                                 curriculum, rewarder)
             current = round_dir
             result = json.loads((round_dir / "val.json").read_text())
-            part = read_part(rollouts, r)
+            part = read_part(rollouts.path, r)
             episodes += len(part)
             history.append({"round": r, **summarize(part), "episodes": episodes, "algorithm": "grpo",
                             "val_success": result["val_success"], **result["stats"]})
@@ -248,7 +247,7 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
             from peft import get_peft_model
 
             model = get_peft_model(model, adapters)
-        stats = update(model, tokenizer, read_part(rollouts, r), games, params, seed, ref)
+        stats = update(model, tokenizer, read_part(rollouts.path, r), games, params, seed, ref)
         if adapters is not None:
             model = model.merge_and_unload()
         model.eval()
@@ -262,4 +261,4 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
 
 
 def read_rows_all(ds: ChunkedDataset, rounds: int) -> list[dict]:
-    return [row for r in range(rounds) if r in ds.finished() for row in read_part(ds, r)]
+    return [row for r in range(rounds) if r in ds.finished() for row in read_part(ds.path, r)]

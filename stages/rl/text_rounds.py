@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from pipeline.params import Params
 
 if TYPE_CHECKING:
-    from pipeline.core.artifacts import ChunkedDataset
     from pipeline.envs.base import Game, Task
     from pipeline.text.curriculum import OnlineCurriculum
 
@@ -79,10 +78,3 @@ def curriculum_metrics(params: Params, curriculum: OnlineCurriculum | None) -> d
         out[f"curriculum/{arm}/pulls"] = c.pulls[arm]
         out[f"curriculum/{arm}/mean_potential"] = c.mean_potential(arm)
     return out
-
-
-def read_part(ds: ChunkedDataset, index: int) -> list[dict]:
-    """One finished round's rows (part ``index`` of the rollouts)."""
-    import pyarrow.parquet as pq
-
-    return pq.read_table(ds.path / ds.parts[index].file).to_pylist()
