@@ -273,7 +273,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
             ["agent", *(f"{s:,} steps" for s in steps)], table)
             + "<p class='note'>Each agent's mean training return (task reward, its recent episodes) at the same env "
               "steps, read off its learning curve (metrics/plots/rl-nethack.json) by linear interpolation between "
-              "the nearest points; blank where it has not reached them.</p>"))
+              "the nearest points; blank outside its curve (a curve starts once episodes have finished and gets a "
+              "point every summary interval, so a short run's may end before its last env steps).</p>"))
     if oni := labeller_rows(stages.get("rl-nethack", {})):
         parts.append(section("NetHack track: the online labeller's cost", _table(
             ["agent", "messages labelled", "labels / s", "helpful share", "held-out accuracy", "LLM requests sent",
