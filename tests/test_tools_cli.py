@@ -249,3 +249,32 @@ def test_params_hashes_covers_every_stage_of_params_yaml_and_of_each_preset(monk
     assert all(h["hash"] == h["slice_hash"] for key, h in hashes.items() if ":" in key)
     smollm2 = hashes["smollm2.yaml:rollout-text"]["hash"]
     assert smollm2 != hashes["params.yaml:rollout-text"]["hash"]  # the preset changes the policy rollout-text plays
+
+
+def test_compare_rl_text_scores_pass_at_k_and_the_paired_difference_from_dpo_by_hand(tmp_path):
+    from pipeline.tools.compare_rl_text import choose_row, paired, score, write
+
+    def rows(wins_per_task):  # task t won in the first wins_per_task[t] of its 4 samples
+        return [{"group": "g", "task_id": str(t), "policy": "_", "success": s < w, "turns": 2, "score": 0.0,
+                 "invalid": False} for t, w in enumerate(wins_per_task) for s in range(4)]
+
+    dpo, rl = score(rows([0, 1, 2]), 4), score(rows([1, 3, 2]), 4)
+    # mean@4 = success: DPO 3/12, RL 6/12; pass@4 with 4 samples a task = share of tasks with a win: 2/3, 3/3
+    assert (dpo["success_rate"], rl["success_rate"]) == (0.25, 0.5)
+    assert (dpo["pass_at_k"], rl["pass_at_k"]) == (2 / 3, 1.0)
+    # per-task differences .25, .5, 0: mean .25, SE = sqrt(((0)² + .25² + .25²) / (3 · 2)) = .25 / sqrt(3)
+    d = paired(rl, dpo)
+    assert d["tasks"] == 3 and d["diff"] == pytest.approx(0.25) and d["se"] == pytest.approx(0.25 / 3 ** 0.5)
+    chosen = {"history": [{"episodes": 96}], "config": ["rl_text.grpo.lr=0.0001"], "val": rl, "val_vs_dpo": d,
+              "eval": {"all": rl}, "eval_vs_dpo": {"all": d}}
+    worse = {**chosen, "val": dpo}
+    results = {"dpo": {"val": dpo, "eval": {"all": dpo}},
+               "rows": {"grpo/outcome": {"chosen": chosen}, "filtered_bc/outcome": {"chosen": worse}}}
+    results["chosen_row"] = choose_row(results["rows"])
+    assert results["chosen_row"] == "grpo/outcome"
+    write(tmp_path, results, "curio compare rl-text")
+    table = (tmp_path / "compare.md").read_text()
+    assert "| dpo (the start) | | 25.0 | 0 | all | 25.0 ± 12.5 | 66.7 |" in table
+    assert "| grpo/outcome | rl_text.grpo.lr=0.0001 | 50.0 (+25.0 ± 14.4) | 96 | all | 50.0 ± 14.4 | 100.0 | " \
+           "+25.0 ± 14.4 (3) |" in table
+    assert "Chosen on val: **grpo/outcome**" in table

@@ -13,7 +13,10 @@
    trajectories_per_task`` (equal environment samples), and is scored on the validation split (``val``, carved
    from the train tasks): success rate, then fewer turns.
 3. Only each row's chosen configuration is then played once on the held-out split (``eval``) of every group in
-   ``games.groups``: success ± standard error and mean turns. Writes ``compare.md`` (the table),
+   ``games.groups``: success ± standard error (= mean@k), pass@k and mean turns on wins. The shared DPO policy is
+   scored on val and held-out the same way (the same tasks, k, temperature and seed), so each row also gets its
+   paired difference from DPO over the same tasks, d̄ ± SE(d̄) (pipeline.breakdown.paired_difference). The row
+   with the best val success is the comparison's choice (``chosen_row``). Writes ``compare.md`` (the table),
    ``compare.json`` and ``rl_compare.json`` (success vs environment samples of the chosen runs' rollouts, a
    dvc-plottable list of rows) into the project dir. The held-out split never informs a choice.
 
@@ -34,9 +37,10 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.breakdown import paired_difference, task_means
 from pipeline.core.config import _set_dotted, parse_override
 from pipeline.params import load_params
-from pipeline.text.play import summarize
+from pipeline.text.play import pass_at_k, summarize
 from pipeline.tools import REPO, ToolError
 
 UPSTREAM = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogprobs", "train-dpo"]
@@ -71,15 +75,33 @@ def make_project(proj: Path, overrides: list[str]) -> None:
         raise ToolError("set -S games.val_fraction=… (> 0): configurations are chosen on the val split")
 
 
-def score(rows: list[dict]) -> dict:
+SCORES_VERSION = 2  # bumped when a cached score gains fields: an older cache is scored again
+POLICY_ROWS = "_"  # rows are relabelled to one policy name before task_means: one policy is scored at a time
+
+
+def score(rows: list[dict], k: int) -> dict:
+    """Success ± binomial s.e. (= mean@k with k samples a task), pass@k (None below k samples a task), mean turns
+    on wins, and each task's mean success (``GROUP/TASK_ID`` -> mean), for paired differences."""
     s = summarize(rows)
     p, n = s["success_rate"], s["episodes"]
-    return {**s, "se": math.sqrt(p * (1 - p) / n) if n else 0.0}
+    tasks = {f"{g}/{t}": m for (g, t), m in task_means(rows).get(POLICY_ROWS, {}).items()}
+    return {**s, "se": math.sqrt(p * (1 - p) / n) if n else 0.0, "pass_at_k": pass_at_k(rows, k), "k": k,
+            "tasks": tasks}
 
 
-def policy_hash(data_dir: Path) -> str | None:
-    """sha256 over the files of rl-text's final policy in ``data_dir`` (None before it is written)."""
-    model = data_dir / "rl_text" / "model"
+def paired(policy: dict, reference: dict) -> dict:
+    """The paired difference ``policy − reference`` in success over the tasks both played: d̄, SE(d̄), T."""
+    d, se, n = paired_difference(policy["tasks"], reference["tasks"])
+    return {"diff": d, "se": se, "tasks": n}
+
+
+POLICY_DIRS = {"rl": ("rl_text", "model"), "dpo": ("train_policy", "dpo")}
+
+
+def policy_hash(data_dir: Path, policy: str = "rl") -> str | None:
+    """sha256 over the files of the named policy in ``data_dir`` (rl-text's final policy, or the DPO policy every
+    row starts from; None before it is written)."""
+    model = data_dir.joinpath(*POLICY_DIRS[policy])
     if not model.is_dir():
         return None
     h = hashlib.sha256()
@@ -96,21 +118,24 @@ def scored(data_dir: Path, split: str) -> bool:
     return cached.exists() and json.loads(cached.read_text())["key"]["policy"] == policy_hash(data_dir)
 
 
-def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float) -> dict[str, dict]:
-    """Group -> score of the rl policy in ``data_dir`` on ``split`` (plus ``all``); kept in
-    ``data_dir/compare_SPLIT.json`` with what it depends on, so a rerun (a larger grid, a killed run) scores each
-    finished policy once."""
-    cached = data_dir / f"compare_{split}.json"
-    key = {"k": k, "temperature": temperature, "policy": policy_hash(data_dir)}
+def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float, policy: str = "rl"
+             ) -> dict[str, dict]:
+    """Group -> score of the named policy in ``data_dir`` on ``split`` (plus ``all``); kept in
+    ``data_dir/compare_SPLIT.json`` (``compare_dpo_SPLIT.json`` for DPO) with what it depends on, so a rerun (a
+    larger grid, a killed run) scores each finished policy once. Every policy plays the same tasks with the same
+    seed."""
+    cached = data_dir / (f"compare_{split}.json" if policy == "rl" else f"compare_{policy}_{split}.json")
+    key = {"k": k, "temperature": temperature, "policy": policy_hash(data_dir, policy), "v": SCORES_VERSION}
     if cached.exists() and (old := json.loads(cached.read_text()))["key"] == key:
         return old["scores"]
     from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])
-    rows = evaluate_policy(params, "rl", split, seed=params.seed + 1, k=k, temperature=temperature,
-                           groups=params.games.groups)
-    out = {g: score([r for r in rows if r["group"] == g]) for g in params.games.groups}
-    out["all"] = score(rows)
+    rows = [{**r, "policy": POLICY_ROWS} for r in
+            evaluate_policy(params, policy, split, seed=params.seed + 1, k=k, temperature=temperature,
+                            groups=params.games.groups)]
+    out = {g: score([r for r in rows if r["group"] == g], k) for g in params.games.groups}
+    out["all"] = score(rows, k)
     tmp = cached.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "scores": out}, indent=1))
     tmp.replace(cached)
@@ -140,17 +165,30 @@ def compare_rl_text(project: Path, overrides: list[str], row_specs: list[str], v
     if any(reward == "motif" for _, reward, _ in rows):
         for stage in MOTIF_UPSTREAM:
             curio(proj, ["stage", stage, "-S", "rl_text.reward=motif"])
-    results = {}
+    data = proj / "data"
+    dpo = {"val": evaluate(proj, data, "val", val_k, temperature, "dpo")["all"],
+           "eval": evaluate(proj, data, "eval", eval_k, temperature, "dpo")}
+    print(f"dpo (every row's start): val success {dpo['val']['success_rate']:.3f} ± {dpo['val']['se']:.3f}",
+          flush=True)
+    results = {"dpo": dpo, "rows": {}}
     for alg, reward, curriculum in rows:
         name = f"{alg}/{reward}" + ("+curriculum" if curriculum else "")
         runs = [run_config(proj, name, i, cfg, (alg, reward, curriculum), val_k, temperature)
                 for i, cfg in enumerate(GRID[alg][:configs])]
         best = max(runs, key=lambda r: (r["val"]["success_rate"], -r["val"]["mean_turns"]))
+        best["val_vs_dpo"] = paired(best["val"], dpo["val"])
         best["eval"] = evaluate(proj, Path(best["data"]), "eval", eval_k, temperature)
+        best["eval_vs_dpo"] = {g: paired(s, dpo["eval"][g]) for g, s in best["eval"].items()}
         best["history"] = json.loads((Path(best["data"]) / "metrics" / "plots" / "rl_rounds.json").read_text())
-        results[name] = {"chosen": best, "grid": runs}
+        results["rows"][name] = {"chosen": best, "grid": runs}
+        results["chosen_row"] = choose_row(results["rows"])
         write(proj, results, command)
     return results
+
+
+def choose_row(rows: dict[str, dict]) -> str:
+    """The row whose chosen configuration has the best val success (then fewer turns on wins)."""
+    return max(rows, key=lambda n: (rows[n]["chosen"]["val"]["success_rate"], -rows[n]["chosen"]["val"]["mean_turns"]))
 
 
 def rl_overrides(data: Path, row: tuple[str, str, bool], cfg: list[str]) -> list[str]:
@@ -178,18 +216,36 @@ def run_config(proj: Path, name: str, i: int, cfg: list[str], row: tuple[str, st
     return {"config": cfg, "data": str(data), "val": val, "rl_seconds": round(time.time() - start)}
 
 
+def pct(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+
+
 def write(proj: Path, results: dict, command: str) -> None:
-    lines = ["| algorithm / reward | chosen on val | val success | env episodes | group | held-out success ± s.e. | "
-             "mean turns (wins) | episodes |", "|---|---|---|---|---|---|---|---|"]
+    """compare.md: per row and group, held-out success ± s.e. (mean@k), pass@k, the paired difference from DPO, in
+    points; the DPO start first; then the row chosen on val."""
+    k = results["dpo"]["eval"]["all"]["k"]
+    lines = [f"| algorithm / reward | chosen on val | val success (− DPO, paired) | env episodes | group | "
+             f"held-out success ± s.e. = mean@{k} | pass@{k} | − DPO, paired ± s.e. (tasks) | "
+             "mean turns (wins) | episodes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    dpo = results["dpo"]
+    for group, s in dpo["eval"].items():
+        lines.append(f"| dpo (the start) | | {pct(dpo['val']['success_rate'])} | 0 | {group} | "
+                     f"{pct(s['success_rate'])} ± {pct(s['se'])} | {pct(s['pass_at_k'])} | | "
+                     f"{s['mean_turns']:.2f} | {s['episodes']} |")
     curve = []
-    for alg, res in results.items():
+    for alg, res in results["rows"].items():
         best = res["chosen"]
         samples = best["history"][-1]["episodes"] if best["history"] else 0
         curve += [{**h, "algorithm": alg} for h in best["history"]]
+        v = best["val_vs_dpo"]
         for group, s in best["eval"].items():
-            lines.append(f"| {alg} | {' '.join(best['config'])} | {best['val']['success_rate']:.3f} | {samples} | "
-                         f"{group} | {s['success_rate']:.3f} ± {s['se']:.3f} | {s['mean_turns']:.2f} | "
+            d = best["eval_vs_dpo"][group]
+            lines.append(f"| {alg} | {' '.join(best['config'])} | {pct(best['val']['success_rate'])} "
+                         f"({float(100 * v['diff']):+.1f} ± {pct(v['se'])}) | {samples} | {group} | "
+                         f"{pct(s['success_rate'])} ± {pct(s['se'])} | {pct(s['pass_at_k'])} | "
+                         f"{float(100 * d['diff']):+.1f} ± {pct(d['se'])} ({d['tasks']}) | {s['mean_turns']:.2f} | "
                          f"{s['episodes']} |")
+    lines += ["", f"Chosen on val: **{results['chosen_row']}** (the best val success; held-out informs no choice)."]
     (proj / "compare.md").write_text(f"`{command}`\n\n" + "\n".join(lines) + "\n")
     (proj / "compare.json").write_text(json.dumps(results, indent=1))
     (proj / "rl_compare.json").write_text(json.dumps(curve, indent=1))
