@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline.core.stage import StageContext, stage_module
+from pipeline.core.stage import StageContext, declaration, stage_module
 from pipeline.params import load_params
 from pipeline.text.grpo import discounted_returns, group_advantages, token_loss, turn_advantages
 
@@ -127,7 +127,7 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
 
     def fresh(where):
         shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", where / "data" / "train_policy" / "dpo")
-        return grpo_params(where)
+        return declaration("rl-text").slice(grpo_params(where))  # the stage reads only the params it declares
 
     straight = fresh(tmp_path / "straight")
     stage_module("rl-text").run(straight, StageContext())

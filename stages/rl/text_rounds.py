@@ -23,6 +23,7 @@ NAME = "rl-text"
 PARAMS = [
     "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
     "train_policy.lora",  # filtered_bc's adapters with rl_text.lora
+    "games.max_eval_tasks", "evaluate_text.temperature",  # grpo's val tasks (capped as evaluation's) and sampling
 ]
 
 
