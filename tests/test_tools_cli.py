@@ -64,6 +64,9 @@ def test_table_prints_success_its_standard_error_turns_on_wins_and_the_change_fr
     # one episode per task: no pass@4 ("-")
     assert lines[1] == "base  25.0 ± 21.7 (1.00) n=4  25.0 ± 21.7 (1.00) n=4    -"
     assert lines[2] == "sft  75.0 ± 21.7 (2.00) n=4  75.0 ± 21.7 (2.00) n=4  +50.0 ± 30.6  -"
+    # paired per task: base won tasks [1, 0, 0, 0], sft [1, 1, 1, 0]: d = [0, 1, 1, 0], mean .5,
+    # s.e. sqrt(4 · .25 / (4 · 3)) = 28.9 %
+    assert lines[-1] == "  sft − base: +50.0 ± 28.9 (4 tasks)"
     md = run(["table", "--data", str(data), "--markdown"]).stdout.splitlines()
     assert md[1] == "|---|---|---|---|---|"
     assert md[3] == "| sft | 75.0 ± 21.7 (2.00) n=4 | 75.0 ± 21.7 (2.00) n=4 | +50.0 ± 30.6 | - |"

@@ -4,7 +4,9 @@
 Reads evaluate-text's episode rows (``DATA/evaluate_text``) and prints, for each policy (base, sft, dpo, rl), the
 success pooled over the evaluated groups and per group, each with its binomial standard error, mean turns on
 won episodes, and the change from base in points with the standard error of that difference (independent
-episodes: sqrt(se_policy² + se_base²)).
+episodes: sqrt(se_policy² + se_base²)). Under it, each policy's paired difference from the policy before it
+(sft − base, dpo − sft, rl − dpo) over the tasks both played: the mean of the per-task differences in mean success
+and its standard error (pipeline.breakdown.paired_difference), tighter than the unpaired one.
 
 ``--win-turns`` adds, per policy and group, how many episodes were won at each turn and how many repeated one of
 their own earlier replies word for word: where a change in mean turns on wins comes from. On a shown-candidates
@@ -18,6 +20,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+from pipeline.breakdown import paired_difference, task_means
 from pipeline.core.artifacts import read_rows
 from pipeline.envs.base import make_game
 from pipeline.envs.gamekit import ShownCandidates
@@ -91,6 +94,12 @@ def held_out_table(data: Path, markdown: bool = False, win_turns: bool = False) 
         passed = pass_at_k([r for r in rows if r["policy"] == p], 4)  # None: fewer than 4 episodes of a task
         line = sep.join([p, *cells, delta, f"{100 * passed:.1f}" if passed is not None else "-"])
         lines.append(f"| {line} |" if markdown else line)
+    means = task_means(rows)
+    if len(policies) > 1:
+        lines += ["", "paired over the same tasks, each policy − the one before it (points ± s.e.):"]
+    for before, p in zip(policies, policies[1:], strict=False):
+        d, se, n = paired_difference(means[p], means[before])
+        lines.append(f"{'- ' if markdown else '  '}{p} − {before}: {100 * d:+.1f} ± {100 * se:.1f} ({n} tasks)")
     if win_turns:
         lines += ["", *won_at_each_turn(rows, table, policies, groups)]
     return lines
