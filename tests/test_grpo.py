@@ -175,3 +175,20 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(rows("a", 1, 8), 4) == pytest.approx(0.5)
     assert pass_at_k(rows("a", 1, 8) + rows("b", 0, 4) + rows("c", 5, 8), 4) == pytest.approx((0.5 + 0 + 1) / 3)
     assert pass_at_k(rows("a", 1, 3), 4) is None  # fewer than k episodes of a task
+
+
+def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val():
+    from pipeline.text.policies import game_tasks, make_games
+    from stages.rl.text_rounds import train_jobs
+
+    base = ["games.groups=[twenty_questions]", "games.max_train_tasks=2", "games.val_fraction=0.2"]
+    games = make_games(load_params("params.yaml", base))
+    follow = load_params("params.yaml", base)  # null: the tasks rollout-text played
+    assert [t.task_id for _, t in train_jobs(follow, games)] == [t.task_id for t in game_tasks(follow, games[0],
+                                                                                                "train")][:2]
+    five = load_params("params.yaml", [*base, "rl_text.max_train_tasks=5"])
+    every = load_params("params.yaml", [*base, "rl_text.max_train_tasks=0"])
+    val = {t.task_id for t in game_tasks(every, games[0], "val")}
+    assert len(train_jobs(five, games)) == 5 and train_jobs(five, games)[:2] == train_jobs(follow, games)
+    all_train = {t.task_id for _, t in train_jobs(every, games)}
+    assert len(all_train) + len(val) == len(games[0].tasks("train")) and not all_train & val

@@ -413,6 +413,10 @@ class RLTextConfig(Section):
                                            description="PAPRIKA's curriculum picks each round's tasks")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
     tasks_per_round: int = Field(64, ge=1, description="train tasks played per round")
+    max_train_tasks: int | None = Field(
+        None, ge=0, description="train tasks per group the rounds draw from: null = games.max_train_tasks (the "
+        "tasks rollout-text played and SFT / DPO learnt); 0 = every train task (val tasks stay out); more tasks "
+        "give the policy secrets it has not met")
     trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
     top_quantile: float = Field(0.25, gt=0, le=1, description="filtered_bc: keep the best fraction of all "
                                 "trajectories so far")

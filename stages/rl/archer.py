@@ -68,9 +68,17 @@ from pipeline.models.launch import launched_stage
 from pipeline.params import Params
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, require_policy
+from pipeline.text.policies import make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+from stages.rl.text_rounds import (
+    NAME,
+    curriculum_metrics,
+    episode_jobs,
+    online_curriculum,
+    params_key,
+    round_episodes,
+    train_jobs,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -401,7 +409,7 @@ def start_loop(params: Params, actor: bool, acting: Callable[[HFBackend, DoubleC
         loop.start = done[-1] + 1 if done else 0
     loop.start = from_main(loop.start, accelerator)  # the others load the checkpoint the main process resumes from
     loop.games = make_games(params)
-    loop.jobs = [(g, t) for g in loop.games for t in game_tasks(params, g, "train")]
+    loop.jobs = train_jobs(params, loop.games)
     loop.sampling = sampling_from_config(params.rollout_text)
     loop.curriculum = online_curriculum(  # read by the main process only: it holds the episodes
         params, loop.jobs, lambda i: json.loads((loop.out / "episodes" / f"round-{i:03d}.json").read_text()))

@@ -41,9 +41,17 @@ from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import game_tasks, load_policy_backend, make_games, require_policy
+from pipeline.text.policies import load_policy_backend, make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
-from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+from stages.rl.text_rounds import (
+    NAME,
+    curriculum_metrics,
+    episode_jobs,
+    online_curriculum,
+    params_key,
+    round_episodes,
+    train_jobs,
+)
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds", "checkpoints"})
@@ -81,7 +89,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
     checkpoints = keyed_dir(out / "checkpoints", run_key(key, init_hash))
     games = make_games(params)
-    jobs = [(g, t) for g in games for t in game_tasks(params, g, "train")]
+    jobs = train_jobs(params, games)
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)

@@ -45,7 +45,15 @@ from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, t
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import NAME, curriculum_metrics, episode_jobs, online_curriculum, params_key, round_episodes
+from stages.rl.text_rounds import (
+    NAME,
+    curriculum_metrics,
+    episode_jobs,
+    online_curriculum,
+    params_key,
+    round_episodes,
+    train_jobs,
+)
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
@@ -164,7 +172,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
     game_list = make_games(params)
     games = {g.name: g for g in game_list}
-    jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "train")]
+    jobs = train_jobs(params, game_list)
     val_jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "val")]
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))

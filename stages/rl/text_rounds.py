@@ -62,6 +62,14 @@ def round_episodes(params: Params, jobs: list[tuple[Game, Task]], r: int,
     return [(task_key(g.name, t.task_id), s) for g, t in picked for s in range(cfg.trajectories_per_task)]
 
 
+def train_jobs(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
+    """The train tasks the rounds draw from: ``rl_text.max_train_tasks`` per group (null: ``games.max_train_tasks``,
+    the tasks rollout-text played)."""
+    from pipeline.text.policies import game_tasks
+
+    return [(g, t) for g in games for t in game_tasks(params, g, "train", max_train=params.rl_text.max_train_tasks)]
+
+
 def episode_jobs(jobs: list[tuple[Game, Task]], keys: list[tuple[str, int]]) -> list[tuple[Game, Task, int]]:
     from pipeline.text.curriculum import task_key
 
