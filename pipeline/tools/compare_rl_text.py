@@ -76,15 +76,15 @@ def make_project(proj: Path, overrides: list[str]) -> None:
 
 
 SCORES_VERSION = 2  # bumped when a cached score gains fields: an older cache is scored again
-POLICY_ROWS = "_"  # rows are relabelled to one policy name before task_means: one policy is scored at a time
 
 
 def score(rows: list[dict], k: int) -> dict:
     """Success ± binomial s.e. (= mean@k with k samples a task), pass@k (None below k samples a task), mean turns
-    on wins, and each task's mean success (``GROUP/TASK_ID`` -> mean), for paired differences."""
+    on wins, and each task's mean success (``GROUP/TASK_ID`` -> mean), for paired differences. ``rows``: one
+    policy's episodes."""
     s = summarize(rows)
     p, n = s["success_rate"], s["episodes"]
-    tasks = {f"{g}/{t}": m for (g, t), m in task_means(rows).get(POLICY_ROWS, {}).items()}
+    tasks = {f"{g}/{t}": m for means in task_means(rows).values() for (g, t), m in means.items()}
     return {**s, "se": math.sqrt(p * (1 - p) / n) if n else 0.0, "pass_at_k": pass_at_k(rows, k), "k": k,
             "tasks": tasks}
 
@@ -131,9 +131,8 @@ def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float,
     from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])
-    rows = [{**r, "policy": POLICY_ROWS} for r in
-            evaluate_policy(params, policy, split, seed=params.seed + 1, k=k, temperature=temperature,
-                            groups=params.games.groups)]
+    rows = evaluate_policy(params, policy, split, seed=params.seed + 1, k=k, temperature=temperature,
+                           groups=params.games.groups)
     out = {g: score([r for r in rows if r["group"] == g], k) for g in params.games.groups}
     out["all"] = score(rows, k)
     tmp = cached.with_suffix(".tmp")
@@ -175,7 +174,7 @@ def compare_rl_text(project: Path, overrides: list[str], row_specs: list[str], v
         name = f"{alg}/{reward}" + ("+curriculum" if curriculum else "")
         runs = [run_config(proj, name, i, cfg, (alg, reward, curriculum), val_k, temperature)
                 for i, cfg in enumerate(GRID[alg][:configs])]
-        best = max(runs, key=lambda r: (r["val"]["success_rate"], -r["val"]["mean_turns"]))
+        best = max(runs, key=val_rank)
         best["val_vs_dpo"] = paired(best["val"], dpo["val"])
         best["eval"] = evaluate(proj, Path(best["data"]), "eval", eval_k, temperature)
         best["eval_vs_dpo"] = {g: paired(s, dpo["eval"][g]) for g, s in best["eval"].items()}
@@ -186,9 +185,14 @@ def compare_rl_text(project: Path, overrides: list[str], row_specs: list[str], v
     return results
 
 
+def val_rank(run: dict) -> tuple[float, float]:
+    """How a configuration ranks on val: success, then fewer turns on wins."""
+    return run["val"]["success_rate"], -run["val"]["mean_turns"]
+
+
 def choose_row(rows: dict[str, dict]) -> str:
-    """The row whose chosen configuration has the best val success (then fewer turns on wins)."""
-    return max(rows, key=lambda n: (rows[n]["chosen"]["val"]["success_rate"], -rows[n]["chosen"]["val"]["mean_turns"]))
+    """The row whose chosen configuration ranks best on val (:func:`val_rank`)."""
+    return max(rows, key=lambda n: val_rank(rows[n]["chosen"]))
 
 
 def rl_overrides(data: Path, row: tuple[str, str, bool], cfg: list[str]) -> list[str]:
@@ -216,8 +220,9 @@ def run_config(proj: Path, name: str, i: int, cfg: list[str], row: tuple[str, st
     return {"config": cfg, "data": str(data), "val": val, "rl_seconds": round(time.time() - start)}
 
 
-def pct(x: float | None) -> str:
-    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+def pct(x: float | None, sign: str = "") -> str:
+    """A share in points, one decimal (``sign="+"``: signed); "-" for none."""
+    return "-" if x is None or math.isnan(x) else f"{100 * x:{sign}.1f}"
 
 
 def write(proj: Path, results: dict, command: str) -> None:
@@ -241,9 +246,9 @@ def write(proj: Path, results: dict, command: str) -> None:
         for group, s in best["eval"].items():
             d = best["eval_vs_dpo"][group]
             lines.append(f"| {alg} | {' '.join(best['config'])} | {pct(best['val']['success_rate'])} "
-                         f"({float(100 * v['diff']):+.1f} ± {pct(v['se'])}) | {samples} | {group} | "
+                         f"({pct(v['diff'], '+')} ± {pct(v['se'])}) | {samples} | {group} | "
                          f"{pct(s['success_rate'])} ± {pct(s['se'])} | {pct(s['pass_at_k'])} | "
-                         f"{float(100 * d['diff']):+.1f} ± {pct(d['se'])} ({d['tasks']}) | {s['mean_turns']:.2f} | "
+                         f"{pct(d['diff'], '+')} ± {pct(d['se'])} ({d['tasks']}) | {s['mean_turns']:.2f} | "
                          f"{s['episodes']} |")
     lines += ["", f"Chosen on val: **{results['chosen_row']}** (the best val success; held-out informs no choice)."]
     (proj / "compare.md").write_text(f"`{command}`\n\n" + "\n".join(lines) + "\n")
