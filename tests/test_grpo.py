@@ -192,3 +192,18 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
     assert len(train_jobs(five, games)) == 5 and train_jobs(five, games)[:2] == train_jobs(follow, games)
     all_train = {t.task_id for _, t in train_jobs(every, games)}
     assert len(all_train) + len(val) == len(games[0].tasks("train")) and not all_train & val
+
+
+def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
+    """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.grpo.max_val_tasks caps
+    the val tasks GRPO's early stopping plays."""
+    from pipeline.text.policies import game_tasks, make_games
+
+    base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
+    params = load_params("params.yaml", base)
+    game = make_games(params)[0]
+    every_val = game_tasks(params, game, "val", cap=0)
+    assert len(game_tasks(params, game, "val")) == 2 < len(every_val)  # evaluation's cap
+    assert game_tasks(params, game, "val", cap=params.rl_text.grpo.max_val_tasks or 0) == every_val
+    capped = load_params("params.yaml", [*base, "rl_text.grpo.max_val_tasks=3"])
+    assert game_tasks(capped, game, "val", cap=capped.rl_text.grpo.max_val_tasks) == every_val[:3]

@@ -387,6 +387,8 @@ class GRPOConfig(Section):
         1, ge=0, description="episodes per val task (games.val_fraction) played after each round; the model "
         "kept is the round with the best val success, the DPO policy counting as round 0 (early stopping on "
         "val); 0 = no val: the last round")
+    max_val_tasks: int | None = Field(None, ge=1, description="cap on the val tasks per group the rounds play "
+                                      "(None = all; games.max_eval_tasks caps evaluation only)")
 
 
 class RLTextConfig(Section):

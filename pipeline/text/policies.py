@@ -105,12 +105,12 @@ def make_games(params: ParamsSlice, groups: list[str] | None = None) -> list[Gam
     return games
 
 
-def game_tasks(params: ParamsSlice, game: Game, split: Split | Literal["val"], max_train: int | None = None
+def game_tasks(params: ParamsSlice, game: Game, split: Split | Literal["val"], cap: int | None = None
                ) -> list[Task]:
     """Tasks of ``split``: ``eval`` is the game's held-out split; ``val`` is ``games.val_fraction`` of its train
     tasks, carved out of ``train`` (the same ones every run), for choosing hyperparameters without the held-out
-    split. Caps: ``max_train_tasks`` on train (``max_train`` instead when given; 0 = none), ``max_eval_tasks`` on val
-    and eval."""
+    split. Caps: ``max_train_tasks`` on train, ``max_eval_tasks`` on val and eval; ``cap`` instead when given
+    (0 = none)."""
     tasks = game.tasks("eval" if split == "eval" else "train")
     if split != "eval" and params.games.val_fraction > 0:
         order = list(range(len(tasks)))
@@ -119,8 +119,6 @@ def game_tasks(params: ParamsSlice, game: Game, split: Split | Literal["val"], m
         tasks = [t for i, t in enumerate(tasks) if (i in val) == (split == "val")]
     elif split == "val":
         raise ValueError("split 'val' needs games.val_fraction > 0")
-    if split == "train":
-        cap = params.games.max_train_tasks if max_train is None else max_train
-    else:
-        cap = params.games.max_eval_tasks
+    if cap is None:
+        cap = params.games.max_train_tasks if split == "train" else params.games.max_eval_tasks
     return tasks[:cap] if cap else tasks

@@ -173,7 +173,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     game_list = make_games(params)
     games = {g.name: g for g in game_list}
     jobs = train_jobs(params, game_list)
-    val_jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "val")]
+    val_cap = params.rl_text.grpo.max_val_tasks or 0  # not evaluation's games.max_eval_tasks
+    val_jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "val", cap=val_cap)]
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)

@@ -23,7 +23,7 @@ NAME = "rl-text"
 PARAMS = [
     "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
     "train_policy.lora",  # filtered_bc's adapters with rl_text.lora
-    "games.max_eval_tasks", "evaluate_text.temperature",  # grpo's val tasks (capped as evaluation's) and sampling
+    "evaluate_text.temperature",  # grpo's val rounds sample as evaluation does
 ]
 
 
@@ -67,7 +67,7 @@ def train_jobs(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
     the tasks rollout-text played)."""
     from pipeline.text.policies import game_tasks
 
-    return [(g, t) for g in games for t in game_tasks(params, g, "train", max_train=params.rl_text.max_train_tasks)]
+    return [(g, t) for g in games for t in game_tasks(params, g, "train", cap=params.rl_text.max_train_tasks)]
 
 
 def episode_jobs(jobs: list[tuple[Game, Task]], keys: list[tuple[str, int]]) -> list[tuple[Game, Task, int]]:
