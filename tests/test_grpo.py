@@ -198,12 +198,13 @@ def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
     """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.grpo.max_val_tasks caps
     the val tasks GRPO's early stopping plays."""
     from pipeline.text.policies import game_tasks, make_games
+    from stages.rl.grpo import val_jobs_of
 
     base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
     params = load_params("params.yaml", base)
     game = make_games(params)[0]
     every_val = game_tasks(params, game, "val", cap=0)
     assert len(game_tasks(params, game, "val")) == 2 < len(every_val)  # evaluation's cap
-    assert game_tasks(params, game, "val", cap=params.rl_text.grpo.max_val_tasks or 0) == every_val
+    assert [t for _, t in val_jobs_of(params, [game])] == every_val
     capped = load_params("params.yaml", [*base, "rl_text.grpo.max_val_tasks=3"])
-    assert game_tasks(capped, game, "val", cap=capped.rl_text.grpo.max_val_tasks) == every_val[:3]
+    assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]

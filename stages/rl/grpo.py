@@ -149,6 +149,13 @@ def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed
     return {**stats, "grpo/loss": sum(losses) / n, "grpo/clipped": sum(clipped) / n, "grpo/kl": sum(kls) / n}
 
 
+def val_jobs_of(params: Params, games: list) -> list:
+    """The (game, task) pairs of GRPO's val rounds: every val task, or ``rl_text.grpo.max_val_tasks`` per group
+    (never evaluation's ``games.max_eval_tasks``, which training stages do not watch)."""
+    cap = params.rl_text.grpo.max_val_tasks or 0
+    return [(g, t) for g in games for t in game_tasks(params, g, "val", cap=cap)]
+
+
 def val_success(params: Params, model, tokenizer, path: Path, val_jobs) -> float | None:
     """Success rate of the policy on the val tasks (the same seed every round: rounds compare paired)."""
     cfg = params.rl_text.grpo
@@ -173,8 +180,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     game_list = make_games(params)
     games = {g.name: g for g in game_list}
     jobs = train_jobs(params, game_list)
-    val_cap = params.rl_text.grpo.max_val_tasks or 0  # not evaluation's games.max_eval_tasks
-    val_jobs = [(g, t) for g in game_list for t in game_tasks(params, g, "val", cap=val_cap)]
+    val_jobs = val_jobs_of(params, game_list)
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
