@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.tracking import TrackingError, stage_run
+from pipeline.core.tracking import START_WAIT_S, TrackingError, stage_run
 
 
 def _client(store: Path):
@@ -145,6 +145,26 @@ def test_a_stopped_stage_ends_its_run_killed_without_waiting_for_the_calls_queue
     (run,) = _runs(store, "stopped")
     assert run.info.status == "KILLED"
     assert _client(store).search_registered_models() == []  # the queued model was dropped, not logged
+
+
+def test_a_stage_stopped_while_its_tracking_process_sets_up_mlflow_still_has_its_run_killed(tmp_path, monkeypatch):
+    """A stage stopped in its first moment (its tracking process still importing MLflow, ~4 s): the stop waits for
+    the set-up and the run's start, so the run is in the store, KILLED with its params, instead of missing (a CI
+    run's rollout stopped after its first chunk had no run at all)."""
+    from pipeline.core.interrupt import Stopped
+
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(Stopped), stage_run("rollout-text", {"chunk": 7}, experiment="early") as tracker:
+        tracker.log_metrics({"x": 1.0})
+        raised = time.monotonic() - started
+        raise Stopped("stopped by SIGTERM")
+    assert raised < 0.5  # well before MLflow could have loaded in the tracking process
+    (run,) = _runs(store, "early")
+    assert run.info.status == "KILLED" and run.data.params == {"chunk": "7"}
+    assert time.monotonic() - started < START_WAIT_S + 5
 
 
 SWALLOWING = textwrap.dedent("""

@@ -14,7 +14,9 @@ its own libraries: importing MLflow and opening its store (~4 s) then happens on
 loads torch and its model, instead of before them. The stage process sends each call down a pipe (fire and
 forget, in order) and waits for the child when the run ends, so the run is complete when the stage returns. A
 stage process that dies leaves its run ``KILLED`` (the child reads end-of-input), never ``RUNNING``; one stopped by a
-signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` at once, dropping the calls not yet carried out.
+signal (:mod:`pipeline.core.interrupt`) ends it ``KILLED`` at once, dropping the calls not yet carried out. A stop
+that lands while the child still sets MLflow up waits for the set-up and the run's start (seconds, at most
+``START_WAIT_S``), so a stage stopped in its first moments still has its run, ``KILLED``.
 
 Under a pipeline run (``make run``, ``curio pipeline``, the Prefect ``pipeline`` flow) the pipeline's own process has
 MLflow loaded and its store open already: it serves its stages' calls on a Unix socket (:class:`TrackingService`,
@@ -253,8 +255,14 @@ class StageTracking:
             self.conn = conn  # the pipeline's service is set up already: no "setup" message
             return
         else:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.tracking"], stdin=subprocess.PIPE,
-                                         text=True, encoding="utf-8")
+            # started with SIGTERM and SIGINT blocked (the mask is inherited): one sent before it has set its
+            # handlers (the stage stopped in its first moment) waits for them instead of killing it unrecorded
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.tracking"],
+                                             stdin=subprocess.PIPE, text=True, encoding="utf-8")
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._write({"op": "setup", "experiment": experiment, "artifact_root": artifact_root, "uri": uri})
 
     def __enter__(self) -> StageTracking:
@@ -382,7 +390,8 @@ class _Handler:
         return False
 
     def abort(self, status: str) -> None:
-        if self.calls is not None:
+        # the run, if it was created: also one whose start (its params) was cut short by the stop
+        if self.mlflow is not None and self.mlflow.active_run() is not None:
             self.mlflow.end_run(status=status)
 
 
@@ -390,9 +399,17 @@ class _Abandoned(BaseException):
     """SIGTERM / SIGINT in the tracking process: the stage is stopping (:mod:`pipeline.core.interrupt`)."""
 
 
+# A stop that lands during MLflow's set-up or the run's start waits this long for them, so the run is recorded (as
+# KILLED) rather than lost; a set-up still going after it (a slow remote server) is abandoned. Half the default
+# grace period: the stage process waits for this one before it exits.
+START_WAIT_S = 10.0
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 class _Stop:
     ending = False  # the run is being ended: nothing interrupts that
     asked = False  # a stop was asked for: whatever the call in flight raises or logs as it unwinds is that stop
+    starting = True  # MLflow is being set up or the run started: a stop waits for that (START_WAIT_S at most)
 
 
 def _abandon(_signum: int, _frame: object) -> None:
@@ -402,6 +419,13 @@ def _abandon(_signum: int, _frame: object) -> None:
     # the code the stop lands in may log it as its own error (SQLAlchemy's "Error closing cursor", with the
     # traceback): the stage process says what happened, in its one line
     logging.disable(logging.CRITICAL)
+    if _Stop.starting:  # raised once the run has started (_run), or by the timer if that takes too long
+        signal.setitimer(signal.ITIMER_REAL, START_WAIT_S, 0.1)
+        return
+    _raise_stop()
+
+
+def _raise_stop() -> None:
     # Raised where the main thread happens to be, the exception can land in code that swallows it (a weakref
     # callback: Python prints "Exception ignored" and goes on with the call): it is raised again every 0.1 s until
     # the run is being ended.
@@ -426,8 +450,13 @@ def _unraisable(hook: Callable) -> Callable:
 
 def _run(handler: _Handler, lines: Iterator[str]) -> int:
     for line in lines:
-        if handler(json.loads(line)):
+        msg = json.loads(line)
+        if handler(msg):
             return 0
+        if msg["op"] == "start":
+            _Stop.starting = False
+            if _Stop.asked:  # the stop that came during the set-up: the run is recorded, and now ends KILLED
+                _raise_stop()
     handler.abort("KILLED")  # end of input before "end": the stage process died
     return 0
 
@@ -439,11 +468,13 @@ def _serve(lines: Iterator[str]) -> int:
     SIGTERM or SIGINT (sent to the whole process group, or by the stopping stage itself) ends the run ``KILLED`` at
     once: the call in flight and those queued behind it are dropped. A model still being logged (seconds of
     MLflow's flavour code) must not hold the stop past the stage's grace period. (The exception is raised again
-    every 0.1 s until the run is being ended: code that swallows it cannot keep the call going.)"""
+    every 0.1 s until the run is being ended: code that swallows it cannot keep the call going.) A stop during the
+    set-up or the run's start waits for them, ``START_WAIT_S`` at most, so the run is recorded before it ends."""
     signal.signal(signal.SIGINT, _abandon)
     signal.signal(signal.SIGTERM, _abandon)
     signal.signal(signal.SIGALRM, _abandon_again)
     sys.unraisablehook = _unraisable(sys.unraisablehook)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop sent before now is handled now
     handler = _Handler()
     try:
         try:
