@@ -470,6 +470,19 @@ def compare_rollouts(a: Annotated[Path, typer.Argument(help="a rollout-text / ev
     compare(a, b, tokenizer)
 
 
+@compare_app.command("rounds")
+@boundary
+def compare_rounds(run: Annotated[Path, typer.Option(help="the checkout of a finished run whose rl-text ran GRPO")]
+                   = Path("."), set_: SetOpt = None) -> None:
+    """Every GRPO round's policy of a finished run on the held-out tasks, played as evaluate-text played the run's
+    (same tasks, episodes and seed): success, pass@k and the paired difference from DPO per round, beside val
+    success and rl-text's minutes; data/grpo_rounds/rounds.md. The kept round was chosen on val: this only reports."""
+    from pipeline.tools.compare_rounds import compare_rounds as compare  # the stages: only for this command
+
+    for line in compare(run, set_ or []):
+        typer.echo(line)
+
+
 @compare_app.command("rl-text")
 @boundary
 def compare_rl_text(

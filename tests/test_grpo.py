@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline.core.stage import StageContext, declaration, stage_module
+from pipeline.core.stage import StageContext, declaration, execute, stage_module
 from pipeline.params import load_params
 from pipeline.text.grpo import discounted_returns, group_advantages, token_loss, turn_advantages
 
@@ -208,3 +208,52 @@ def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
     assert [t for _, t in val_jobs_of(params, [game])] == every_val
     capped = load_params("params.yaml", [*base, "rl_text.grpo.max_val_tasks=3"])
     assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]
+
+
+def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bootstrapped, tmp_path):
+    """`curio compare rounds`: every round's policy on held-out through evaluate-text's own stage (same tasks,
+    episodes, seed), so the kept round's row is the run's own RL row to the task; paired against DPO by hand; a
+    rerun scores nothing again."""
+    from pipeline.breakdown import task_means
+    from pipeline.core.artifacts import read_rows
+    from pipeline.tools.compare_rl_text import make_project
+    from pipeline.tools.compare_rounds import compare_rounds
+
+    data = tmp_path / "data"
+    # the bandit's 2 arms: an untrained policy wins about half its games, so rows differ task by task; no val, so
+    # the last round is the one kept
+    overrides = [f"data_dir={data}", *TINY_BOOTSTRAP, "games.groups=[bandit@easy2]", "rl_text.algorithm=grpo",
+                 "games.max_train_tasks=6", "games.val_fraction=0.34", "rl_text.rounds=2", "rl_text.tasks_per_round=2",
+                 "rl_text.trajectories_per_task=3", "rollout_text.max_new_tokens=8", "rl_text.grpo.lr=0.001",
+                 "rl_text.grpo.val_trajectories=0", "policy.free_answers=true", "games.max_eval_tasks=6",
+                 "evaluate_text.trajectories_per_task=2", "evaluate_text.policies=[dpo,rl]"]
+    make_project(tmp_path, overrides)
+    shutil.copytree(bootstrapped / "data" / "bootstrap", data / "bootstrap")
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", data / "train_policy" / "dpo")
+    params = load_params(tmp_path / "params.yaml")
+    for stage in ("rl-text", "evaluate-text"):
+        execute(stage, params)  # as `curio stage` runs it: the metrics file too
+
+    lines = compare_rounds(tmp_path, [])
+    table = json.loads((data / "grpo_rounds" / "rounds.json").read_text())
+    assert [r["rounds"] for r in table["rounds"]] == [0, 1, 2] and table["kept"] == 2
+    assert "\n".join(lines).count("\n| ") == 4 and "the last, with no val rounds: 2" in lines[0]
+    own = read_rows(data / "evaluate_text")
+
+    def played(rows, policy):
+        return sorted((r["group"], r["task_id"], r["sample"], r["turns"], r["final_action"], str(r["conversation"]))
+                      for r in rows if r["policy"] == policy)
+
+    kept = read_rows(data / "grpo_rounds" / "round-001" / "evaluate_text")
+    assert played(kept, "rl") == played(own, "rl")  # the kept round played again: evaluate-text's own episodes
+    means = task_means(own)
+    for r in table["rounds"][1:]:
+        rows = read_rows(data / "grpo_rounds" / f"round-{r['rounds'] - 1:03d}" / "evaluate_text")
+        assert {x["policy"] for x in rows} == {"rl"} and len(rows) == len(played(own, "dpo"))
+        m = task_means(rows)["rl"]
+        d = [m[t] - means["dpo"][t] for t in m]
+        assert r["vs_dpo"] == pytest.approx(sum(d) / len(d)) and r["tasks"] == len(d) == 6
+    parts = sorted((data / "grpo_rounds").rglob("part-*.parquet"))
+    stamps = [p.stat().st_mtime_ns for p in parts]
+    compare_rounds(tmp_path, [])
+    assert [p.stat().st_mtime_ns for p in parts] == stamps  # nothing played again

@@ -2,7 +2,8 @@
 
     curio table                      the held-out table of a text-track run (table.py)
     curio choose hparams|tiers|format-prompt   choices made on the validation split (choose_*.py)
-    curio compare runs|rollouts|rl-text        two runs, two rollout datasets, rl-text's algorithms (compare_*.py)
+    curio compare runs|rollouts|rl-text|rounds two runs, two rollout datasets, rl-text's algorithms, GRPO's rounds
+                                     on held-out (compare_*.py)
     curio check-imports              the import graph's cycles and upward imports (import_graph.py)
     curio params-hashes              every stage's params hash, per preset (params_hashes.py)
 

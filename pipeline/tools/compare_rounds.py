@@ -1,0 +1,122 @@
+"""``curio compare rounds``: how held-out success grows with GRPO's rounds, in one finished run.
+
+rl-text with ``rl_text.algorithm: grpo`` and val rounds keeps every round's policy (``data/rl_text/rounds/round-NNN``)
+and the one with the best val success becomes ``data/rl_text/model``; evaluate-text scores only that one. This plays
+every round's policy on the held-out tasks exactly as evaluate-text played the run's own policies (its stage, the
+same tasks, episodes and seed), each in a data dir of its own under ``data/grpo_rounds/`` (a rerun resumes: a round
+already scored is read back), and prints per round, the DPO policy counting as round 0:
+
+- val success (what chose the kept round) and the training episodes played so far;
+- held-out success ± binomial s.e. (= mean@k), pass@k, and the paired difference from the DPO policy over the same
+  tasks (d̄ ± SE(d̄), :func:`pipeline.breakdown.paired_difference`);
+- rl-text's minutes up to that round's checkpoint (its files' times: from the stage's start, its end less its
+  ``seconds``).
+
+The kept round was chosen on val; the other rounds' held-out figures are a report of how the gain grows, never a
+choice. Written to ``data/grpo_rounds/rounds.md`` and ``rounds.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from pipeline.breakdown import paired_difference, task_means
+from pipeline.core.artifacts import read_manifest, read_rows
+from pipeline.params import load_params
+from pipeline.text.play import pass_at_k, summarize
+from pipeline.tools import ToolError
+from pipeline.tools.compare_rl_text import curio, pct
+
+COLUMNS = ["group", "task_id", "success", "policy", "turns", "score", "invalid"]
+
+
+def score(rows: list[dict], k: int, reference: dict[tuple, float] | None) -> dict:
+    """Success ± s.e., pass@k and, against ``reference`` (task -> mean success), the paired difference."""
+    s = summarize(rows)
+    p, n = s["success_rate"], s["episodes"]
+    means = next(iter(task_means(rows).values()), {})
+    d, se, tasks = paired_difference(means, reference) if reference is not None else (math.nan, math.nan, 0)
+    return {"success": p, "se": math.sqrt(p * (1 - p) / n) if n else 0.0, "pass_at_k": pass_at_k(rows, k),
+            "episodes": n, "vs_dpo": d, "vs_dpo_se": se, "tasks": tasks}
+
+
+def round_dirs(rounds: Path) -> list[Path]:
+    return sorted(d for d in rounds.glob("round-[0-9]*") if (d / "DONE").exists())
+
+
+def evaluate_round(run: Path, params, round_dir: Path, overrides: list[str]) -> list[dict]:
+    """evaluate-text's episodes of one round's policy (the ``rl`` policy of a data dir of its own)."""
+    data = run / params.data_dir / "grpo_rounds" / round_dir.name
+    (data / "rl_text").mkdir(parents=True, exist_ok=True)
+    for link, target in ((data / "rl_text" / "model", round_dir.resolve()),
+                         (data / "bootstrap", (run / params.data_path("bootstrap")).resolve())):
+        if not link.is_symlink() and target.exists():
+            os.symlink(target, link)
+    # the stage itself skips a round scored already with these params (its manifest's params and upstream hashes)
+    curio(run, ["stage", "evaluate-text", *[x for o in overrides for x in ("-S", o)], "-S", f"data_dir={data}",
+                "-S", f"metrics_dir={data / 'metrics'}", "-S", "evaluate_text.policies=[rl]",
+                "-S", "tracking.enabled=false"])
+    return read_rows(data / "evaluate_text", COLUMNS)
+
+
+def rl_text_start(params, run: Path) -> float | None:
+    """When rl-text started: its metrics file's time (written as it ends) less its ``seconds``."""
+    metrics = run / params.metrics_path("stages", "rl-text.json")
+    if not metrics.exists():
+        return None
+    return metrics.stat().st_mtime - json.loads(metrics.read_text()).get("seconds", math.nan)
+
+
+def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
+    run = run.resolve()
+    if not (run / "params.yaml").exists():
+        raise ToolError(f"no params.yaml in {run}: give the checkout of a finished run (--run)")
+    params = load_params(run / "params.yaml", overrides)
+    k = params.evaluate_text.trajectories_per_task
+    rounds = round_dirs(run / params.data_path("rl_text", "rounds"))
+    history_file = run / params.plots_path("rl_rounds.json")
+    if not rounds or not history_file.exists():
+        raise ToolError(f"no GRPO round checkpoints under {run / params.data_path('rl_text', 'rounds')}: run rl-text "
+                        "with rl_text.algorithm=grpo and rl_text.grpo.val_trajectories > 0 first")
+    held = run / params.data_path("evaluate_text")
+    if not (read_manifest(held) or {}).get("complete"):
+        raise ToolError(f"{held} is not a finished evaluate-text: run it first (its DPO rows are round 0)")
+    own = read_rows(held, COLUMNS)
+    dpo_rows = [r for r in own if r["policy"] == "dpo"]
+    if not dpo_rows:
+        raise ToolError(f"{held} has no DPO rows: evaluate_text.policies must include dpo")
+    dpo = task_means(dpo_rows)["dpo"]
+    history = {h["round"]: h for h in json.loads(history_file.read_text())}
+    start_val = json.loads((run / params.data_path("rl_text", "rounds", "round-start", "val.json")).read_text())
+    stage = json.loads((run / params.metrics_path("stages", "rl-text.json")).read_text())
+    kept = stage.get("grpo/chosen_round")
+    began = rl_text_start(params, run)
+
+    start_done = run / params.data_path("rl_text", "rounds", "round-start", "val.json")
+    table = [{"rounds": 0, "policy": "DPO", "val": start_val.get("val_success"), "train_episodes": 0,
+              **score(dpo_rows, k, dpo), "minutes": (start_done.stat().st_mtime - began) / 60 if began else None}]
+    for i, d in enumerate(rounds):
+        rows = evaluate_round(run, params, d, overrides)
+        h = history.get(i, {})
+        table.append({"rounds": i + 1, "policy": d.name, "val": h.get("val_success"),
+                      "train_episodes": h.get("episodes"), **score(rows, k, dpo),
+                      "minutes": (d.joinpath("DONE").stat().st_mtime - began) / 60 if began else None})
+    how = "chosen on val" if any(r["val"] is not None for r in table) else "the last, with no val rounds"
+    lines = [f"Held-out per GRPO round ({table[1]['episodes']} episodes a policy, {k} a task; the DPO policy is "
+             f"round 0; the round rl-text kept, {how}: {kept})", "",
+             f"| rounds | val success | train episodes | held-out success ± s.e. | pass@{k} | − DPO, paired "
+             "| rl-text minutes |", "|---|---|---|---|---|---|---|"]
+    for r in table:
+        mark = " (kept)" if r["rounds"] == kept else ""
+        diff = "" if r["rounds"] == 0 else f"{pct(r['vs_dpo'], '+')} ± {pct(r['vs_dpo_se'])} ({r['tasks']} tasks)"
+        minutes = "" if r["minutes"] is None else f"{r['minutes']:.1f}"
+        lines.append(f"| {r['rounds']}{mark} | {pct(r['val'])} | {r['train_episodes']} | {pct(r['success'])} ± "
+                     f"{pct(r['se'])} | {pct(r['pass_at_k'])} | {diff} | {minutes} |")
+    out = run / params.data_path("grpo_rounds")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rounds.md").write_text("\n".join(lines) + "\n")
+    (out / "rounds.json").write_text(json.dumps({"kept": kept, "k": k, "rounds": table}, indent=1))
+    return lines
