@@ -105,12 +105,13 @@ run: $(STAMP) nethack-clock plots-offline  ## the default DAG: dvc repro (nested
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 
 # The fast suite in TEST_WORKERS pytest-xdist processes, one test file to a worker (a file's module fixtures are built
-# once), one torch thread each: 2 workers x 1 thread keep both cores busy through the suite's subprocesses and waits,
-# where one process with 2 threads left one idle (docs/speed.md).
+# once), in the order tests/conftest.py gives (the workers share one finished small run, built first), one torch
+# thread each: 2 workers x 1 thread keep both cores busy through the suite's subprocesses and waits, where one
+# process with 2 threads left one idle (docs/speed.md).
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP) nethack-clock browser  ## the import contracts (pyproject.toml), then the fast test suite
 	$(BIN)/lint-imports
-	PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-slow: $(SERVER_STAMP) $(VLLM_STAMP) nethack-clock
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -q -m slow

@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,27 @@ def pytest_configure(config):
         if capture is not None:
             capture.stop_global_capturing()  # the run that starts over writes to the real stdout / stderr
         clock.preload()
+
+
+SHARED_RUN_FIRST = "test_pipeline_e2e.py"  # the file whose worker builds the shared `trained` run
+
+
+def pytest_collection_modifyitems(config, items):
+    """The order pytest-xdist hands out test files in (``make test``: ``--dist loadfile --no-loadscope-reorder``, a
+    file to a worker, in this order): the session's ``trained`` run is built once and shared (:func:`trained`), so
+    the file ``SHARED_RUN_FIRST`` goes first (one worker builds the run at once), then the files that do not use
+    it, most tests first (as xdist's own reorder does), while the run is being built, and the other files that use
+    it last, by when it is built. Within a file the order stays."""
+    uses = {item.path.name for item in items if "trained" in getattr(item, "fixturenames", ())}
+    count = Counter(item.path.name for item in items)
+
+    def part(item) -> tuple[int, int]:
+        name = item.path.name
+        if name == SHARED_RUN_FIRST:
+            return 0, 0
+        return (2, 0) if name in uses else (1, -count[name])
+
+    items[:] = sorted(items, key=part)
 
 
 def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None,
@@ -102,16 +124,34 @@ TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "trai
 READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.core.stage)
 
 
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory) -> Path:
-    """A small project with every text stage run once, via `curio stage` (each run records the params keys it
-    reads into READS_LOG: tests/test_stage_declarations.py)."""
+def build_trained(root: Path) -> Path:
     from pipeline.core.stage import READS_ENV
 
-    proj = make_project(tmp_path_factory.mktemp("trained"), SMALL)
+    proj = make_project(root, SMALL)
     for name in TEXT_STAGES:
         curio(["stage", name], proj, env={READS_ENV: str(proj / READS_LOG)})
     return proj
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, request) -> Path:
+    """A small project with every text stage run once, via `curio stage` (each run records the params keys it
+    reads into READS_LOG: tests/test_stage_declarations.py). Tests read it or link its data into their own
+    projects (the eval-sweep deployment test adds to its MLflow store). Under pytest-xdist the workers share one,
+    built by the first to ask for it (~5 min at one thread) while another that asks waits on a file lock;
+    pytest_collection_modifyitems orders the files so that the other rarely has to."""
+    if not hasattr(request.config, "workerinput"):  # not a pytest-xdist worker
+        return build_trained(tmp_path_factory.mktemp("trained"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "trained-shared"  # the run's base, above each worker's
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "BUILT").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build cut short (a worker that crashed)
+            shared.mkdir()
+            build_trained(shared)
+            (shared / "BUILT").write_text("")
+    return shared / "proj"
 
 
 # The NetHack track on a tiny budget (tests/test_nethack_stages.py and the declarations test).
