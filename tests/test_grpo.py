@@ -257,3 +257,15 @@ def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bo
     stamps = [p.stat().st_mtime_ns for p in parts]
     compare_rounds(tmp_path, [])
     assert [p.stat().st_mtime_ns for p in parts] == stamps  # nothing played again
+
+
+def test_compare_rounds_without_grpo_rounds_is_one_line(tmp_path):
+    from pipeline.tools import ToolError
+    from pipeline.tools.compare_rl_text import make_project
+    from pipeline.tools.compare_rounds import compare_rounds
+
+    with pytest.raises(ToolError, match="no params.yaml in"):
+        compare_rounds(tmp_path, [])
+    make_project(tmp_path, [f"data_dir={tmp_path / 'data'}", "games.val_fraction=0.2"])
+    with pytest.raises(ToolError, match="no finished GRPO rounds under .*rl_text.algorithm=grpo"):
+        compare_rounds(tmp_path, [])

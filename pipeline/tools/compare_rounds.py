@@ -78,9 +78,10 @@ def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
     k = params.evaluate_text.trajectories_per_task
     rounds = round_dirs(run / params.data_path("rl_text", "rounds"))
     history_file = run / params.plots_path("rl_rounds.json")
-    if not rounds or not history_file.exists():
-        raise ToolError(f"no GRPO round checkpoints under {run / params.data_path('rl_text', 'rounds')}: run rl-text "
-                        "with rl_text.algorithm=grpo and rl_text.grpo.val_trajectories > 0 first")
+    stage_metrics = run / params.metrics_path("stages", "rl-text.json")
+    if not rounds or not history_file.exists() or not stage_metrics.exists():
+        raise ToolError(f"no finished GRPO rounds under {run / params.data_path('rl_text', 'rounds')}: run rl-text "
+                        "with rl_text.algorithm=grpo to the end first")
     held = run / params.data_path("evaluate_text")
     if not (read_manifest(held) or {}).get("complete"):
         raise ToolError(f"{held} is not a finished evaluate-text: run it first (its DPO rows are round 0)")
@@ -91,8 +92,7 @@ def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
     dpo = task_means(dpo_rows)["dpo"]
     history = {h["round"]: h for h in json.loads(history_file.read_text())}
     start_val = json.loads((run / params.data_path("rl_text", "rounds", "round-start", "val.json")).read_text())
-    stage = json.loads((run / params.metrics_path("stages", "rl-text.json")).read_text())
-    kept = stage.get("grpo/chosen_round")
+    kept = json.loads(stage_metrics.read_text()).get("grpo/chosen_round")
     began = rl_text_start(params, run)
 
     start_done = run / params.data_path("rl_text", "rounds", "round-start", "val.json")
