@@ -161,7 +161,7 @@ def test_a_stage_stopped_while_its_tracking_process_sets_up_mlflow_still_has_its
         tracker.log_metrics({"x": 1.0})
         raised = time.monotonic() - started
         raise Stopped("stopped by SIGTERM")
-    assert raised < 0.5  # well before MLflow could have loaded in the tracking process
+    assert raised < 2  # before MLflow (~4 s to import and open its store) could have loaded in the tracking process
     (run,) = _runs(store, "early")
     assert run.info.status == "KILLED" and run.data.params == {"chunk": "7"}
     assert time.monotonic() - started < START_WAIT_S + 5
