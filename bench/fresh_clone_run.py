@@ -12,7 +12,6 @@ instruction set of torch's three kernel libraries at AVX2, as on an AVX2-only ma
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (MKL's GEMM, torch's matmul). The clock, caches and memory stay this machine's.
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -28,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # What --avx2 sets: every kernel library torch dispatches to, capped at AVX2.
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_TEXT = " ".join(f"{k}={v}" for k, v in AVX2_ENV.items())
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")  # dvc repro's own (the stages of its branch, in order)
 SIDE_DONE = re.compile(r"Stage '([^']+)' finished in ([0-9.]+) s \(beside dvc repro\)")  # pipeline.run_dvc's
 MAIN_DONE = re.compile(r"^dvc repro .*: done in")
@@ -68,8 +68,8 @@ def timed_dag(cwd: Path, env: dict[str, str], log, side_by_side: bool = False) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default="HEAD", help="commit of this checkout to clone (default HEAD)")
-    ap.add_argument("--avx2", action="store_true", help="torch's, oneDNN's and MKL's kernels capped at AVX2 ("
-                    + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()) + ")")
+    ap.add_argument("--avx2", action="store_true",
+                    help=f"torch's, oneDNN's and MKL's kernels capped at AVX2 ({AVX2_TEXT})")
     ap.add_argument("--venv", help="reuse this venv instead of building one (the venv build is then not timed)")
     ap.add_argument("--keep", help="clone into this directory and keep it (default: a temp dir, removed)")
     ap.add_argument("--budget-min", type=float, default=12.0)
@@ -108,7 +108,7 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     mode = "side by side" if args.side_by_side else "one stage at a time"
-    isa = "AVX2 caps (" + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()) + ")" if args.avx2 else "the CPU's own ISA"
+    isa = f"AVX2 caps ({AVX2_TEXT})" if args.avx2 else "the CPU's own ISA"
     print(f"commit {commit}  {mode}  {isa}  "
           f"cores {os.cpu_count()}  exit {rc}")
     for name, sec in sorted(stages.items(), key=lambda kv: -kv[1]):

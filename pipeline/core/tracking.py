@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CurioError, DiskFull, disk_full
-from pipeline.core.interrupt import Stopped
+from pipeline.core.interrupt import SIGNALS, Stopped
 from pipeline.core.mlflow_models import log_model
 
 PARENT_ENV = "CURIO_PARENT_RUN_ID"
@@ -257,7 +257,7 @@ class StageTracking:
         else:
             # started with SIGTERM and SIGINT blocked (the mask is inherited): one sent before it has set its
             # handlers (the stage stopped in its first moment) waits for them instead of killing it unrecorded
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
             try:
                 self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.tracking"],
                                              stdin=subprocess.PIPE, text=True, encoding="utf-8")
@@ -403,7 +403,6 @@ class _Abandoned(BaseException):
 # KILLED) rather than lost; a set-up still going after it (a slow remote server) is abandoned. Half the default
 # grace period: the stage process waits for this one before it exits.
 START_WAIT_S = 10.0
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class _Stop:
@@ -474,7 +473,7 @@ def _serve(lines: Iterator[str]) -> int:
     signal.signal(signal.SIGTERM, _abandon)
     signal.signal(signal.SIGALRM, _abandon_again)
     sys.unraisablehook = _unraisable(sys.unraisablehook)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop sent before now is handled now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # a stop sent before now is handled now
     handler = _Handler()
     try:
         try:

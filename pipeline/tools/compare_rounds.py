@@ -19,28 +19,24 @@ choice. Written to ``data/grpo_rounds/rounds.md`` and ``rounds.json``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
-from pipeline.breakdown import paired_difference, task_means
 from pipeline.core.artifacts import read_manifest, read_rows
 from pipeline.params import load_params
-from pipeline.text.play import pass_at_k, summarize
 from pipeline.tools import ToolError
-from pipeline.tools.compare_rl_text import curio, pct
+from pipeline.tools.compare_rl_text import curio, paired, pct
+from pipeline.tools.compare_rl_text import score as scored
 
 COLUMNS = ["group", "task_id", "success", "policy", "turns", "score", "invalid"]
 
 
-def score(rows: list[dict], k: int, reference: dict[tuple, float] | None) -> dict:
-    """Success ± s.e., pass@k and, against ``reference`` (task -> mean success), the paired difference."""
-    s = summarize(rows)
-    p, n = s["success_rate"], s["episodes"]
-    means = next(iter(task_means(rows).values()), {})
-    d, se, tasks = paired_difference(means, reference) if reference is not None else (math.nan, math.nan, 0)
-    return {"success": p, "se": math.sqrt(p * (1 - p) / n) if n else 0.0, "pass_at_k": pass_at_k(rows, k),
-            "episodes": n, "vs_dpo": d, "vs_dpo_se": se, "tasks": tasks}
+def figures(s: dict, reference: dict) -> dict:
+    """One policy's :func:`scored` episodes as a row: success ± s.e., pass@k and the paired difference from
+    ``reference`` (the DPO policy's)."""
+    d = paired(s, reference)
+    return {"success": s["success_rate"], "se": s["se"], "pass_at_k": s["pass_at_k"], "episodes": s["episodes"],
+            "vs_dpo": d["diff"], "vs_dpo_se": d["se"], "tasks": d["tasks"]}
 
 
 def round_dirs(rounds: Path) -> list[Path]:
@@ -62,25 +58,18 @@ def evaluate_round(run: Path, params, round_dir: Path, overrides: list[str]) -> 
     return read_rows(data / "evaluate_text", COLUMNS)
 
 
-def rl_text_start(params, run: Path) -> float | None:
-    """When rl-text started: its metrics file's time (written as it ends) less its ``seconds``."""
-    metrics = run / params.metrics_path("stages", "rl-text.json")
-    if not metrics.exists():
-        return None
-    return metrics.stat().st_mtime - json.loads(metrics.read_text()).get("seconds", math.nan)
-
-
 def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
     run = run.resolve()
     if not (run / "params.yaml").exists():
         raise ToolError(f"no params.yaml in {run}: give the checkout of a finished run (--run)")
     params = load_params(run / "params.yaml", overrides)
     k = params.evaluate_text.trajectories_per_task
-    rounds = round_dirs(run / params.data_path("rl_text", "rounds"))
+    rounds_root = run / params.data_path("rl_text", "rounds")
+    rounds = round_dirs(rounds_root)
     history_file = run / params.plots_path("rl_rounds.json")
     stage_metrics = run / params.metrics_path("stages", "rl-text.json")
     if not rounds or not history_file.exists() or not stage_metrics.exists():
-        raise ToolError(f"no finished GRPO rounds under {run / params.data_path('rl_text', 'rounds')}: run rl-text "
+        raise ToolError(f"no finished GRPO rounds under {rounds_root}: run rl-text "
                         "with rl_text.algorithm=grpo to the end first")
     held = run / params.data_path("evaluate_text")
     if not (read_manifest(held) or {}).get("complete"):
@@ -89,21 +78,23 @@ def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
     dpo_rows = [r for r in own if r["policy"] == "dpo"]
     if not dpo_rows:
         raise ToolError(f"{held} has no DPO rows: evaluate_text.policies must include dpo")
-    dpo = task_means(dpo_rows)["dpo"]
+    dpo = scored(dpo_rows, k)
     history = {h["round"]: h for h in json.loads(history_file.read_text())}
-    start_val = json.loads((run / params.data_path("rl_text", "rounds", "round-start", "val.json")).read_text())
-    kept = json.loads(stage_metrics.read_text()).get("grpo/chosen_round")
-    began = rl_text_start(params, run)
+    stage = json.loads(stage_metrics.read_text())
+    kept = stage.get("grpo/chosen_round")
+    # when rl-text started: its metrics file's time (written as it ends) less its seconds
+    began = stage_metrics.stat().st_mtime - stage["seconds"] if "seconds" in stage else None
 
-    start_done = run / params.data_path("rl_text", "rounds", "round-start", "val.json")
-    table = [{"rounds": 0, "policy": "DPO", "val": start_val.get("val_success"), "train_episodes": 0,
-              **score(dpo_rows, k, dpo), "minutes": (start_done.stat().st_mtime - began) / 60 if began else None}]
+    start = rounds_root / "round-start" / "val.json"  # the DPO policy's val
+    table = [{"rounds": 0, "policy": "DPO", "val": json.loads(start.read_text()).get("val_success"),
+              "train_episodes": 0, **figures(dpo, dpo),
+              "minutes": None if began is None else (start.stat().st_mtime - began) / 60}]
     for i, d in enumerate(rounds):
         rows = evaluate_round(run, params, d, overrides)
         h = history.get(i, {})
         table.append({"rounds": i + 1, "policy": d.name, "val": h.get("val_success"),
-                      "train_episodes": h.get("episodes"), **score(rows, k, dpo),
-                      "minutes": (d.joinpath("DONE").stat().st_mtime - began) / 60 if began else None})
+                      "train_episodes": h.get("episodes"), **figures(scored(rows, k), dpo),
+                      "minutes": None if began is None else (d.joinpath("DONE").stat().st_mtime - began) / 60})
     how = "chosen on val" if any(r["val"] is not None for r in table) else "the last, with no val rounds"
     lines = [f"Held-out per GRPO round ({table[1]['episodes']} episodes a policy, {k} a task; the DPO policy is "
              f"round 0; the round rl-text kept, {how}: {kept})", "",
