@@ -42,7 +42,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.core.config import ConfigError, parse_override, preset_overrides
+from pipeline.core.config import ConfigError, dvc_set_param, parse_override, preset_overrides
 from pipeline.core.errors import CurioError, disk_full
 from pipeline.core.locks import WAIT_ENV, hold
 from pipeline.core.registry import STAGES
@@ -332,13 +332,16 @@ def preset(paths: Annotated[list[str], typer.Argument(metavar="PRESET...", help=
                                                        "to right (a later one's values win)")]) -> None:
     """Print presets (partial params files, e.g. presets/smollm2.yaml) as `-S key=value` arguments, checked
     against the params schema: `dvc exp run $(curio preset FILE [FILE ...])`. A preset may build on others with
-    `extends:`."""
+    `extends:`. A key params.yaml lacks (a new variant, say) is printed `-S ++key=value`, as DVC needs."""
+    import yaml
+
     try:
         overrides = preset_overrides(*paths)
         load_params("params.yaml", overrides)
+        raw = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
     except (OSError, ConfigError) as e:
         fail(str(e).splitlines()[0])
-    typer.echo(" ".join(f"-S {o}" for o in overrides))
+    typer.echo(" ".join(f"-S {dvc_set_param(o, raw)}" for o in overrides))
 
 
 @models_app.command("import-gguf")

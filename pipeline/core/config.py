@@ -230,11 +230,25 @@ def _format_error(err: ValidationError) -> str:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``key.sub=value`` with value parsed as YAML (so 3, 0.1, true, [a, b] keep their types)."""
+    """``key.sub=value`` with value parsed as YAML (so 3, 0.1, true, [a, b] keep their types). A leading ``+`` or
+    ``++`` (DVC's way to add a key params.yaml lacks) is accepted, so ``curio preset``'s arguments serve ``curio``
+    and ``dvc exp run`` alike."""
     if "=" not in text:
         raise ConfigError(f"params: override {text!r} is not key=value")
     key, raw = text.split("=", 1)
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().lstrip("+"), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def dvc_set_param(override: str, raw: dict) -> str:
+    """``override`` as a ``dvc exp run -S`` argument against the params file ``raw``: ``++key=value`` where the key
+    is not in it (DVC refuses to set a missing key without that), the override unchanged where it is."""
+    key = parse_override(override)[0]
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "++" + override.lstrip("+")
+        node = node[part]
+    return override
 
 
 def read_params(path: str | Path = "params.yaml", overrides: list[str] | dict[str, Any] | None = None,
