@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.core.artifacts import read_rows
-from pipeline.core.config import ConfigError, preset_overrides
+from pipeline.core.config import ConfigError, dvc_set_param, parse_override, preset_overrides
 from pipeline.params import load_params
 
 PRESETS = sorted(p.name for p in (REPO / "presets").glob("*.yaml"))
@@ -87,7 +87,8 @@ def test_every_preset_is_valid_params_as_curio_preset_prints_it(name, monkeypatc
     assert res.exit_code == 0, res.output
     args = res.output.split()
     overrides = preset_overrides(*(REPO / p for p in stack), REPO / "presets" / name)
-    assert args[::2] == ["-S"] * len(overrides) and args[1::2] == overrides
+    assert args[::2] == ["-S"] * len(overrides)
+    assert [parse_override(a) for a in args[1::2]] == [parse_override(o) for o in overrides]
     load_params(REPO / "params.yaml", overrides)
 
 
@@ -351,3 +352,34 @@ CHECKS = {
     "motif.yaml": lambda params, metrics: check_nethack(params, metrics, ["motif"]),
     "oni.yaml": lambda params, metrics: check_nethack(params, metrics, list(params.rl_nethack.variants)),
 }
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_dvc_accepts_what_curio_preset_prints_and_sets_the_same_params(name, tmp_path, monkeypatch):
+    """`dvc exp run $(curio preset FILE)` must work for every preset, including one that adds keys params.yaml
+    lacks (DVC refuses those unless written ``++key=value``): DVC's own override code applied to a copy of
+    params.yaml gives the same params as curio applying the preset."""
+    import shlex
+
+    from dvc.utils.hydra import apply_overrides
+
+    monkeypatch.chdir(REPO)
+    res = CliRunner().invoke(app, ["preset", f"presets/{name}"])
+    assert res.exit_code == 0, res.output
+    args = shlex.split(res.output)
+    assert args[::2] == ["-S"] * (len(args) // 2)
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    apply_overrides(params, args[1::2])
+    assert load_params(params) == load_params(REPO / "params.yaml", args[1::2])
+    assert load_params(params) == load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / name))
+
+
+def test_a_key_params_lacks_is_printed_for_dvc_to_add_and_curio_reads_either_spelling():
+    raw = {"rl_nethack": {"variants": {"motif": {"int_coef": 0.1}}}}
+    assert dvc_set_param("rl_nethack.variants.motif.int_coef=0.4", raw) == "rl_nethack.variants.motif.int_coef=0.4"
+    assert dvc_set_param("rl_nethack.variants.motif.reward=motif", raw) == "++rl_nethack.variants.motif.reward=motif"
+    assert dvc_set_param("rl_nethack.variants.oni.reward=ranking", raw) == "++rl_nethack.variants.oni.reward=ranking"
+    assert dvc_set_param("rl_nethack.variants.motif.int_coef.x=1", raw) == "++rl_nethack.variants.motif.int_coef.x=1"
+    assert parse_override("++a.b=[1,2]") == parse_override("+a.b=[1,2]") == parse_override("a.b=[1,2]")
+    assert parse_override("++a.b=[1,2]") == ("a.b", [1, 2])
