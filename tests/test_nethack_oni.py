@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -220,6 +221,9 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
     second = Labeller()
     again = OnlineAnnotator(tmp_path, cfg, backend=second, embedder=Features())
     assert again.model is not None and again.model.steps == steps and again.batches == 2
+    # the labeller's CPU time adds up over restarts: the new process starts from the last status the old one wrote
+    assert again.cpu_before == json.loads((tmp_path / "status.json").read_text())["cpu_s"] > 0
+    assert again.status()["cpu_s"] >= again.cpu_before + time.process_time() - 0.1
     again.step()
     assert again.status()["pending"] == 0 and again.status()["labels"] == 12
     assert sorted(first.asked + second.asked) == sorted(messages)  # every message paid for exactly once

@@ -168,6 +168,7 @@ class OnlineAnnotator:
         self.batches = 0
         self.started = time.monotonic()
         self.labelled_this_run = 0
+        self.cpu_before = 0.0  # CPU seconds of this directory's earlier annotator processes (its last status)
         self.errors = 0
         self._published = False
         self.setup()
@@ -188,8 +189,12 @@ class OnlineAnnotator:
                 self.batches = max(self.batches, int(row.get("batch", 0)))
 
     def _load(self) -> None:
-        """The state on disk: labels, then the subclass's model."""
+        """The state on disk: labels, the CPU time spent so far, then the subclass's model."""
         self._load_labels()
+        try:
+            self.cpu_before = float(json.loads((self.directory / STATUS).read_text()).get("cpu_s", 0.0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            self.cpu_before = 0.0
         self.load_model()
 
     # -- what a track provides
@@ -307,6 +312,7 @@ class OnlineAnnotator:
             "given_up": sum(label not in LABELLED for label in self.labels.values()),
             "helpful_share": round(sum(label == "helpful" for label in final) / len(final), 4) if final else 0.0,
             "labels_per_s": round(self.labelled_this_run / elapsed, 3),
+            "cpu_s": round(self.cpu_before + time.process_time(), 1),  # the labeller's compute, over restarts
             "batches": self.batches,
             "errors": self.errors,
         }

@@ -491,7 +491,7 @@ def _summary_observer(path: Path, resumed_from: int, per_iteration: bool = False
 PROGRESS_COLUMNS = (
     "env_steps", "seconds", "seen", "labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
     "errors", "annotator_restarts", "llm_requests", "llm_cache_hits", "llm_sent", "llm_failures", "llm_unknowns",
-    "llm_tokens_in", "llm_tokens_out", "llm_latency_p50_s",
+    "llm_tokens_in", "llm_tokens_out", "llm_latency_p50_s", "cpu_s",
 )
 
 

@@ -235,7 +235,8 @@ def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str
         if rows:
             metrics.update({f"{name}/oni_{k}": v for k, v in rows[-1].items()
                             if k in {"labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
-                                     "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns"}})
+                                     "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns",
+                                     "cpu_s", "seconds"}})
     if not any(plots.iterdir()):  # `dvc plots show` warns about an empty plots directory; a header reads as no data
         (plots / "none.csv").write_text(",".join(PROGRESS_COLUMNS) + "\n")
     return metrics
