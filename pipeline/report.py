@@ -176,6 +176,9 @@ def bars_svg(names: list[str], means: list[float], errors: list[float], ylabel: 
     """Bars with ±1 standard error."""
     fig, ax = _figure(max(3.5, 0.9 * len(names) + 1.5))
     ax.bar(names, means, yerr=errors, capsize=4, color="#4c78a8")
+    if sum(map(len, names)) > 6 * len(names):  # long names (ONI's variants) would overlap level
+        for label in ax.get_xticklabels():
+            label.set(rotation=30, horizontalalignment="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     return _svg(fig)
@@ -325,8 +328,10 @@ def matched_steps(rows: list[dict], points: int = 4) -> tuple[list[int], list[li
     if not curves:
         return None
     end = max(x for pts in curves.values() for x, _ in pts)
-    digits = 1 - int(math.floor(math.log10(end))) if end > 0 else 0  # marks to two significant digits
-    marks = [int(round(end * (i + 1) / points, digits)) or int(end) for i in range(points)]
+    def nice(x: float) -> int:  # three significant digits
+        return int(round(x, 2 - int(math.floor(math.log10(x))))) if x >= 1 else int(x)
+
+    marks = [nice(end * (i + 1) / points) or int(end) for i in range(points)]
 
     def at(pts: list[tuple[float, float]], x: float) -> str:
         pts = sorted(pts)

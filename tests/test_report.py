@@ -38,6 +38,9 @@ def test_nethack_curves_compared_at_matched_steps_and_the_labellers_cost():
             {"variant": "b", "env_steps": 500, "return": 1.0}, {"variant": "b", "env_steps": 2500, "return": 3.0}]
     marks, table = matched_steps(rows)
     assert marks == [1000, 2000, 3000, 4000]  # quarters of the longest curve
+    # a budget that is not a round number of quarters: 2,500,608 steps gives 625k, 1.25M, 1.88M, 2.5M (three digits)
+    assert matched_steps([{"variant": "a", "env_steps": 2_500_608, "return": 1.0}])[0] == [
+        625_000, 1_250_000, 1_880_000, 2_500_000]
     # a at 1000: halfway from 0 to 4 = 2; at 3000: halfway from 4 to 6 = 5. b at 1000: 1 + (3-1)·500/2000 = 1.5,
     # at 2000: 1 + 2·1500/2000 = 2.5; b never reached 3000 or 4000
     assert table == [["a", "2", "4", "5", "6"], ["b", "1.5", "2.5", "", ""]]
