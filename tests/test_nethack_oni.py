@@ -382,3 +382,31 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
         assert server.stats()["requests"] <= len(rows) + 8
     finally:
         server.close()
+
+
+def test_progress_rows_of_a_run_resumed_from_an_older_version_keep_the_files_columns(tmp_path):
+    """A progress file begun before a column was added (cpu_s) gets rows in its own columns, so it still parses."""
+    import csv
+    from types import SimpleNamespace
+
+    from pipeline.nethack.sf import PROGRESS_COLUMNS, _online_annotation
+    from stages.rl.appo import oni_progress
+
+    cfg = SimpleNamespace(train_dir=str(tmp_path), experiment="cls", oni_config="{}", intrinsic_reward="classification",
+                          seed=0)
+    directory = tmp_path / "cls" / "oni"
+    directory.mkdir(parents=True)
+    (directory / oni.STATUS).write_text(json.dumps({"labels": 3, "pending": 1, "cpu_s": 2.5}))
+    old = [c for c in PROGRESS_COLUMNS if c != "cpu_s"]
+    (directory / oni.PROGRESS).write_text(",".join(old) + "\n" + ",".join("1" for _ in old) + "\n")
+    observer = _online_annotation(cfg)
+    observer.start = time.time()
+    observer.record(2048)
+    with open(directory / oni.PROGRESS, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == old and all(len(r) == len(old) for r in rows) and len(rows) == 3
+    params = SimpleNamespace(data_path=lambda *parts: tmp_path.joinpath(*parts[1:]))
+    assert [r["env_steps"] for r in oni_progress(params, "cls")] == [1, 2048]
+    (directory / oni.PROGRESS).unlink()  # a new run: every column, cpu_s included
+    observer.record(4096)
+    assert oni_progress(params, "cls")[0]["cpu_s"] == 2.5

@@ -540,9 +540,13 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
             row = {**status, "env_steps": env_steps, "seconds": round(time.time() - self.start, 1),
                    "annotator_restarts": self.restarts}
             path = directory / oni.PROGRESS
-            new = not path.exists()
+            new = not path.exists() or path.stat().st_size == 0
+            columns = PROGRESS_COLUMNS
+            if not new:  # a run resumed from an older version keeps its file's columns (one added since is left out)
+                with open(path, newline="") as f:
+                    columns = next(csv.reader(f), None) or PROGRESS_COLUMNS
             with open(path, "a", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+                writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
                 if new:
                     writer.writeheader()
                 writer.writerow(row)
