@@ -512,6 +512,7 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
         proc: subprocess.Popen | None = None
         restarts = 0
         last = 0.0
+        columns: list[str] | tuple[str, ...] | None = None  # the progress file's columns (its header, once it exists)
 
         def _launch(self) -> None:
             # the shared annotator process (pipeline.llm.online_annotation) with NetHack's labeller and model
@@ -541,12 +542,13 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
                    "annotator_restarts": self.restarts}
             path = directory / oni.PROGRESS
             new = not path.exists() or path.stat().st_size == 0
-            columns = PROGRESS_COLUMNS
-            if not new:  # a run resumed from an older version keeps its file's columns (one added since is left out)
+            if new:
+                self.columns = PROGRESS_COLUMNS
+            elif self.columns is None:  # read once: a run resumed from an older version keeps its file's columns
                 with open(path, newline="") as f:
-                    columns = next(csv.reader(f), None) or PROGRESS_COLUMNS
+                    self.columns = next(csv.reader(f), None) or PROGRESS_COLUMNS
             with open(path, "a", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+                writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
                 if new:
                     writer.writeheader()
                 writer.writerow(row)
