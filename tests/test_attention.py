@@ -78,3 +78,86 @@ def test_a_grouped_query_model_generates_the_same_tokens():
     assert_same_samples_with_each(AttentionInterface, (sdpa_attention_forward, sdpa_attention_gqa),
                                   grouped_query_llama(), input_ids=ids, attention_mask=mask, max_new_tokens=10,
                                   pad_token_id=0)
+
+
+def packed_batch(lengths, vocab=120, seed=0):
+    """A padding-free batch of conversations of these lengths, as TRL's collator builds it for SFT."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    g = torch.Generator().manual_seed(seed)
+    collator = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    return collator([{"input_ids": torch.randint(1, vocab, (n,), generator=g).tolist()} for n in lengths])
+
+
+def loss_and_grads(model, batch, fn):
+    AttentionInterface.register("sdpa", fn)
+    try:
+        model.zero_grad()
+        out = model(use_cache=False, **batch)  # as TRL's SFTTrainer calls it
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    finally:
+        AttentionInterface.register("sdpa", sdpa_attention_gqa)
+
+
+@pytest.mark.parametrize("model_name", ["gpt2", "grouped-query llama"])
+def test_packed_rows_give_the_librarys_loss_and_gradients(model_name):
+    """Padding-free training: causal SDPA per conversation against transformers' one block-diagonal mask over the
+    row. Same logits and gradients up to float rounding, for the built-in GPT-2 and for grouped-query heads."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if model_name == "gpt2":
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=120, n_layer=2, n_embd=32, n_head=4, n_positions=64,
+                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        model.set_attn_implementation("sdpa")
+    else:
+        model = grouped_query_llama()
+    model.train()
+    batch = packed_batch([5, 17, 1, 30, 9])
+    ours, our_grads = loss_and_grads(model, batch, sdpa_attention_gqa)
+    theirs, their_grads = loss_and_grads(model, batch, sdpa_attention_forward)
+    assert ours.shape == theirs.shape == (1, 62, 120)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    for name, grad in their_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_conversations_do_not_see_each_other(monkeypatch):
+    """Each conversation of a packed row is one causal SDPA call of its own: changing the first conversation's tokens
+    leaves the second's logits exactly as they were, and SDPA never sees keys of two conversations at once."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        calls.append((key.shape[2], kwargs.get("is_causal"), kwargs.get("attn_mask")))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=120, n_layer=2, n_embd=32, n_head=4, n_positions=64,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model.set_attn_implementation("sdpa")
+    AttentionInterface.register("sdpa", sdpa_attention_gqa)
+    a, b = packed_batch([7, 11], seed=0), packed_batch([7, 11], seed=0)
+    b["input_ids"][0, :7] = (b["input_ids"][0, :7] + 1) % 120
+    logits_a = model(use_cache=False, **a).logits
+    assert calls == [(7, True, None), (11, True, None)] * 2  # two layers, one call per conversation
+    logits_b = model(use_cache=False, **b).logits
+    assert not torch.equal(logits_a[0, :7], logits_b[0, :7])
+    assert torch.equal(logits_a[0, 7:], logits_b[0, 7:])
+
+
+def test_rows_without_boundaries_keep_the_librarys_function():
+    """Without the collator's boundaries (a padded batch, generation) the packed path is not taken."""
+    from pipeline.models.attention import packed_bounds
+
+    q = torch.zeros(1, 4, 10, 8)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    assert packed_bounds(q, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}) == [0, 4, 10]
+    assert packed_bounds(q, {}) is None
+    assert packed_bounds(torch.zeros(2, 4, 10, 8), {"cu_seq_lens_q": cu}) is None  # not one packed row
+    assert packed_bounds(q, {"cu_seq_lens_q": torch.tensor([0, 4, 9], dtype=torch.int32)}) is None  # not covering
+    assert packed_bounds(q, {"cu_seq_lens_q": cu, "sliding_window": 4}) is None

@@ -228,9 +228,10 @@ def sft_train(
     """Assistant-only SFT on whole conversations (TRL SFTTrainer); resumes from ``checkpoint_dir``. The loss
     covers the tokens ``pipeline.models.chat.assistant_token_mask`` marks (assistant content + end-of-turn).
 
-    ``padding_free`` flattens each batch into one sequence (TRL's padding-free collator; transformers masks
-    attention between its conversations from the position ids), so no compute goes to padding; every conversation
-    must then fit the model's context (nothing is truncated). Ignored where unsafe (``padding_free_supported``).
+    ``padding_free`` flattens each batch into one sequence (TRL's padding-free collator, which passes the
+    conversations' boundaries; on a CPU ``pipeline.models.attention`` attends within each conversation, elsewhere
+    transformers masks between them), so no compute goes to padding; every conversation must then fit the model's
+    context (nothing is truncated). Ignored where unsafe (``padding_free_supported``).
 
     With ``lora`` enabled only LoRA adapters train; they are merged into the returned model unless ``merge`` is
     False.
