@@ -9,10 +9,13 @@ the values that differ from the schema's defaults come from the params the repor
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import html
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import yaml
 
 #: Where ``mlflow ui`` serves by default; a run's page is ``UI/#/experiments/ID/runs/RUN``.
 DEFAULT_UI = "http://127.0.0.1:5000"
@@ -57,9 +60,29 @@ def stage_runs(params: Any) -> tuple[list[dict[str, Any]], str | None]:
 def _params_hash(params: Any, stage: str) -> str | None:
     """The params hash a stage's MLflow run carries when it ran on ``params`` (``pipeline.core.stage.execute``)."""
     from pipeline.core.registry import STAGES
+
+    return params.section_hash(declared_params(stage)) if stage in STAGES else None
+
+
+@functools.cache
+def _dvc_yaml_stages(path: str = "dvc.yaml") -> dict[str, Any]:
+    try:
+        return yaml.safe_load(Path(path).read_text()).get("stages") or {}
+    except (OSError, AttributeError, yaml.YAMLError):
+        return {}
+
+
+@functools.cache
+def declared_params(stage: str) -> list[str]:
+    """The params a stage declares, as dvc.yaml lists them: ``curio generate`` writes them from the declaration,
+    and ``curio generate --check`` fails when they differ. Read from there, the report does not import every stage
+    module (torch, transformers, TRL: ~10 s). Where dvc.yaml does not list the stage, its declaration."""
+    spec = _dvc_yaml_stages().get(stage)
+    if isinstance(spec, dict):
+        return list(spec.get("params") or [])
     from pipeline.core.stage import declaration
 
-    return params.section_hash(declaration(stage).params) if stage in STAGES else None
+    return list(declaration(stage).params)
 
 
 def run_link(ui: str, experiment_id: str, run_id: str) -> str:

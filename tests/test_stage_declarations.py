@@ -187,3 +187,27 @@ OTHER_BRANCH.update({(stage, key): "rl_text.reward=motif (the stage is idle for 
     ("annotate-utterances", "seed"), ("annotate-utterances", "annotate_utterances"),
     ("annotate-utterances", "policy.free_answers"), ("train-reward-text", "seed"),
     ("train-reward-text", "annotate_utterances.context_messages"), ("train-reward-text", "train_reward_text")]})
+
+
+def test_the_report_reads_each_stages_params_from_dvc_yaml_without_importing_it(monkeypatch):
+    """The report's MLflow links match runs by each stage's params hash. It reads the stage's params from dvc.yaml
+    (the same list as the declaration) instead of importing every stage module and its libraries."""
+    import subprocess
+    import sys
+
+    from pipeline import report_meta
+
+    monkeypatch.chdir(REPO)
+    report_meta._dvc_yaml_stages.cache_clear()
+    report_meta.declared_params.cache_clear()
+    try:
+        for name in STAGES:
+            assert report_meta.declared_params(name) == list(declaration(name).params), name
+    finally:
+        report_meta._dvc_yaml_stages.cache_clear()
+        report_meta.declared_params.cache_clear()
+    probe = ("import sys; from pipeline.report_meta import declared_params as d; "
+             "print(d('bootstrap'), 'stages.bootstrap' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.split("]")[1].split() == ["False", "False"]
+    assert "'bootstrap'" in out
