@@ -453,7 +453,7 @@ def choose_format_prompt(
 def compare_runs(before: Annotated[Path, typer.Argument(help="a checkout that ran the DAG")],
                  after: Annotated[Path, typer.Argument(help="another one")]) -> None:
     """Two finished runs of the DAG, stage by stage: every data out's hash and every metric but wall-clock ones;
-    exit 1 when one differs."""
+    exit 1 when one differs. Then each policy's held-out success in both, paired over the same tasks."""
     from pipeline.tools.compare_runs import compare_runs as compare
 
     if not compare(before, after):

@@ -115,6 +115,31 @@ def test_compare_runs_leaves_out_wall_clock_keys_and_names_what_differs(tmp_path
     assert "out data/rollout_text: aaa -> bbb" in res.stdout and "metric success_rate: 0.5 -> 0.25" in res.stdout
 
 
+def test_compare_runs_gives_the_held_out_shift_paired_over_tasks(tmp_path):
+    """Per policy: success in each run and AFTER − BEFORE paired over the same held-out tasks. Worked by hand:
+    base wins t1 1/2, t2 0/2, t3 2/2 before and 2/2, 1/2, 2/2 after; d = (0.5, 0.5, 0), mean 1/3,
+    SE = sqrt(((1/6)² + (1/6)² + (1/3)²) / (3·2)) = 1/6. A train-split episode and a policy only one run has
+    are left out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def with_evaluation(root: Path, wins: dict[str, list[int]], extra: list[dict]) -> Path:
+        rows = [{"policy": "base", "group": G, "task_id": t, "split": "eval", "success": bool(w)}
+                for t, ws in wins.items() for w in ws] + extra
+        (root / "data" / "evaluate_text").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), root / "data" / "evaluate_text" / "part-00000.parquet")
+        return root
+
+    before = with_evaluation(finished_run(tmp_path / "b", "aaa", 0.5, 1.0), {"t1": [1, 0], "t2": [0, 0], "t3": [1, 1]},
+                             [{"policy": "base", "group": G, "task_id": "t9", "split": "train", "success": True}])
+    after = with_evaluation(finished_run(tmp_path / "a", "aaa", 0.5, 1.0), {"t1": [1, 1], "t2": [1, 0], "t3": [1, 1]},
+                            [{"policy": "sft", "group": G, "task_id": "t1", "split": "eval", "success": True}])
+    res = run(["compare", "runs", str(before), str(after)])
+    assert res.exit_code == 0, res.stdout
+    assert "base     0.5000 -> 0.8333   +0.3333 ± 0.1667 (+2.0 s.e., 3 tasks)" in res.stdout
+    assert "sft" not in res.stdout
+
+
 def test_compare_runs_without_a_dvc_lock_is_one_line(tmp_path):
     assert_one_line(run(["compare", "runs", str(tmp_path), str(tmp_path)]), "no dvc.lock under")
 

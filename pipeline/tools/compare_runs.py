@@ -5,6 +5,10 @@ For each stage of AFTER's dvc.lock: every out's content hash (md5 of a file, or 
 records it) against BEFORE's, and the stage's metrics file (``metrics/stages/NAME.json``) key by key, leaving out
 wall-clock keys (``seconds`` and any key naming seconds, minutes or a rate per second), which differ between any
 two runs. Exit code 1 when a data out or a metric differs.
+
+Where both runs evaluated the text track, how far apart their held-out rows are: each policy's success rate in
+BEFORE and AFTER and their paired difference over the same held-out tasks, AFTER − BEFORE, with its standard error
+(``pipeline.breakdown``), to tell a change of rounding from one of behaviour.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.breakdown import held_out, paired_difference, task_means
 from pipeline.tools import ToolError
 
 TIMING = re.compile(r"(^|_|/)(seconds|secs|minutes|wall|per_s|per_sec|fps|elapsed)($|_|/)|_s$")
@@ -61,4 +66,42 @@ def compare_runs(before_dir: Path, after_dir: Path) -> bool:
         for k in changed:
             print(f"    metric {k}: {mb.get(k)!r} -> {ma.get(k)!r}")
     print("row-identical" if not failed else "DIFFERENT")
+    print_held_out_shift(before, after)
     return not failed
+
+
+def evaluation_rows(root: Path) -> list[dict]:
+    """evaluate-text's held-out episodes (policy, group, task, success), or none where the run has none."""
+    parts = sorted((root / "data" / "evaluate_text").glob("part-*.parquet"))
+    if not parts:
+        return []
+    import pyarrow.parquet as pq
+
+    columns = ["policy", "group", "task_id", "split", "success"]
+    return held_out(row for part in parts for row in pq.read_table(part, columns=columns).to_pylist())
+
+
+def held_out_shift(before_dir: Path, after_dir: Path) -> list[tuple[str, float, float, float, float, int]]:
+    """Per policy both runs evaluated: (policy, BEFORE's success, AFTER's, paired AFTER − BEFORE, its SE, tasks)."""
+    rows_b, rows_a = evaluation_rows(checkout(before_dir)), evaluation_rows(checkout(after_dir))
+    means_b, means_a = task_means(rows_b), task_means(rows_a)
+
+    def rate(rows: list[dict], policy: str) -> float:
+        got = [float(bool(r["success"])) for r in rows if r["policy"] == policy]
+        return sum(got) / len(got)
+
+    out = []
+    for policy in means_a:
+        if policy in means_b:
+            d, se, n = paired_difference(means_a[policy], means_b[policy])
+            out.append((policy, rate(rows_b, policy), rate(rows_a, policy), d, se, n))
+    return out
+
+
+def print_held_out_shift(before_dir: Path, after_dir: Path) -> None:
+    shift = held_out_shift(before_dir, after_dir)
+    if shift:
+        print("held-out success, AFTER − BEFORE paired over the same tasks:")
+        for policy, b, a, d, se, n in shift:
+            print(f"    {policy:<8} {b:.4f} -> {a:.4f}   {d:+.4f} ± {se:.4f} ({d / se:+.1f} s.e., {n} tasks)"
+                  if se > 0 else f"    {policy:<8} {b:.4f} -> {a:.4f}   {d:+.4f} ({n} tasks)")
