@@ -156,8 +156,10 @@ def test_rows_without_boundaries_keep_the_librarys_function():
 
     q = torch.zeros(1, 4, 10, 8)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    assert packed_bounds(q, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}) == [0, 4, 10]
-    assert packed_bounds(q, {}) is None
-    assert packed_bounds(torch.zeros(2, 4, 10, 8), {"cu_seq_lens_q": cu}) is None  # not one packed row
-    assert packed_bounds(q, {"cu_seq_lens_q": torch.tensor([0, 4, 9], dtype=torch.int32)}) is None  # not covering
-    assert packed_bounds(q, {"cu_seq_lens_q": cu, "sliding_window": 4}) is None
+    assert packed_bounds(q, q, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu}) == [0, 4, 10]
+    assert packed_bounds(q, q, {}) is None
+    two_rows = torch.zeros(2, 4, 10, 8)
+    assert packed_bounds(two_rows, two_rows, {"cu_seq_lens_q": cu}) is None  # not one packed row
+    assert packed_bounds(q, torch.zeros(1, 4, 12, 8), {"cu_seq_lens_q": cu}) is None  # keys from a cache
+    assert packed_bounds(q, q, {"cu_seq_lens_q": torch.tensor([0, 4, 9], dtype=torch.int32)}) is None  # not covering
+    assert packed_bounds(q, q, {"cu_seq_lens_q": cu, "sliding_window": 4}) is None

@@ -35,7 +35,7 @@ def sdpa_attention_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.
     """``transformers.integrations.sdpa_attention.sdpa_attention_forward`` (same arguments, same output), reading
     shared key / value heads in place on a CPU when no gradient is recorded, and a packed row one conversation at
     a time."""
-    bounds = packed_bounds(query, kwargs)
+    bounds = packed_bounds(query, key, kwargs)
     if bounds is not None and is_causal is not False and getattr(module, "is_causal", True):
         return packed_sdpa(module, query, key, value, bounds, dropout=dropout, scaling=scaling), None
     if (torch.is_grad_enabled() or query.device.type != "cpu" or key.shape[1] == query.shape[1]
@@ -53,12 +53,14 @@ def sdpa_attention_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.
     return out.transpose(1, 2).contiguous(), None
 
 
-def packed_bounds(query: torch.Tensor, kwargs: dict) -> list[int] | None:
+def packed_bounds(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> list[int] | None:
     """The conversations' start offsets (and the row's end) of a padding-free row on a CPU, else None: one row, no
-    cache (keys as long as queries), boundaries covering the row, no sliding window or attention output asked for."""
+    cache (keys as long as queries), boundaries covering the row, no sliding window, head mask or attention output
+    asked for."""
     cu = kwargs.get("cu_seq_lens_q")
-    if (cu is None or query.device.type != "cpu" or query.shape[0] != 1 or kwargs.get("output_attentions")
-            or kwargs.get("sliding_window") or torch.jit.is_tracing()):
+    if (cu is None or query.device.type != "cpu" or query.shape[0] != 1 or key.shape[2] != query.shape[2]
+            or kwargs.get("output_attentions") or kwargs.get("sliding_window")
+            or kwargs.get("head_mask") is not None or torch.jit.is_tracing()):
         return None
     bounds = [int(x) for x in cu.tolist()]
     if bounds[0] != 0 or bounds[-1] != query.shape[2] or not torch.equal(cu, kwargs.get("cu_seq_lens_k", cu)):
@@ -70,8 +72,6 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 bounds: list[int], dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
     """Causal SDPA over each conversation ``bounds`` delimits in a one-row packed batch, concatenated back in
     transformers' layout (batch, tokens, heads, head size)."""
-    if key.shape[2] != query.shape[2]:
-        raise ValueError("packed attention: keys and queries of a padding-free row have the same length")
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     parts = [torch.nn.functional.scaled_dot_product_attention(
