@@ -138,6 +138,8 @@ def test_compare_runs_gives_the_held_out_shift_paired_over_tasks(tmp_path):
     assert res.exit_code == 0, res.stdout
     assert "base     0.5000 -> 0.8333   +0.3333 ± 0.1667 (+2.0 s.e., 3 tasks)" in res.stdout
     assert "sft" not in res.stdout
+    (after / "data" / "evaluate_text" / "part-00000.parquet").write_bytes(b"not parquet")
+    assert_one_line(run(["compare", "runs", str(before), str(after)]), "not evaluate-text's episodes")
 
 
 def test_compare_runs_without_a_dvc_lock_is_one_line(tmp_path):

@@ -75,10 +75,15 @@ def evaluation_rows(root: Path) -> list[dict]:
     parts = sorted((root / "data" / "evaluate_text").glob("part-*.parquet"))
     if not parts:
         return []
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     columns = ["policy", "group", "task_id", "split", "success"]
-    return held_out(row for part in parts for row in pq.read_table(part, columns=columns).to_pylist())
+    try:
+        return held_out(row for part in parts for row in pq.read_table(part, columns=columns).to_pylist())
+    except (pa.ArrowException, KeyError) as e:
+        raise ToolError(f"{root / 'data' / 'evaluate_text'}: not evaluate-text's episodes "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
 def held_out_shift(before_dir: Path, after_dir: Path) -> list[tuple[str, float, float, float, float, int]]:
