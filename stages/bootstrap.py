@@ -30,7 +30,8 @@ NAME = "bootstrap"
 STAGE = Stage(
     NAME,
     params=["seed", "policy.model", "games.groups", "games.eval_groups", "bootstrap"],
-    code=["pipeline/models/tiny.py", "pipeline/envs"],
+    # training.py and attention.py decide the trained weights too (the trainer, and how a packed row attends)
+    code=["pipeline/models/tiny.py", "pipeline/models/training.py", "pipeline/models/attention.py", "pipeline/envs"],
     outs=[Out("data/bootstrap", persist=True)],
     plots=[Plot("metrics/plots/bootstrap_loss.json", "Bootstrap (pre-training) loss", x="step", y="loss")],
     models=["bootstrap/model"],
