@@ -205,6 +205,8 @@ def test_compare_rl_text_refuses_bad_rows_and_no_val_split_before_any_stage(tmp_
     (["--stage", "no-such-stage", "--through", "train-dpo"], "no stage 'no-such-stage'"),
     (["--stage", "train-sft", "--grid", "train_policy.sft.lr"], "expected KEY=V1,V2"),
     (["--from", "/no/such/run"], "--from /no/such/run: not a directory"),
+    # params.yaml's default games.val_fraction is 0: refused before any stage trains
+    (["--from", "tests", "--stage", "train-sft", "--grid", "train_policy.sft.lr=1e-4"], "games.val_fraction > 0"),
 ])
 def test_choose_hparams_refuses_bad_options_in_one_line(tmp_path, monkeypatch, args, needle):
     monkeypatch.chdir(REPO)

@@ -128,6 +128,8 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
     source = source.resolve()
     results = []
     params = load_params("params.yaml", [*base, f"data_dir={source}"])
+    if params.games.val_fraction <= 0:  # checked before any training: every value is scored on val
+        raise ToolError("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")
     groups = eval_groups(params)
     for policy in policies:
         t0 = time.perf_counter()
