@@ -120,14 +120,10 @@ def test_compare_runs_gives_the_held_out_shift_paired_over_tasks(tmp_path):
     base wins t1 1/2, t2 0/2, t3 2/2 before and 2/2, 1/2, 2/2 after; d = (0.5, 0.5, 0), mean 1/3,
     SE = sqrt(((1/6)² + (1/6)² + (1/3)²) / (3·2)) = 1/6. A train-split episode and a policy only one run has
     are left out."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     def with_evaluation(root: Path, wins: dict[str, list[int]], extra: list[dict]) -> Path:
         rows = [{"policy": "base", "group": G, "task_id": t, "split": "eval", "success": bool(w)}
                 for t, ws in wins.items() for w in ws] + extra
-        (root / "data" / "evaluate_text").mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(rows), root / "data" / "evaluate_text" / "part-00000.parquet")
+        write_dataset(root / "data" / "evaluate_text", rows)
         return root
 
     before = with_evaluation(finished_run(tmp_path / "b", "aaa", 0.5, 1.0), {"t1": [1, 0], "t2": [0, 0], "t3": [1, 1]},

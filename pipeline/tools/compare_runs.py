@@ -18,8 +18,11 @@ import re
 from pathlib import Path
 
 import yaml
+from pyarrow import ArrowException
 
 from pipeline.breakdown import held_out, paired_difference, task_means
+from pipeline.core.artifacts import read_rows
+from pipeline.core.errors import CurioError
 from pipeline.tools import ToolError
 
 TIMING = re.compile(r"(^|_|/)(seconds|secs|minutes|wall|per_s|per_sec|fps|elapsed)($|_|/)|_s$")
@@ -72,17 +75,14 @@ def compare_runs(before_dir: Path, after_dir: Path) -> bool:
 
 def evaluation_rows(root: Path) -> list[dict]:
     """evaluate-text's held-out episodes (policy, group, task, success), or none where the run has none."""
-    parts = sorted((root / "data" / "evaluate_text").glob("part-*.parquet"))
-    if not parts:
+    path = root / "data" / "evaluate_text"
+    if not path.is_dir():
         return []
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     columns = ["policy", "group", "task_id", "split", "success"]
     try:
-        return held_out(row for part in parts for row in pq.read_table(part, columns=columns).to_pylist())
-    except (pa.ArrowException, KeyError) as e:
-        raise ToolError(f"{root / 'data' / 'evaluate_text'}: not evaluate-text's episodes "
+        return held_out(read_rows(path, columns))
+    except (CurioError, ArrowException, KeyError) as e:
+        raise ToolError(f"{path}: not evaluate-text's episodes "
                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
