@@ -13,6 +13,7 @@ They sit in the top layer, beside the other entry points: the ones that play or 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.errors import CurioError
 
@@ -22,3 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 class ToolError(CurioError):
     """Bad input to a tool (an option, a dataset, a checkout): one line, exit 2."""
+
+
+def require_val_split(params: Any) -> None:
+    """A choice is made on the val split: refuse, in one line, params without one (``games.val_fraction`` 0,
+    params.yaml's default)."""
+    if params.games.val_fraction <= 0:
+        raise ToolError("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")

@@ -20,7 +20,7 @@ from pathlib import Path
 from pipeline.core.config import preset_overrides
 from pipeline.params import load_params
 from pipeline.text.play import summarize
-from pipeline.tools import REPO, ToolError
+from pipeline.tools import REPO, ToolError, require_val_split
 
 CANDIDATES = ("game", "rule", "example", "game+free", "rule+free", "example+free")
 
@@ -50,8 +50,7 @@ def choose_format_prompt(preset: str | None, overrides: list[str], k: int, candi
             raise ToolError(f"--candidates: {cand!r} is not FORMAT_PROMPT or FORMAT_PROMPT+free")
         params = load_params(REPO / "params.yaml", [*base, f"policy.format_prompt={prompt}",
                                                     f"policy.free_answers={str(free == 'free').lower()}"])
-        if params.games.val_fraction <= 0:
-            raise ToolError("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")
+        require_val_split(params)
         t0 = time.perf_counter()
         rows = evaluate_policy(params, "base", "val", seed=params.seed, k=k,
                                temperature=params.evaluate_text.temperature)

@@ -27,7 +27,7 @@ from pipeline.core.config import preset_overrides
 from pipeline.core.dag import ancestors, stage_parents
 from pipeline.params import load_params
 from pipeline.text.policies import eval_groups
-from pipeline.tools import REPO, ToolError
+from pipeline.tools import REPO, ToolError, require_val_split
 from pipeline.tools.choose_tiers import score  # success ± s.e. and mean turns on wins, as the tiers were chosen
 
 #: the policy each stage trains
@@ -128,8 +128,7 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
     source = source.resolve()
     results = []
     params = load_params("params.yaml", [*base, f"data_dir={source}"])
-    if params.games.val_fraction <= 0:  # checked before any training: every value is scored on val
-        raise ToolError("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")
+    require_val_split(params)  # checked before any training: every value is scored on val
     groups = eval_groups(params)
     for policy in policies:
         t0 = time.perf_counter()

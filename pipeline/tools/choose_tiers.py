@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.core.config import preset_overrides
 from pipeline.params import load_params
-from pipeline.tools import REPO, ToolError
+from pipeline.tools import REPO, ToolError, require_val_split
 
 CANDIDATES = ("twenty_questions@shown4", "twenty_questions@shown6", "twenty_questions@shown10",
               "guess_my_city@shown4", "guess_my_city@shown6", "guess_my_city@shown10",
@@ -59,8 +59,7 @@ def choose_tiers(preset: str | None, overrides: list[str], k: int, candidates: l
     overrides = (preset_overrides(preset) if preset else []) + overrides
     params = load_params(REPO / "params.yaml", [*overrides, f"games.groups={json.dumps(candidates)}",
                                                 "games.eval_groups=null"])
-    if params.games.val_fraction <= 0:
-        raise ToolError("set games.val_fraction > 0 (preset or -S): the choice is made on the val split")
+    require_val_split(params)
     t0 = time.perf_counter()
     rows = evaluate_policy(params, "base", "val", seed=params.seed, k=k,
                            temperature=params.evaluate_text.temperature, groups=candidates)
