@@ -1,6 +1,7 @@
 """The default DAG as a new user runs it: a fresh clone, the venv build, `make run`; per-stage seconds.
 
     python bench/fresh_clone_run.py [--ref HEAD] [--avx2] [--venv PATH] [--keep DIR] [--budget-min 12] [--side-by-side]
+                                    [--no-warm]
 
 Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
 Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone), runs the default DAG
@@ -10,6 +11,7 @@ build, the headline ``make run`` prints (``dvc metrics show``), the total and th
 instruction set of torch's three kernel libraries at AVX2, as on an AVX2-only machine: ``ATEN_CPU_CAPABILITY=avx2``
 (torch's own kernels), ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN: ``policy.cpu_linear: onednn``, convolutions) and
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (MKL's GEMM, torch's matmul). The clock, caches and memory stay this machine's.
+``--no-warm``: every stage command loads its own libraries (``CURIO_WARM=0``, no warm start: pipeline/stage_server.py).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=12.0)
     ap.add_argument("--side-by-side", action="store_true", help="the DAG's branches at the same time "
                     "(python -m pipeline.run_dvc --side-by-side), not make run's one stage at a time")
+    ap.add_argument("--no-warm", action="store_true", help="no warm start: each stage command loads torch, "
+                    "transformers and Curio itself (CURIO_WARM=0)")
     args = ap.parse_args()
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="curio-bench-run-"))
@@ -83,6 +87,8 @@ def main() -> int:
     env["PYTHONUNBUFFERED"] = "1"  # dvc's "Running stage" lines must arrive when printed: they time the stages
     if args.avx2:
         env.update(AVX2_ENV)
+    if args.no_warm:
+        env["CURIO_WARM"] = "0"
     try:
         subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
         subprocess.run(["git", "checkout", "-q", args.ref], cwd=work, check=True)
@@ -107,7 +113,8 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    mode = "side by side" if args.side_by_side else "one stage at a time"
+    mode = ("side by side" if args.side_by_side else "one stage at a time") + \
+        (", no warm start" if args.no_warm else ", warm start")
     isa = f"AVX2 caps ({AVX2_TEXT})" if args.avx2 else "the CPU's own ISA"
     print(f"commit {commit}  {mode}  {isa}  "
           f"cores {os.cpu_count()}  exit {rc}")

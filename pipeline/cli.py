@@ -27,8 +27,16 @@ from __future__ import annotations
 
 import sys
 
-if sys.argv and sys.argv[0].endswith("/curio"):  # the console command: before the imports below, start over
-    from pipeline.nethack.clock import preload  # with NetHack's clock library preloaded (see _start)
+if sys.argv and sys.argv[0].endswith("/curio"):  # the console command, before the imports below:
+    import os
+
+    from pipeline.core.warm import SOCKET_ENV, delegate, wanted
+
+    if wanted():  # under `make run`: in a copy of the warm start's server, or (declined) here, asking once
+        if (code := delegate()) is not None:
+            sys.exit(code)
+        os.environ.pop(SOCKET_ENV)
+    from pipeline.nethack.clock import preload  # else start over with NetHack's clock library preloaded (_start)
 
     preload()
 

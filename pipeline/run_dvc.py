@@ -18,11 +18,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -30,6 +33,7 @@ import yaml
 from pipeline.core.config import ConfigError
 from pipeline.core.dag import branches, stage_parents
 from pipeline.core.tracking import pipeline_run
+from pipeline.core.warm import ENABLE_ENV, SOCKET_ENV
 from pipeline.params import load_params
 
 _LINE_END = re.compile(rb"[\r\n]")
@@ -162,6 +166,34 @@ def _dvc(args: list[str]) -> int:
     return 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell reports it
 
 
+@contextlib.contextmanager
+def warm_start() -> Iterator[None]:
+    """The warm start's server (pipeline.stage_server) for the stages' ``curio`` commands, while the block runs:
+    unless ``CURIO_WARM=0`` or no stage runs ``curio``."""
+    try:
+        cmds = [spec.get("cmd", "") for spec in yaml.safe_load(Path("dvc.yaml").read_text())["stages"].values()]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):  # DVC says what is wrong with it
+        cmds = []
+    if os.environ.get(ENABLE_ENV, "1") == "0" or not any(str(c).startswith("curio ") for c in cmds):
+        yield
+        return
+    where = tempfile.mkdtemp(prefix="curio-warm-")
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.stage_server", os.path.join(where, "socket")],
+                              stdin=subprocess.DEVNULL)
+    os.environ[SOCKET_ENV] = os.path.join(where, "socket")
+    try:
+        yield
+    finally:
+        os.environ.pop(SOCKET_ENV, None)
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     try:
         params = load_params("params.yaml")
@@ -172,8 +204,9 @@ def main(argv: list[str]) -> int:
 
     if repaired := repair("."):  # a run killed while DVC wrote dvc.lock: `dvc repro` would stop at once
         print(f"curio: {repaired}", file=sys.stderr)
-    with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
-                      artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
+    with warm_start(), \
+            pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
+                         artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
         if argv == ["--side-by-side"]:
             return side_by_side()
         return _dvc(["repro", *argv])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,17 +76,26 @@ def preload() -> None:
     Call it first thing in an entry point: the process starts over, so nothing done before survives. A library
     that is not built is not an error here — :func:`pin` says so when an env is made.
     """
-    if preloaded() or os.environ.get(_REEXEC_ENV) or sys.platform != "linux":
+    if preloaded():
         return
-    library = library_path()
-    if not library.is_file():
+    env = preload_env(os.environ)
+    if env == os.environ:
         return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = " ".join(filter(None, [str(library.resolve()), env.get("LD_PRELOAD")]))
-    env[_REEXEC_ENV] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def preload_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment :func:`preload` starts the process over with (``env`` itself when it would not): the
+    library in ``LD_PRELOAD``, once."""
+    env = dict(env)
+    library = library_path()
+    if env.get(_REEXEC_ENV) or sys.platform != "linux" or not library.is_file():
+        return env
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(library.resolve()), env.get("LD_PRELOAD")]))
+    env[_REEXEC_ENV] = "1"
+    return env
 
 
 def pin(clock: str) -> int:

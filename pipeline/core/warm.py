@@ -1,0 +1,128 @@
+"""A warm start for the commands ``dvc repro`` runs under ``make run``: the client side.
+
+A stage process spends seconds loading torch, transformers and the stage's code before its work starts (5.5 s for a
+training stage on a 2-core machine), and ``make run`` starts nineteen of them. Under ``make run``
+(``pipeline.run_dvc``) one process, :mod:`pipeline.stage_server`, loads all of that once; each ``curio`` command DVC
+runs then asks it for a copy of itself (``fork``) to run the command in, and waits for it. The copy runs with this
+process's arguments, environment, working directory, standard input, output and error, so DVC sees what it would
+have seen: the same output, the same exit code. This process stays the one DVC knows: SIGTERM, SIGINT and SIGHUP
+sent to it go on to the copy (which saves its progress and stops, :mod:`pipeline.core.interrupt`), it exits with the
+copy's exit code, and a SIGKILL of it ends the copy too.
+
+It is used only where it cannot change a result: under ``dvc repro`` (``$DVC_STAGE``), with the server's socket in
+``$CURIO_WARM_SOCKET``, and with the environment the server loaded its libraries in (a variable that differs, other
+than DVC's and the few the server's libraries read only when a stage runs: the server declines, and the command
+loads everything itself, as without the server). ``CURIO_WARM=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+SOCKET_ENV = "CURIO_WARM_SOCKET"
+ENABLE_ENV = "CURIO_WARM"  # "0": run_dvc starts no server, and every command loads its own libraries
+# The copy reports that it runs within this many seconds of the server taking the request (milliseconds, usually);
+# past it the command gives up on the copy and loads everything itself.
+START_TIMEOUT_S = 30.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Declined(Exception):
+    """The server did not run the command (another environment, or it is gone): run it here."""
+
+
+def wanted(env: os._Environ | dict[str, str] = os.environ) -> bool:
+    """Whether this command should ask the server: under ``dvc repro`` with a server to ask."""
+    return bool(env.get(SOCKET_ENV)) and "DVC_STAGE" in env and env.get(ENABLE_ENV, "1") != "0"
+
+
+def _lines(conn: socket.socket):
+    """The server's answers, one JSON object per line, until it closes the connection."""
+    buf = b""
+    while True:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield json.loads(line)
+
+
+def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int | None:
+    """Run ``argv`` (default: this command's) in a copy of the server; its exit code, or None when the server
+    declined or could not be reached (the caller then runs the command itself)."""
+    argv = list(sys.argv if argv is None else argv)
+    env = dict(os.environ if env is None else env)
+    path = env.get(SOCKET_ENV, "")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:  # not started yet (it binds once it has loaded everything), or gone
+        conn.close()
+        return None
+    worker: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object = None) -> None:
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker[0], signum)
+        else:
+            pending.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    code = None
+    try:
+        code = _ask(conn, argv, env, worker, pending, forward)
+        return code
+    finally:
+        conn.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if code is None and pending:  # a stop asked for before anything ran: this process stops instead
+            os.kill(os.getpid(), pending[0])
+
+
+def _ask(conn: socket.socket, argv: list[str], env: dict[str, str], worker: list[int], pending: list[int],
+         forward: Callable[[int], None]) -> int | None:
+    """Send the request; the copy's exit code, or None when the command should run here."""
+    from pipeline.core.interrupt import stop_when_launcher_dies
+
+    stop_when_launcher_dies()  # DVC killed: SIGTERM here, passed on to the copy (as `curio stage` does itself)
+    request = {"argv": argv, "env": env, "cwd": os.getcwd(), "prefix": sys.prefix}
+    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    conn.settimeout(START_TIMEOUT_S)
+    started = False
+    try:
+        for answer in _lines(conn):
+            if "declined" in answer:
+                print(f"curio: the warm start declined ({answer['declined']}); loading everything here",
+                      file=sys.stderr, flush=True)
+                return None
+            if "pid" in answer:
+                worker.append(answer["pid"])
+                for signum in pending:
+                    forward(signum)
+            if answer.get("started"):
+                started = True
+                conn.settimeout(None)  # from now on the command's own time
+            if "code" in answer:
+                return int(answer["code"])
+    except TimeoutError:
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker[0], signal.SIGKILL)
+        print(f"curio: the warm start did not start in {START_TIMEOUT_S:.0f} s; loading everything here",
+              file=sys.stderr, flush=True)
+        return None
+    if not started:  # the server went away before running anything
+        return None
+    print("curio: the warm start server ended without the command's exit code", file=sys.stderr, flush=True)
+    return 1

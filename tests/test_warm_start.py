@@ -1,0 +1,177 @@
+"""The warm start under `make run` (pipeline/stage_server.py, pipeline/core/warm.py): a `curio` command DVC runs
+runs in a copy of one process that has loaded torch, transformers and Curio once, with the same output, exit code,
+working directory and signals as when it loads them itself; a request from another environment is declined and
+runs itself; a SIGKILL of the command leaves nothing running; `python -m pipeline.run_dvc` starts and stops the
+server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_locks  # noqa: E402
+
+project = test_locks.project  # the fixture: a small rollout for annotate-text, tracking off
+
+REPO = Path(__file__).resolve().parents[1]
+CURIO = str(Path(sys.executable).parent / "curio")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """One environment for the server and its commands (PYTHONPATH: this checkout, whatever the venv points to)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest changes it per phase
+    return {**inherited, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "CURIO_WAIT": "", "CURIO_WARM_VERBOSE": "1",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A running server; (socket path, its stderr file)."""
+    path, log = tmp_path / "warm.sock", tmp_path / "server.err"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.stage_server", str(path)], env=base_env(),
+                                stderr=err, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not path.exists():
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, "the server never bound its socket"
+        time.sleep(0.2)
+    yield path, log
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def warm(path: Path, **extra: str) -> dict[str, str]:
+    return base_env(DVC_STAGE="test", CURIO_WARM_SOCKET=str(path), **extra)
+
+
+def copies(server_log: Path) -> list[int]:
+    """The pids the server says it ran commands in."""
+    return [int(line.rsplit("pid ", 1)[1].rstrip(")")) for line in server_log.read_text().splitlines()
+            if "runs in a copy" in line]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_command_runs_in_a_copy_with_its_output_and_exit_code(server, tmp_path):
+    path, log = server
+    direct = subprocess.run([CURIO, "params", "-S", "seed=7"], env=base_env(), capture_output=True, text=True)
+    copied = subprocess.run([CURIO, "params", "-S", "seed=7"], env=warm(path), capture_output=True, text=True)
+    assert copied.returncode == direct.returncode == 0, copied.stderr
+    assert copied.stdout == direct.stdout and '"seed": 7' in copied.stdout
+    assert copied.stderr == ""
+    assert len(copies(log)) == 1
+
+    bad = subprocess.run([CURIO, "stage", "nope"], env=warm(path), capture_output=True, text=True, cwd=REPO)
+    direct_bad = subprocess.run([CURIO, "stage", "nope"], env=base_env(), capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == direct_bad.returncode == 2
+    assert bad.stderr == direct_bad.stderr and bad.stderr.startswith("curio: unknown stage 'nope'")
+    assert len(copies(log)) == 2
+
+
+def test_the_copy_runs_in_the_commands_directory(server, tmp_path):
+    path, log = server
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seed"] = 11
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))  # another checkout's params, read from the cwd
+    res = subprocess.run([CURIO, "params"], env=warm(path), capture_output=True, text=True, cwd=tmp_path)
+    direct = subprocess.run([CURIO, "params"], env=base_env(), capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == direct.returncode == 0, (res.stderr, direct.stderr)
+    assert res.stdout == direct.stdout and '"seed": 11' in res.stdout
+    assert len(copies(log)) == 1
+
+
+def test_a_request_from_another_environment_is_declined_and_runs_itself(server):
+    path, log = server
+    res = subprocess.run([CURIO, "params", "-S", "seed=3"], env=warm(path, OMP_NUM_THREADS="3"), capture_output=True,
+                         text=True, cwd=REPO)
+    assert res.returncode == 0 and '"seed": 3' in res.stdout
+    assert res.stderr.splitlines() == [
+        "curio: the warm start declined ($OMP_NUM_THREADS differs from the server's); loading everything here"]
+    assert copies(log) == []
+
+
+def test_a_command_started_before_the_server_is_ready_runs_itself(tmp_path):
+    res = subprocess.run([CURIO, "params", "-S", "seed=5"], env=warm(tmp_path / "not-yet.sock"), capture_output=True,
+                         text=True, cwd=REPO)
+    assert res.returncode == 0 and '"seed": 5' in res.stdout and res.stderr == ""
+
+
+def test_sigterm_reaches_the_copy_and_a_sigkill_leaves_nothing_running(server, project):
+    """A stage waiting for a lock another run holds (a real `curio stage annotate-text`): SIGTERM to the command
+    stops the copy (exit 143, as without the server); SIGKILL of the command kills the copy."""
+    path, log = server
+    env = warm(path)
+    holder = test_locks.start_holder(project)  # a real stage that holds its outputs' lock
+    try:
+        for sig, expected in ((signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)):
+            before = len(copies(log))
+            cmd = subprocess.Popen([CURIO, "stage", "annotate-text", "--wait", "-S", "runner.grace_s=5"], cwd=project,
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.time() + 120
+            while len(copies(log)) == before:
+                assert cmd.poll() is None, cmd.communicate()
+                assert time.time() < deadline, "the command never reached the server"
+                time.sleep(0.1)
+            copy = copies(log)[-1]
+            time.sleep(2)  # it waits for the holder's lock
+            assert alive(copy) and cmd.poll() is None
+            assert os.readlink(f"/proc/{copy}/cwd") == str(project)
+            cmd.send_signal(sig)
+            rc = cmd.wait(timeout=60)
+            _, err = cmd.communicate()
+            assert rc == expected, err
+            if sig == signal.SIGTERM:
+                assert "waiting for" in err and "stopped by SIGTERM" in err, err
+            deadline = time.time() + 10
+            while alive(copy):
+                assert time.time() < deadline, f"the copy {copy} outlived its command"
+                time.sleep(0.1)
+    finally:
+        (project / "release").touch()
+        holder.wait(timeout=600)
+
+
+def test_make_run_serves_the_stages_curio_commands(tmp_path):
+    """`python -m pipeline.run_dvc`: the server starts, DVC's `curio` command runs in a copy, the server stops."""
+    stages = {
+        "ready": {"cmd": "python ready.py && touch out/ready", "outs": ["out/ready"]},  # the server has loaded
+        "params": {"cmd": "curio params -S seed=9 > out/params.json", "deps": ["out/ready"],
+                   "outs": ["out/params.json"]},
+    }
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "ready.py").write_text("import os, time\nwhile not os.path.exists(os.environ['CURIO_WARM_SOCKET']):\n"
+                                       "    time.sleep(0.1)\n")
+    env = base_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env=env)
+    res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "curio: warm start: `curio params -S seed=9` runs in a copy" in res.stderr, res.stderr
+    assert '"seed": 9' in (tmp_path / "out/params.json").read_text()
+    leftover = subprocess.run(["pgrep", "-f", "pipeline.stage_server"], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in leftover if Path(f"/proc/{pid}/cwd").exists()
+                and os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)]
+    off = subprocess.run([sys.executable, "-m", "pipeline.run_dvc", "-f", "-s", "params"], cwd=tmp_path,
+                         env={**env, "CURIO_WARM": "0"}, capture_output=True, text=True, timeout=600)
+    assert off.returncode == 0 and "warm start" not in off.stderr, off.stderr
+    assert '"seed": 9' in (tmp_path / "out/params.json").read_text()
