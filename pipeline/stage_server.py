@@ -112,7 +112,7 @@ class Server:
         """Why the request cannot run in a copy, or None."""
         from pipeline.nethack.clock import preload_env
 
-        if request.get("prefix") != sys.prefix:
+        if os.path.realpath(request.get("prefix", "")) != os.path.realpath(sys.prefix):
             return f"another Python environment ({request.get('prefix')})"
         env = preload_env(request["env"])
         for name in sorted(set(env) | set(self.environ)):
