@@ -204,9 +204,9 @@ def main(argv: list[str]) -> int:
 
     if repaired := repair("."):  # a run killed while DVC wrote dvc.lock: `dvc repro` would stop at once
         print(f"curio: {repaired}", file=sys.stderr)
-    with warm_start(), \
-            pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
-                         artifact_root=params.tracking.artifact_root, uri=params.tracking.uri):
+    # the server starts in the environment DVC's commands get, the pipeline run's included
+    with pipeline_run("dvc-repro", experiment=params.tracking.experiment, enabled=params.tracking.enabled,
+                      artifact_root=params.tracking.artifact_root, uri=params.tracking.uri), warm_start():
         if argv == ["--side-by-side"]:
             return side_by_side()
         return _dvc(["repro", *argv])

@@ -48,10 +48,8 @@ VERBOSE_ENV = "CURIO_WARM_VERBOSE"  # "1": the server says when it is ready, and
 PRELOAD = ("torch", "transformers", "transformers.trainer", "trl")
 # Curio's modules that are not loaded: Prefect's flows (not run under dvc repro) and this module.
 SKIP = ("pipeline.flows", "pipeline.flow_workspace", "pipeline.stage_server")
-# Variables a request may differ in: DVC's own (DVC_STAGE, DVC_ROOT, ...), the shell's, and the ones Curio reads
-# only while a command runs (the MLflow run to nest under, the tracking service), never while loading.
-PER_COMMAND = ("PWD", "OLDPWD", "SHLVL", "_", "CURIO_PARENT_RUN_ID", "CURIO_TRACKING_SOCKET",
-               "CURIO_TRACKING_SERVICE_KEY", SOCKET_ENV, VERBOSE_ENV)
+# Variables a request may differ in: DVC's own (DVC_STAGE, DVC_ROOT, ...), the shell's and the warm start's.
+PER_COMMAND = ("PWD", "OLDPWD", "SHLVL", "_", SOCKET_ENV, VERBOSE_ENV)
 
 
 def _per_command(name: str) -> bool:
