@@ -26,6 +26,7 @@ as they do for torch's DataLoader workers.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -84,6 +85,7 @@ class Server:
         """Load everything, then bind and listen; None when it cannot serve (a Python thread was started)."""
         load()
         self.added = {k: v for k, v in os.environ.items() if self.environ.get(k) != v}
+        gc.freeze()  # what is loaded stays out of the copies' garbage collections (which would also copy its pages)
         if threading.active_count() != 1:
             names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
             print(f"curio: the warm start serves nothing: loading started Python threads ({names})", file=sys.stderr)
