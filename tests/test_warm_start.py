@@ -175,3 +175,56 @@ def test_make_run_serves_the_stages_curio_commands(tmp_path):
                          env={**env, "CURIO_WARM": "0"}, capture_output=True, text=True, timeout=600)
     assert off.returncode == 0 and "warm start" not in off.stderr, off.stderr
     assert '"seed": 9' in (tmp_path / "out/params.json").read_text()
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes of session ``sid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                members.append(int(entry.name))
+    return members
+
+
+def test_sigterm_to_make_run_stops_the_stage_in_its_copy_and_leaves_nothing_running(project):
+    """`kill MAKE_RUN_PID`: make run passes SIGTERM to DVC, which dies of it; the stage's command gets SIGTERM when
+    DVC dies and passes it to its copy, which stops as a stage does (exit 143, its line); the server ends with make
+    run, and nothing of the run is left."""
+    stages = {
+        "ready": {"cmd": "python ready.py && touch ready", "outs": ["ready"]},
+        "annotate": {"cmd": "curio stage annotate-text --wait -S runner.grace_s=5", "deps": ["ready"]},
+    }
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    (project / "ready.py").write_text("import os, time\nwhile not os.path.exists(os.environ['CURIO_WARM_SOCKET']):\n"
+                                      "    time.sleep(0.1)\n")
+    env = base_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=project, check=True, capture_output=True, env=env)
+    holder = test_locks.start_holder(project)  # annotate-text's outputs are being written: the stage waits
+    err = project / "make-run.err"
+    try:
+        with open(err, "w") as f:
+            run = subprocess.Popen([sys.executable, "-m", "pipeline.run_dvc"], cwd=project, env=env, stderr=f,
+                                   stdout=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 300
+        while not copies(err) or "waiting for" not in err.read_text():
+            assert run.poll() is None, err.read_text()
+            assert time.time() < deadline, err.read_text()
+            time.sleep(0.2)
+        copy = copies(err)[-1]
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        deadline = time.time() + 60
+        while session_members(run.pid):
+            assert time.time() < deadline, f"left running: {session_members(run.pid)}"
+            time.sleep(0.2)
+        assert not alive(copy)
+        assert "curio: stopped by SIGTERM: annotate-text resumes at" in err.read_text(), err.read_text()
+    finally:
+        (project / "release").touch()
+        holder.wait(timeout=600)
