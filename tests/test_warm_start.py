@@ -232,3 +232,13 @@ def test_sigterm_to_make_run_stops_the_stage_in_its_copy_and_leaves_nothing_runn
     finally:
         (project / "release").touch()
         holder.wait(timeout=600)
+
+
+def test_a_command_with_a_closed_standard_stream_runs_itself(server):
+    """Nothing to pass for a closed stdin: the command loads everything itself, with the same result."""
+    path, log = server
+    before = len(copies(log))
+    res = subprocess.run([CURIO, "params", "-S", "seed=6"], env=warm(path), capture_output=True, text=True,
+                         cwd=REPO, preexec_fn=lambda: os.close(0))
+    assert res.returncode == 0 and '"seed": 6' in res.stdout, res.stderr
+    assert len(copies(log)) == before

@@ -1,7 +1,7 @@
 """A warm start for the commands ``dvc repro`` runs under ``make run``: the client side.
 
-A stage process spends seconds loading torch, transformers and the stage's code before its work starts (5.5 s for a
-training stage on a 2-core machine), and ``make run`` starts nineteen of them. Under ``make run``
+A stage process spends seconds loading torch, transformers and the stage's code before its work starts (about 6 s
+for a training stage on a 2-core machine), and ``make run`` starts nineteen of them. Under ``make run``
 (``pipeline.run_dvc``) one process, :mod:`pipeline.stage_server`, loads all of that once; each ``curio`` command DVC
 runs then asks it for a copy of itself (``fork``) to run the command in, and waits for it. The copy runs with this
 process's arguments, environment, working directory, standard input, output and error, so DVC sees what it would
@@ -61,6 +61,11 @@ def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -
     argv = list(sys.argv if argv is None else argv)
     env = dict(os.environ if env is None else env)
     path = env.get(SOCKET_ENV, "")
+    try:  # before the socket, which would take a closed stream's number
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:  # a standard stream closed: nothing to pass for it
+        return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
@@ -97,7 +102,10 @@ def _ask(conn: socket.socket, argv: list[str], env: dict[str, str], worker: list
 
     stop_when_launcher_dies()  # DVC killed: SIGTERM here, passed on to the copy (as `curio stage` does itself)
     request = {"argv": argv, "env": env, "cwd": os.getcwd(), "prefix": sys.prefix}
-    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    try:
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    except OSError:  # the server gone
+        return None
     conn.settimeout(START_TIMEOUT_S)
     started = False
     try:
