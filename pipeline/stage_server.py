@@ -41,6 +41,7 @@ import time
 
 from pipeline.core.interrupt import signal_on_parent_death
 from pipeline.core.warm import FORWARDED, SOCKET_ENV
+from pipeline.nethack.clock import preload, preload_env
 
 VERBOSE_ENV = "CURIO_WARM_VERBOSE"  # "1": the server says when it is ready, and how long loading took
 
@@ -80,10 +81,11 @@ class Server:
         self.path = path
         self.environ = dict(os.environ)  # what the libraries loaded with (after NetHack's clock re-execution)
         self.added: dict[str, str] = {}
+        self.failed: list[str] = []
 
     def ready(self) -> socket.socket | None:
         """Load everything, then bind and listen; None when it cannot serve (a Python thread was started)."""
-        load()
+        self.failed = load()
         self.added = {k: v for k, v in os.environ.items() if self.environ.get(k) != v}
         gc.freeze()  # what is loaded stays out of the copies' garbage collections (which would also copy its pages)
         if threading.active_count() != 1:
@@ -110,8 +112,6 @@ class Server:
 
     def _declined(self, request: dict) -> str | None:
         """Why the request cannot run in a copy, or None."""
-        from pipeline.nethack.clock import preload_env
-
         if os.path.realpath(request.get("prefix", "")) != os.path.realpath(sys.prefix):
             return f"another Python environment ({request.get('prefix')})"
         env = preload_env(request["env"])
@@ -163,8 +163,6 @@ class Server:
 
     def become(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
         """The copy: take the command's streams, directory, environment and arguments."""
-        from pipeline.nethack.clock import preload_env
-
         signal_on_parent_death(signal.SIGKILL)
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)
@@ -188,8 +186,6 @@ class Server:
 
 
 def main(argv: list[str]) -> None:
-    from pipeline.nethack.clock import preload
-
     preload()  # NetHack's clock library, as `curio` loads it (the process starts over once)
     signal_on_parent_death(signal.SIGTERM)
     if os.getppid() == 1:  # make run's process died before this line
@@ -201,10 +197,11 @@ def main(argv: list[str]) -> None:
     if listener is None:
         return
     if os.environ.get(VERBOSE_ENV):
-        print(f"curio: warm start ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        missing = f" (not loaded: {', '.join(server.failed)})" if server.failed else ""
+        print(f"curio: warm start ready in {time.perf_counter() - t0:.1f} s{missing}", file=sys.stderr, flush=True)
     conn, request, fds = server.serve(listener)
     server.become(conn, request, fds)
-    from pipeline.cli import app
+    from pipeline.cli import app  # loaded already (by Server.ready): here only the name
 
     app(prog_name="curio")
 

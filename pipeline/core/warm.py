@@ -25,6 +25,8 @@ import socket
 import sys
 from collections.abc import Callable
 
+from pipeline.core.interrupt import stop_when_launcher_dies
+
 SOCKET_ENV = "CURIO_WARM_SOCKET"
 ENABLE_ENV = "CURIO_WARM"  # "0": run_dvc starts no server, and every command loads its own libraries
 # The copy reports that it runs within this many seconds of the server taking the request (milliseconds, usually);
@@ -98,8 +100,6 @@ def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -
 def _ask(conn: socket.socket, argv: list[str], env: dict[str, str], worker: list[int], pending: list[int],
          forward: Callable[[int], None]) -> int | None:
     """Send the request; the copy's exit code, or None when the command should run here."""
-    from pipeline.core.interrupt import stop_when_launcher_dies
-
     stop_when_launcher_dies()  # DVC killed: SIGTERM here, passed on to the copy (as `curio stage` does itself)
     request = {"argv": argv, "env": env, "cwd": os.getcwd(), "prefix": sys.prefix}
     try:
