@@ -26,12 +26,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import yaml
 
 from pipeline.core.config import ConfigError
-from pipeline.core.dag import branches, stage_parents
+from pipeline.core.dag import branches, commands, stage_parents
 from pipeline.core.tracking import pipeline_run
 from pipeline.core.warm import ENABLE_ENV, SOCKET_ENV
 from pipeline.params import load_params
@@ -120,7 +119,7 @@ def side_by_side() -> int:
     flagged = _dvc_status() if len(parallel) > 1 else None
     if flagged is None:  # one branch, or DVC cannot tell what changed: it reports why itself
         return subprocess.call(["dvc", "repro"])
-    cmds = {name: spec["cmd"] for name, spec in yaml.safe_load(Path("dvc.yaml").read_text())["stages"].items()}
+    cmds = commands()
     parents = stage_parents()
     main, *side = parallel
     threads = [Branch(b, set(flagged), cmds, parents) for b in side]
@@ -171,7 +170,7 @@ def warm_start() -> Iterator[None]:
     """The warm start's server (pipeline.stage_server) for the stages' ``curio`` commands, while the block runs:
     unless ``CURIO_WARM=0`` or no stage runs ``curio``."""
     try:
-        cmds = [spec.get("cmd", "") for spec in yaml.safe_load(Path("dvc.yaml").read_text())["stages"].values()]
+        cmds = list(commands().values())
     except (OSError, KeyError, TypeError, yaml.YAMLError):  # DVC says what is wrong with it
         cmds = []
     if os.environ.get(ENABLE_ENV, "1") == "0" or not any(str(c).startswith("curio ") for c in cmds):

@@ -11,6 +11,11 @@ def _stages(dvc_yaml: str | Path) -> dict:
     return yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
 
 
+def commands(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, str]:
+    """Each stage's ``cmd``."""
+    return {name: spec["cmd"] for name, spec in _stages(dvc_yaml).items()}
+
+
 def stage_parents(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, set[str]]:
     """Each stage's direct parents: the stages owning an out that is one of its deps."""
     stages = _stages(dvc_yaml)

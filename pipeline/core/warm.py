@@ -11,8 +11,8 @@ copy's exit code, and a SIGKILL of it ends the copy too.
 
 It is used only where it cannot change a result: under ``dvc repro`` (``$DVC_STAGE``), with the server's socket in
 ``$CURIO_WARM_SOCKET``, and with the environment the server loaded its libraries in (a variable that differs, other
-than DVC's and the few the server's libraries read only when a stage runs: the server declines, and the command
-loads everything itself, as without the server). ``CURIO_WARM=0`` turns it off.
+than DVC's, the shell's and the warm start's own: the server declines, and the command loads everything itself, as
+without the server). ``CURIO_WARM=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -35,13 +35,9 @@ START_TIMEOUT_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class Declined(Exception):
-    """The server did not run the command (another environment, or it is gone): run it here."""
-
-
-def wanted(env: os._Environ | dict[str, str] = os.environ) -> bool:
+def wanted() -> bool:
     """Whether this command should ask the server: under ``dvc repro`` with a server to ask."""
-    return bool(env.get(SOCKET_ENV)) and "DVC_STAGE" in env and env.get(ENABLE_ENV, "1") != "0"
+    return bool(os.environ.get(SOCKET_ENV)) and "DVC_STAGE" in os.environ and os.environ.get(ENABLE_ENV, "1") != "0"
 
 
 def _lines(conn: socket.socket):
@@ -57,12 +53,9 @@ def _lines(conn: socket.socket):
             yield json.loads(line)
 
 
-def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int | None:
-    """Run ``argv`` (default: this command's) in a copy of the server; its exit code, or None when the server
-    declined or could not be reached (the caller then runs the command itself)."""
-    argv = list(sys.argv if argv is None else argv)
-    env = dict(os.environ if env is None else env)
-    path = env.get(SOCKET_ENV, "")
+def delegate() -> int | None:
+    """Run this command in a copy of the server; its exit code, or None when the server declined or could not be
+    reached (the caller then runs the command itself)."""
     try:  # before the socket, which would take a closed stream's number
         for fd in (0, 1, 2):
             os.fstat(fd)
@@ -70,7 +63,7 @@ def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(path)
+        conn.connect(os.environ[SOCKET_ENV])
     except OSError:  # not started yet (it binds once it has loaded everything), or gone
         conn.close()
         return None
@@ -87,7 +80,7 @@ def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     code = None
     try:
-        code = _ask(conn, argv, env, worker, pending, forward)
+        code = _ask(conn, worker, pending, forward)
         return code
     finally:
         conn.close()
@@ -97,11 +90,10 @@ def delegate(argv: list[str] | None = None, env: dict[str, str] | None = None) -
             os.kill(os.getpid(), pending[0])
 
 
-def _ask(conn: socket.socket, argv: list[str], env: dict[str, str], worker: list[int], pending: list[int],
-         forward: Callable[[int], None]) -> int | None:
+def _ask(conn: socket.socket, worker: list[int], pending: list[int], forward: Callable[[int], None]) -> int | None:
     """Send the request; the copy's exit code, or None when the command should run here."""
     stop_when_launcher_dies()  # DVC killed: SIGTERM here, passed on to the copy (as `curio stage` does itself)
-    request = {"argv": argv, "env": env, "cwd": os.getcwd(), "prefix": sys.prefix}
+    request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "prefix": sys.prefix}
     try:
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
     except OSError:  # the server gone
