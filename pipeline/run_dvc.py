@@ -32,7 +32,7 @@ import yaml
 from pipeline.core.config import ConfigError
 from pipeline.core.dag import branches, commands, stage_parents
 from pipeline.core.tracking import pipeline_run
-from pipeline.core.warm import ENABLE_ENV, SOCKET_ENV
+from pipeline.core.warm import ENABLE_ENV, SOCKET_ENV, start_server
 from pipeline.params import load_params
 
 _LINE_END = re.compile(rb"[\r\n]")
@@ -177,8 +177,7 @@ def warm_start() -> Iterator[None]:
         yield
         return
     where = tempfile.mkdtemp(prefix="curio-warm-")
-    server = subprocess.Popen([sys.executable, "-m", "pipeline.stage_server", os.path.join(where, "socket")],
-                              stdin=subprocess.DEVNULL)
+    server = start_server(os.path.join(where, "socket"), stdin=subprocess.DEVNULL)
     os.environ[SOCKET_ENV] = os.path.join(where, "socket")
     try:
         yield

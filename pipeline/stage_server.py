@@ -1,15 +1,17 @@
 """The warm start's server: torch, transformers, TRL and Curio's code loaded once, a copy per command DVC runs.
 
-    python -m pipeline.stage_server SOCKET      # pipeline.run_dvc starts it under `make run`
+    python -m pipeline.stage_server SOCKET [--loading-fd FD]   # pipeline.run_dvc starts it under `make run`
 
 It loads what the stages load (:data:`PRELOAD`, every module of ``pipeline`` and ``stages``), then listens on the
-Unix socket ``SOCKET``, bound only once everything is loaded: a command that starts before that loads its own
-libraries, as without the server. For each request (a ``curio`` command under ``dvc repro``,
-:mod:`pipeline.core.warm`) it forks a *manager*, which forks the *copy* that runs the command and reports the copy's
-exit code back. The copy takes the command's standard input, output and error (passed over the socket), working
-directory, arguments and environment, and runs ``curio`` (``pipeline.cli``) as the command would have; the libraries
-it would have loaded are loaded already, with the same environment: a request whose environment differs in
-anything the libraries may read while loading is declined (:data:`PER_COMMAND` lists what may differ).
+Unix socket ``SOCKET``, bound only once everything is loaded. Until then it holds the lock on ``FD``
+(:func:`pipeline.core.warm.start_server` takes it for it), and a command that starts meanwhile waits for the socket;
+it loads its own libraries, as without the server, when the server dies first. For each request (a ``curio`` command
+under ``dvc repro``, :mod:`pipeline.core.warm`) it forks a *manager*, which forks the *copy* that runs the command
+and reports the copy's exit code back. The copy takes the command's standard input, output and error (passed over
+the socket), working directory, arguments and environment, and runs ``curio`` (``pipeline.cli``) as the command
+would have; the libraries it would have loaded are loaded already, with the same environment: a request whose
+environment differs in anything the libraries may read while loading is declined (:data:`PER_COMMAND` lists what may
+differ).
 
 Processes, for ``ps`` and for signals:
 - the server ignores SIGINT (``make run``'s process stops it) and dies of SIGTERM or of its parent's death;
@@ -187,6 +189,9 @@ class Server:
 
 def main(argv: list[str]) -> None:
     preload()  # NetHack's clock library, as `curio` loads it (the process starts over once)
+    loading = int(argv[2]) if argv[1:2] == ["--loading-fd"] else None  # held (flock) until the socket is bound
+    if loading is not None:
+        os.set_inheritable(loading, False)  # no process started while loading keeps the lock
     signal_on_parent_death(signal.SIGTERM)
     if os.getppid() == 1:  # make run's process died before this line
         return
@@ -194,6 +199,8 @@ def main(argv: list[str]) -> None:
     t0 = time.perf_counter()
     server = Server(argv[0])
     listener = server.ready()
+    if loading is not None:
+        os.close(loading)  # the commands waiting connect now (or, with no socket, load their own libraries)
     if listener is None:
         return
     if os.environ.get(VERBOSE_ENV):

@@ -6,6 +6,7 @@ server."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_locks  # noqa: E402
+
+from pipeline.core import warm as warm_client  # noqa: E402
 
 project = test_locks.project  # the fixture: a small rollout for annotate-text, tracking off
 
@@ -109,10 +112,43 @@ def test_a_request_from_another_environment_is_declined_and_runs_itself(server):
     assert len(copies(log)) == before
 
 
-def test_a_command_started_before_the_server_is_ready_runs_itself(tmp_path):
-    res = subprocess.run([CURIO, "params", "-S", "seed=5"], env=warm(tmp_path / "not-yet.sock"), capture_output=True,
+def test_a_command_with_no_server_started_runs_itself(tmp_path):
+    res = subprocess.run([CURIO, "params", "-S", "seed=5"], env=warm(tmp_path / "none.sock"), capture_output=True,
                          text=True, cwd=REPO)
     assert res.returncode == 0 and '"seed": 5' in res.stdout and res.stderr == ""
+
+
+def test_a_command_waits_for_a_loading_server_and_runs_itself_if_it_dies(tmp_path):
+    """The loading lock held (a server loading) and no socket: the command waits; let go with no socket (the server
+    died while loading): it runs itself, as without a server."""
+    path = tmp_path / "dies.sock"
+    fd = os.open(warm_client.loading_lock(str(path)), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        cmd = subprocess.Popen([CURIO, "params", "-S", "seed=4"], env=warm(path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO)
+        time.sleep(3)  # far longer than the command alone takes to start
+        assert cmd.poll() is None, cmd.communicate()
+    finally:
+        os.close(fd)
+    out, err = cmd.communicate(timeout=120)
+    assert cmd.returncode == 0 and '"seed": 4' in out and err == ""
+
+
+def test_a_command_started_while_the_server_loads_runs_in_a_copy(tmp_path):
+    """`start_server` as run_dvc calls it, and a command at once: it waits for the socket and runs in a copy."""
+    path, log = tmp_path / "warm.sock", tmp_path / "server.err"
+    with open(log, "w") as err:
+        proc = warm_client.start_server(str(path), env=base_env(), stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        assert not path.exists()  # it takes seconds to load
+        res = subprocess.run([CURIO, "params", "-S", "seed=8"], env=warm(path), capture_output=True, text=True,
+                             cwd=REPO, timeout=300)
+        assert res.returncode == 0 and '"seed": 8' in res.stdout and res.stderr == "", res.stderr
+        assert len(copies(log)) == 1, log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_sigterm_reaches_the_copy_and_a_sigkill_leaves_nothing_running(server, project):
@@ -151,19 +187,14 @@ def test_sigterm_reaches_the_copy_and_a_sigkill_leaves_nothing_running(server, p
 
 
 def test_make_run_serves_the_stages_curio_commands(tmp_path):
-    """`python -m pipeline.run_dvc`: the server starts, DVC's `curio` command runs in a copy, the server stops."""
-    stages = {
-        "ready": {"cmd": "python ready.py && touch out/ready", "outs": ["out/ready"]},  # the server has loaded
-        "params": {"cmd": "curio params -S seed=9 > out/params.json", "deps": ["out/ready"],
-                   "outs": ["out/params.json"]},
-    }
+    """`python -m pipeline.run_dvc`: the server starts, DVC's `curio` command (started while the server loads) runs
+    in a copy, the server stops."""
+    stages = {"params": {"cmd": "curio params -S seed=9 > out/params.json", "outs": ["out/params.json"]}}
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     (tmp_path / "out").mkdir()
-    (tmp_path / "ready.py").write_text("import os, time\nwhile not os.path.exists(os.environ['CURIO_WARM_SOCKET']):\n"
-                                       "    time.sleep(0.1)\n")
     env = base_env()
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env=env)
@@ -199,13 +230,8 @@ def test_sigterm_to_make_run_stops_the_stage_in_its_copy_and_leaves_nothing_runn
     """`kill MAKE_RUN_PID`: make run passes SIGTERM to DVC, which dies of it; the stage's command gets SIGTERM when
     DVC dies and passes it to its copy, which stops as a stage does (exit 143, its line); the server ends with make
     run, and nothing of the run is left."""
-    stages = {
-        "ready": {"cmd": "python ready.py && touch ready", "outs": ["ready"]},
-        "annotate": {"cmd": "curio stage annotate-text --wait -S runner.grace_s=5", "deps": ["ready"]},
-    }
+    stages = {"annotate": {"cmd": "curio stage annotate-text --wait -S runner.grace_s=5"}}
     (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    (project / "ready.py").write_text("import os, time\nwhile not os.path.exists(os.environ['CURIO_WARM_SOCKET']):\n"
-                                      "    time.sleep(0.1)\n")
     env = base_env()
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         subprocess.run(cmd, cwd=project, check=True, capture_output=True, env=env)

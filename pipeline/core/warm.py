@@ -5,9 +5,11 @@ for a training stage on a 2-core machine), and ``make run`` starts nineteen of t
 (``pipeline.run_dvc``) one process, :mod:`pipeline.stage_server`, loads all of that once; each ``curio`` command DVC
 runs then asks it for a copy of itself (``fork``) to run the command in, and waits for it. The copy runs with this
 process's arguments, environment, working directory, standard input, output and error, so DVC sees what it would
-have seen: the same output, the same exit code. This process stays the one DVC knows: SIGTERM, SIGINT and SIGHUP
-sent to it go on to the copy (which saves its progress and stops, :mod:`pipeline.core.interrupt`), it exits with the
-copy's exit code, and a SIGKILL of it ends the copy too.
+have seen: the same output, the same exit code. A command that starts while the server is still loading (the first
+stages of a run, the stage a resumed run starts with) waits for it, as it would otherwise spend the same seconds
+loading the same libraries itself, beside the server, on the same cores. This process stays the one DVC knows:
+SIGTERM, SIGINT and SIGHUP sent to it go on to the copy (which saves its progress and stops,
+:mod:`pipeline.core.interrupt`), it exits with the copy's exit code, and a SIGKILL of it ends the copy too.
 
 It is used only where it cannot change a result: under ``dvc repro`` (``$DVC_STAGE``), with the server's socket in
 ``$CURIO_WARM_SOCKET``, and with the environment the server loaded its libraries in (a variable that differs, other
@@ -18,11 +20,14 @@ without the server). ``CURIO_WARM=0`` turns it off.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from pipeline.core.interrupt import stop_when_launcher_dies
@@ -32,12 +37,53 @@ ENABLE_ENV = "CURIO_WARM"  # "0": run_dvc starts no server, and every command lo
 # The copy reports that it runs within this many seconds of the server taking the request (milliseconds, usually);
 # past it the command gives up on the copy and loads everything itself.
 START_TIMEOUT_S = 30.0
+# A command waits this long at most for a server that is still loading (6-10 s on a 2-core machine), then loads
+# everything itself.
+LOAD_TIMEOUT_S = 120.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def wanted() -> bool:
     """Whether this command should ask the server: under ``dvc repro`` with a server to ask."""
     return bool(os.environ.get(SOCKET_ENV)) and "DVC_STAGE" in os.environ and os.environ.get(ENABLE_ENV, "1") != "0"
+
+
+def loading_lock(path: str) -> str:
+    """The file the server holds locked (``flock``) while it loads, beside its socket ``path``: a command that finds
+    it locked and no socket waits; unlocked (loaded, or the server gone) it connects or runs itself."""
+    return path + ".loading"
+
+
+def start_server(path: str, **popen: object) -> subprocess.Popen:
+    """Start :mod:`pipeline.stage_server` on the socket ``path``, its loading lock taken before it starts (a command
+    that comes a moment later waits for it) and held by the server alone until it has bound its socket or died."""
+    fd = os.open(loading_lock(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return subprocess.Popen([sys.executable, "-m", "pipeline.stage_server", path, "--loading-fd", str(fd)],
+                                pass_fds=(fd,), **popen)
+    finally:
+        os.close(fd)  # the server's copy of it holds the lock now
+
+
+def _wait_for_server(path: str, timeout_s: float = LOAD_TIMEOUT_S) -> bool:
+    """Wait while the server holds its loading lock; whether it let go (bound its socket, or died) in time."""
+    try:
+        fd = os.open(loading_lock(path), os.O_RDONLY)
+    except OSError:  # no server started on this path
+        return True
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.02)
+    finally:
+        os.close(fd)
 
 
 def _lines(conn: socket.socket):
@@ -61,10 +107,16 @@ def delegate() -> int | None:
             os.fstat(fd)
     except OSError:  # a standard stream closed: nothing to pass for it
         return None
+    stop_when_launcher_dies()  # DVC killed: SIGTERM here (passed on to the copy once there is one), as `curio stage`
+    path = os.environ[SOCKET_ENV]
+    if not os.path.exists(path) and not _wait_for_server(path):
+        print(f"curio: the warm start was still loading after {LOAD_TIMEOUT_S:.0f} s; loading everything here",
+              file=sys.stderr, flush=True)
+        return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(os.environ[SOCKET_ENV])
-    except OSError:  # not started yet (it binds once it has loaded everything), or gone
+        conn.connect(path)
+    except OSError:  # the server gone (it binds once it has loaded everything), or none started
         conn.close()
         return None
     worker: list[int] = []
@@ -92,7 +144,6 @@ def delegate() -> int | None:
 
 def _ask(conn: socket.socket, worker: list[int], pending: list[int], forward: Callable[[int], None]) -> int | None:
     """Send the request; the copy's exit code, or None when the command should run here."""
-    stop_when_launcher_dies()  # DVC killed: SIGTERM here, passed on to the copy (as `curio stage` does itself)
     request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "prefix": sys.prefix}
     try:
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
