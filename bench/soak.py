@@ -5,6 +5,7 @@ resume, compared with an uninterrupted run of the same budget.
     python bench/soak.py -n 5 --seed 1          # a quick check
     python bench/soak.py -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
     python bench/soak.py -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
+    python bench/soak.py --make-run             # each run as `make run` runs the DAG: its warm start too
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
@@ -25,6 +26,11 @@ dies: after each interruption the soak also waits for every vLLM server to end (
 
 sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
 valid continuation, not the same bits; the soak says so beside those stages.
+
+``--make-run``: each run (both projects') is `python -m pipeline.run_dvc ARGS`, what `make run` runs, instead of
+`dvc repro ARGS`: the pipeline's MLflow run around `dvc repro`, its own repair of an unreadable dvc.lock (listed at the
+end as the soak's are), and the warm start (pipeline.stage_server and the copies it forks for the stages' commands, in
+the same process group, so each interruption reaches them too and the soak waits for every one of them to end).
 """
 
 from __future__ import annotations
@@ -108,15 +114,22 @@ def project(root: Path, overrides: list[str]) -> Path:
 def environment(root: Path) -> dict[str, str]:
     vllm = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"  # this checkout's `make vllm`
     return {**({"CURIO_VLLM_PYTHON": str(vllm)} if vllm.exists() else {}), **os.environ, "TQDM_DISABLE": "1",
-            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root),
+            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root), "CURIO_WARM_VERBOSE": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
-class Repro:
-    """One `dvc repro` in its own process group; its output lines (all the group's) as they come."""
+DVC_REPRO = ("dvc", "repro")
+MAKE_RUN = (sys.executable, "-m", "pipeline.run_dvc")  # `make run`'s command: `dvc repro ARGS` within it
+IN_COPY = re.compile(r"^curio: warm start: `(.+)` runs in a copy")  # pipeline.stage_server, CURIO_WARM_VERBOSE=1
+REPAIRED = re.compile(r"^curio: (.*dvc\.lock was unreadable.*)")  # make run's repair, at its start
 
-    def __init__(self, root: Path, log, *args: str) -> None:
-        self.proc = subprocess.Popen(["dvc", "repro", *args], cwd=root, env=environment(root), stdout=subprocess.PIPE,
+
+class Repro:
+    """One `dvc repro` (or ``command``: `make run`'s) in its own process group; its output lines (all the group's) as
+    they come."""
+
+    def __init__(self, root: Path, log, *args: str, command: tuple[str, ...] = DVC_REPRO) -> None:
+        self.proc = subprocess.Popen([*command, *args], cwd=root, env=environment(root), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.log = log
@@ -189,12 +202,13 @@ class Interruption:
     stopped_s: float = 0.0  # until every process of the group ended
     stage_exit: int | None = None  # the stage's exit status (SIGTERM)
     line: str = ""
+    in_copy: bool = False  # the stage ran in a warm start's copy (--make-run)
 
 
-def uninterrupted(root: Path, log) -> tuple[dict[str, float], float]:
+def uninterrupted(root: Path, log, command: tuple[str, ...] = DVC_REPRO) -> tuple[dict[str, float], float]:
     """The DAG once; each stage's wall time (from its "Running stage" line to the next) and the total."""
     t0 = time.monotonic()
-    run = Repro(root, log)
+    run = Repro(root, log, command=command)
     durations: dict[str, float] = {}
     current, started = None, t0
     while (line := run.next_line(3600)) is not None:
@@ -234,10 +248,12 @@ def window(duration: float, spent: float) -> float:
 
 
 def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
-         log, repairs: list[str] | None = None) -> tuple[list[Interruption], float, list[str]]:
-    """`dvc repro` until it completes, interrupted as planned; the interruptions, the wall time, problems seen.
-    A dvc.lock left unreadable (DVC killed while it rewrote the file) is repaired as a user would, with `curio
-    repair-lock` (what `make run` does by itself), and noted in ``repairs``."""
+         log, repairs: list[str] | None = None, command: tuple[str, ...] = DVC_REPRO
+         ) -> tuple[list[Interruption], float, list[str]]:
+    """`dvc repro` (or ``command``) until it completes, interrupted as planned; the interruptions, the wall time,
+    problems seen. A dvc.lock left unreadable (DVC killed while it rewrote the file) is repaired as a user would, with
+    `curio repair-lock` (what `make run` does by itself: with ``MAKE_RUN`` its line is read instead), and noted in
+    ``repairs``."""
     done: list[Interruption] = []
     problems: list[str] = []
     carried: list[signal.Signals] = []  # planned on a stage that finished first
@@ -248,15 +264,23 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
     cmds = {name: spec["cmd"] for name, spec in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].items()}
     last, force, forced = list(durations)[-1], False, 0
     while True:
-        run = Repro(root, log, *(("--force", "--single-item", last) if force else ()))
+        run = Repro(root, log, *(("--force", "--single-item", last) if force else ()), command=command)
         force = False
-        current, started, moment, fired = None, 0.0, None, None
+        current, started, moment, fired, in_copy = None, 0.0, None, None, False
         while fired is None:
             line = run.next_line(0.05)
             if line is None:
                 break
             now = time.monotonic()
+            if line and repairs is not None and (m := REPAIRED.match(line)):
+                last_one = done[-1] if done else None
+                repairs.append((f"after {last_one.signal.name} {last_one.stage} at {last_one.after_s:.1f} s: "
+                                if last_one else "") + m[1])
+                print(f"  ! {m[1]}", flush=True)
+            if line and current and (m := IN_COPY.match(line)) and m[1] == cmds[current]:
+                in_copy = True
             if line and (m := STAGE_LINE.match(line)):
+                in_copy = False
                 if current and planned.get(current):
                     carried.extend(planned.pop(current))
                 current, started = m[1], now
@@ -267,7 +291,7 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                     if planned.get(current) else None
             if current and moment is not None and now - started >= moment:
                 sig = planned[current].pop(0)
-                fired = Interruption(sig, current, now - started)
+                fired = Interruption(sig, current, now - started, in_copy=in_copy)
                 spent[current] += fired.after_s
                 stages = {pid: cmd for pid, cmd in run.members().items() if cmds[current] in cmd}
                 os.killpg(run.proc.pid, sig)
@@ -353,8 +377,8 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                                                          if not stages else "(the stage had ended: DVC took its "
                                                          "exit status)"}.get(
                 fired.stage_exit, f"(the stage exited {fired.stage_exit})")
-        print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage} at {fired.after_s:.1f} s: all ended in "
-              f"{fired.stopped_s:.1f} s {what}", flush=True)
+        print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage}{' (in a copy)' if fired.in_copy else ''} "
+              f"at {fired.after_s:.1f} s: all ended in {fired.stopped_s:.1f} s {what}", flush=True)
 
 
 def dataset_rows(root: Path) -> dict[str, int]:
@@ -416,6 +440,8 @@ def main() -> int:
     ap.add_argument("--kill-share", type=float, default=0.5, help="share of SIGKILLs (the rest: SIGTERM)")
     ap.add_argument("-S", "--set", action="append", default=[], help="params override on top of the budget")
     ap.add_argument("--keep", type=Path, help="leave both projects in this directory")
+    ap.add_argument("--make-run", action="store_true",
+                    help="run the DAG as `make run` does (python -m pipeline.run_dvc: its warm start too)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     overrides = [*SMALL, *args.set]
@@ -429,13 +455,15 @@ def main() -> int:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     base = args.keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
     base.mkdir(parents=True, exist_ok=True)
-    print(f"soak: {args.interruptions} interruptions, seed {args.seed}, in {base}", flush=True)
+    command = MAKE_RUN if args.make_run else DVC_REPRO
+    how = "python -m pipeline.run_dvc" if args.make_run else "dvc repro"
+    print(f"soak: {args.interruptions} interruptions, seed {args.seed}, each run `{how}`, in {base}", flush=True)
     try:
         # both runs in the same directory, one after the other: paths written into outputs (a Trainer's saved
         # arguments) are the same
         with open(base / "uninterrupted.log", "w") as log:
             print("uninterrupted run:", flush=True)
-            durations, straight_s = uninterrupted(project(base / "run", overrides), log)
+            durations, straight_s = uninterrupted(project(base / "run", overrides), log, command)
         straight = (base / "run").rename(base / "uninterrupted")
         soaked = project(base / "run", overrides)
         print(f"uninterrupted run: {straight_s:.0f} s; " + ", ".join(f"{s} {d:.0f} s" for s, d in durations.items()),
@@ -444,7 +472,7 @@ def main() -> int:
         print("interrupted run:", flush=True)
         with open(base / "interrupted.log", "w") as log:
             repairs: list[str] = []
-            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs)
+            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs, command)
         lost, differences = compare(straight, soaked)
     finally:
         if args.keep is None:
@@ -458,6 +486,11 @@ def main() -> int:
     print(f"{'stage':<20} {'SIGKILL':>8} {'SIGTERM':>8}")
     for stage in durations:
         print(f"{stage:<20} {by[('SIGKILL', stage)]:>8} {by[('SIGTERM', stage)]:>8}")
+    if args.make_run:
+        copies = Counter(i.signal.name for i in done if i.in_copy)
+        print(f"in a warm start's copy when interrupted: {sum(copies.values())} of {len(done)} "
+              f"({copies['SIGKILL']} SIGKILL, {copies['SIGTERM']} SIGTERM); the others ran in their own process "
+              "(the server was not ready yet, or it was not a `curio` command)")
     terms = [i for i in done if i.signal == signal.SIGTERM]
     if terms:
         exits = Counter(i.stage_exit for i in terms)
