@@ -30,7 +30,9 @@ valid continuation, not the same bits; the soak says so beside those stages.
 ``--make-run``: each run (both projects') is `python -m pipeline.run_dvc ARGS`, what `make run` runs, instead of
 `dvc repro ARGS`: the pipeline's MLflow run around `dvc repro`, its own repair of an unreadable dvc.lock (listed at the
 end as the soak's are), and the warm start (pipeline.stage_server and the copies it forks for the stages' commands, in
-the same process group, so each interruption reaches them too and the soak waits for every one of them to end).
+the same process group, so each interruption reaches them too and the soak waits for every one of them to end). A
+`curio` stage's clock then starts when its copy does: after an interruption the next run's server loads again, and
+the stage it resumes with waits for it (seconds, where most stages of the small budget take one or two).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ def environment(root: Path) -> dict[str, str]:
 DVC_REPRO = ("dvc", "repro")
 MAKE_RUN = (sys.executable, "-m", "pipeline.run_dvc")  # `make run`'s command: `dvc repro ARGS` within it
 IN_COPY = re.compile(r"^curio: warm start: `(.+)` runs in a copy")  # pipeline.stage_server, CURIO_WARM_VERBOSE=1
+NOT_IN_COPY = re.compile(r"^curio: the warm start (declined|was still loading|did not start)")  # pipeline.core.warm
 REPAIRED = re.compile(r"^curio: (.*dvc\.lock was unreadable.*)")  # make run's repair, at its start
 
 
@@ -205,13 +208,21 @@ class Interruption:
     in_copy: bool = False  # the stage ran in a warm start's copy (--make-run)
 
 
+def stage_commands(root: Path) -> dict[str, str]:
+    return {name: spec["cmd"] for name, spec in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].items()}
+
+
 def uninterrupted(root: Path, log, command: tuple[str, ...] = DVC_REPRO) -> tuple[dict[str, float], float]:
-    """The DAG once; each stage's wall time (from its "Running stage" line to the next) and the total."""
+    """The DAG once; each stage's wall time (from its "Running stage" line, or from its warm start's copy starting,
+    to the next stage's line) and the total."""
     t0 = time.monotonic()
     run = Repro(root, log, command=command)
+    cmds = stage_commands(root)
     durations: dict[str, float] = {}
     current, started = None, t0
     while (line := run.next_line(3600)) is not None:
+        if line and current and (m := IN_COPY.match(line)) and m[1] == cmds[current]:
+            started = time.monotonic()  # it waited for the server until now (check-params)
         if line and (m := STAGE_LINE.match(line)):
             now = time.monotonic()
             if current:
@@ -261,12 +272,12 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
     t0 = time.monotonic()
     failures = 0
     spent: Counter[str] = Counter()  # seconds each stage ran before its interruptions, so far
-    cmds = {name: spec["cmd"] for name, spec in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].items()}
+    cmds = stage_commands(root)
     last, force, forced = list(durations)[-1], False, 0
     while True:
         run = Repro(root, log, *(("--force", "--single-item", last) if force else ()), command=command)
         force = False
-        current, started, moment, fired, in_copy = None, 0.0, None, None, False
+        current, started, moment, fired, in_copy, waiting = None, 0.0, None, None, False, False
         while fired is None:
             line = run.next_line(0.05)
             if line is None:
@@ -278,9 +289,12 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                                 if last_one else "") + m[1])
                 print(f"  ! {m[1]}", flush=True)
             if line and current and (m := IN_COPY.match(line)) and m[1] == cmds[current]:
-                in_copy = True
+                # the stage's clock starts with its copy: a command waits while a resumed run's server loads
+                in_copy, waiting, started = True, False, now
+            if line and NOT_IN_COPY.match(line):
+                waiting = False
             if line and (m := STAGE_LINE.match(line)):
-                in_copy = False
+                in_copy, waiting = False, command == MAKE_RUN and cmds[m[1]].startswith("curio ")
                 if current and planned.get(current):
                     carried.extend(planned.pop(current))
                 current, started = m[1], now
@@ -289,7 +303,7 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
                     carried = []
                 moment = rng.uniform(0.0, window(durations.get(current, 10.0), spent[current])) \
                     if planned.get(current) else None
-            if current and moment is not None and now - started >= moment:
+            if current and moment is not None and not waiting and now - started >= moment:
                 sig = planned[current].pop(0)
                 fired = Interruption(sig, current, now - started, in_copy=in_copy)
                 spent[current] += fired.after_s
