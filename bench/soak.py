@@ -504,7 +504,7 @@ def main() -> int:
         copies = Counter(i.signal.name for i in done if i.in_copy)
         print(f"in a warm start's copy when interrupted: {sum(copies.values())} of {len(done)} "
               f"({copies['SIGKILL']} SIGKILL, {copies['SIGTERM']} SIGTERM); the others ran in their own process "
-              "(the server was not ready yet, or it was not a `curio` command)")
+              "(not a `curio` command, declined by the server, or its server had died)")
     terms = [i for i in done if i.signal == signal.SIGTERM]
     if terms:
         exits = Counter(i.stage_exit for i in terms)

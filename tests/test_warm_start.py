@@ -1,8 +1,8 @@
 """The warm start under `make run` (pipeline/stage_server.py, pipeline/core/warm.py): a `curio` command DVC runs
 runs in a copy of one process that has loaded torch, transformers and Curio once, with the same output, exit code,
-working directory and signals as when it loads them itself; a request from another environment is declined and
-runs itself; a SIGKILL of the command leaves nothing running; `python -m pipeline.run_dvc` starts and stops the
-server."""
+working directory and signals as when it loads them itself; a command that starts while the server loads waits for
+it; a request from another environment is declined and runs itself; a SIGKILL of the command leaves nothing running;
+`python -m pipeline.run_dvc` starts and stops the server."""
 
 from __future__ import annotations
 
@@ -121,18 +121,21 @@ def test_a_command_with_no_server_started_runs_itself(tmp_path):
 def test_a_command_waits_for_a_loading_server_and_runs_itself_if_it_dies(tmp_path):
     """The loading lock held (a server loading) and no socket: the command waits; let go with no socket (the server
     died while loading): it runs itself, as without a server."""
+    t0 = time.monotonic()
+    alone = subprocess.run([CURIO, "params", "-S", "seed=4"], env=base_env(), capture_output=True, text=True, cwd=REPO)
+    alone_s = time.monotonic() - t0
     path = tmp_path / "dies.sock"
     fd = os.open(warm_client.loading_lock(str(path)), os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         cmd = subprocess.Popen([CURIO, "params", "-S", "seed=4"], env=warm(path), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=REPO)
-        time.sleep(3)  # far longer than the command alone takes to start
+        time.sleep(max(3.0, 2 * alone_s))  # twice what the command takes alone
         assert cmd.poll() is None, cmd.communicate()
     finally:
         os.close(fd)
     out, err = cmd.communicate(timeout=120)
-    assert cmd.returncode == 0 and '"seed": 4' in out and err == ""
+    assert cmd.returncode == 0 and out == alone.stdout and '"seed": 4' in out and err == ""
 
 
 def test_a_command_started_while_the_server_loads_runs_in_a_copy(tmp_path):
