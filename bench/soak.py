@@ -59,6 +59,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.dag import commands
 from pipeline.tools.compare_runs import TIMING, metrics, outs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,16 +209,12 @@ class Interruption:
     in_copy: bool = False  # the stage ran in a warm start's copy (--make-run)
 
 
-def stage_commands(root: Path) -> dict[str, str]:
-    return {name: spec["cmd"] for name, spec in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].items()}
-
-
 def uninterrupted(root: Path, log, command: tuple[str, ...] = DVC_REPRO) -> tuple[dict[str, float], float]:
     """The DAG once; each stage's wall time (from its "Running stage" line, or from its warm start's copy starting,
     to the next stage's line) and the total."""
     t0 = time.monotonic()
     run = Repro(root, log, command=command)
-    cmds = stage_commands(root)
+    cmds = commands(root / "dvc.yaml")
     durations: dict[str, float] = {}
     current, started = None, t0
     while (line := run.next_line(3600)) is not None:
@@ -272,7 +269,7 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
     t0 = time.monotonic()
     failures = 0
     spent: Counter[str] = Counter()  # seconds each stage ran before its interruptions, so far
-    cmds = stage_commands(root)
+    cmds = commands(root / "dvc.yaml")
     last, force, forced = list(durations)[-1], False, 0
     while True:
         run = Repro(root, log, *(("--force", "--single-item", last) if force else ()), command=command)

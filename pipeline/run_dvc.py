@@ -177,8 +177,9 @@ def warm_start() -> Iterator[None]:
         yield
         return
     where = tempfile.mkdtemp(prefix="curio-warm-")
-    server = start_server(os.path.join(where, "socket"), stdin=subprocess.DEVNULL)
-    os.environ[SOCKET_ENV] = os.path.join(where, "socket")
+    path = os.path.join(where, "socket")
+    server = start_server(path, stdin=subprocess.DEVNULL)
+    os.environ[SOCKET_ENV] = path
     try:
         yield
     finally:

@@ -41,8 +41,7 @@ def server(tmp_path_factory):
     where = tmp_path_factory.mktemp("warm")
     path, log = where / "warm.sock", where / "server.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.stage_server", str(path)], env=base_env(),
-                                stderr=err, stdin=subprocess.DEVNULL)
+        proc = warm_client.start_server(str(path), env=base_env(), stderr=err, stdin=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not path.exists():
         assert proc.poll() is None, log.read_text()
