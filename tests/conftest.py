@@ -1,8 +1,11 @@
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,10 +58,22 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=part)
 
 
-def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None,
+def command_env(cwd: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment :func:`curio` runs a command in ``cwd`` with (pytest's per-phase variable left out)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    return {**inherited, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", **(env or {})}
+
+
+CONSOLE = str(Path(sys.executable).parent / "curio")  # the console command (the one a warm start serves)
+
+
+def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None, console: bool = False,
           **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", **(env or {})}
-    res = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, capture_output=True,
+    """``curio ARGS`` in ``cwd``: ``python -m pipeline.cli`` (the project's own copy of the code), or with
+    ``console`` the console command (the code ``PYTHONPATH`` in ``env`` names, else the installed checkout's)."""
+    env = command_env(cwd, env)
+    program = [CONSOLE] if console else [sys.executable, "-m", "pipeline.cli"]
+    res = subprocess.run([*program, *args], cwd=cwd, env=env, capture_output=True,
                          text=True, **kw)
     if check and res.returncode != 0:
         raise AssertionError(f"curio {' '.join(args)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
@@ -124,21 +139,50 @@ TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "trai
 READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.core.stage)
 
 
+WARM_LOG = "warm-server.err"  # beside a tiny run's data: what its warm-start server said (a line per copy)
+
+
+@contextlib.contextmanager
+def warm_server(cwd: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``pipeline.stage_server`` as `make run` starts it, for the ``curio`` commands :func:`curio` runs in ``cwd``
+    with ``env``; yields the variables that send such a command to it, as `dvc repro` runs one under `make run`
+    (it then runs in a fork of the server, which loaded torch, transformers and Curio once). Its log, a line per
+    command run in a copy (``CURIO_WARM_VERBOSE``), goes to ``cwd / WARM_LOG``."""
+    from pipeline.core.warm import SOCKET_ENV, start_server
+
+    where = Path(tempfile.mkdtemp(prefix="curio-warm-"))  # a short path: a Unix socket's is bounded
+    path = where / "socket"
+    server_env = {**command_env(cwd, env), "CURIO_WARM_VERBOSE": "1"}
+    with open(cwd / WARM_LOG, "w") as log:
+        server = start_server(str(path), cwd=cwd, env=server_env, stdin=subprocess.DEVNULL, stderr=log)
+    try:
+        yield {SOCKET_ENV: str(path), "CURIO_WARM_VERBOSE": "1"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def build_trained(root: Path) -> Path:
+    """Every text stage of :data:`SMALL`, in dvc.yaml's order, each a `curio stage` command served by one warm
+    start, as `make run` runs them."""
     from pipeline.core.stage import READS_ENV
 
     proj = make_project(root, SMALL)
-    for name in TEXT_STAGES:
-        curio(["stage", name], proj, env={READS_ENV: str(proj / READS_LOG)})
+    env = {READS_ENV: str(proj / READS_LOG), "PYTHONPATH": str(proj)}  # the project's copy of the code, as -m runs
+    with warm_server(proj, env) as warm:
+        for name in TEXT_STAGES:
+            curio(["stage", name], proj, env={**env, **warm, "DVC_STAGE": name}, console=True)
     return proj
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, request) -> Path:
-    """A small project with every text stage run once, via `curio stage` (each run records the params keys it
-    reads into READS_LOG: tests/test_stage_declarations.py). Tests read it or link its data into their own
-    projects (the eval-sweep deployment test adds to its MLflow store). Under pytest-xdist the workers share one,
-    built by the first to ask for it (~5 min at one thread) while another that asks waits on a file lock;
+    """A small project with every text stage run once, via `curio stage` under a warm start, as `make run` runs them
+    (:func:`build_trained`; each run records the params keys it reads into READS_LOG:
+    tests/test_stage_declarations.py). Tests read it or link its data into their own projects (the eval-sweep
+    deployment test adds to its MLflow store). Under pytest-xdist the workers share one, built by the first to ask
+    for it (~3 min at one thread) while another that asks waits on a file lock;
     pytest_collection_modifyitems orders the files so that the other rarely has to."""
     if not hasattr(request.config, "workerinput"):  # not a pytest-xdist worker
         return build_trained(tmp_path_factory.mktemp("trained"))

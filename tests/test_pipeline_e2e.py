@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NETHACK_TINY, SMALL, curio, judge_sources, make_project
+from conftest import NETHACK_TINY, SMALL, TEXT_STAGES, WARM_LOG, curio, judge_sources, make_project
 
 from pipeline.core.artifacts import read_manifest, read_rows
 from pipeline.core.registry import STAGES
@@ -37,6 +37,9 @@ def kill_when(proc, predicate, timeout=240):
 
 
 def test_every_stage_produces_its_outputs(trained):
+    # each stage ran as `make run` runs it: in a copy of the warm start's server (pipeline/stage_server.py)
+    served = [line.split("`")[1] for line in (trained / WARM_LOG).read_text().splitlines() if "runs in a copy" in line]
+    assert served == [f"curio stage {name}" for name in TEXT_STAGES]
     rows = read_rows(trained / "data" / "rollout_text")
     assert len(rows) == 12 * 4
     assert {r["split"] for r in rows} == {"train"}
