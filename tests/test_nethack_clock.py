@@ -85,10 +85,11 @@ def test_nethack_sees_the_pinned_clock_and_nothing_else_does():
             assert clock.pinned() == epoch(date)
     finally:
         assert first_message(clock.DEFAULT_CLOCK).startswith(WELCOME)
-    # libc's time() called from anywhere but NetHack (here: Python, through ctypes) is the real clock
+    # libc's time() called from anywhere but NetHack (here: Python, through ctypes) is the real clock, the first
+    # time from a call site (the library looks its caller up) and after (it keeps the answer per call site)
     libc = ctypes.CDLL(None)
     libc.time.restype = ctypes.c_long
-    assert abs(libc.time(None) - time.time()) < 5
+    assert all(abs(libc.time(None) - time.time()) < 5 for _ in range(3))
     assert abs(time.time() - epoch(clock.DEFAULT_CLOCK)) > 365 * 86400
 
 

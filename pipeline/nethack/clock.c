@@ -28,33 +28,48 @@ void curio_nethack_clock_set(long long seconds) {
 /* The pinned instant, or -1 when none is set. */
 long long curio_nethack_clock_get(void) { return is_pinned ? pinned : -1; }
 
-/* Per loaded object (by base address): does it export nle_start? A small cache: NetHack calls these rarely. */
-#define SLOTS 256
-static struct { const void *base; int nethack; } cache[SLOTS];
-static volatile int used;
+/* Whether the code at `caller` lies in a NetHack library (an object that exports nle_start): dladdr() walks the
+ * loader's list of objects under its lock, so it is slow, and asked once per call site (below). */
+static int in_nethack(const void *caller) {
+    Dl_info info;
+    if (!dladdr(caller, &info) || info.dli_fbase == NULL || info.dli_fname == NULL) return 0;
+    void *handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL) return 0;
+    int nethack = dlsym(handle, "nle_start") != NULL;
+    dlclose(handle);
+    return nethack;
+}
+
+/* The answer per call site (return address), kept once found. Once the clock is pinned, every clock call in the
+ * process comes through here, from NetHack or not: oneDNN reads the time on each primitive it runs, so asking
+ * dladdr() on every call made each small convolution of a NetHack agent's encoder about 80 times slower. A process
+ * has few call sites (a handful per library, NLE's per-env copies of NetHack included): an open-addressed table,
+ * read without a lock (a site is published after its answer), written under one; when full, dladdr() answers. */
+#define SITES 4096
+static struct { const void *site; int nethack; } sites[SITES];
 static volatile int lock;
 
 static int from_nethack(const void *caller) {
-    Dl_info info;
-    if (!is_pinned || !dladdr(caller, &info) || info.dli_fbase == NULL) return 0;
-    int n = used;
-    for (int i = 0; i < n && i < SLOTS; i++)
-        if (cache[i].base == info.dli_fbase) return cache[i].nethack;
-    int nethack = 0;
-    if (info.dli_fname != NULL) {
-        void *handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-        if (handle != NULL) {
-            nethack = dlsym(handle, "nle_start") != NULL;
-            dlclose(handle);
-        }
+    if (!is_pinned) return 0;
+    size_t start = ((size_t)caller >> 4) % SITES;
+    for (size_t i = 0; i < SITES; i++) {
+        size_t slot = (start + i) % SITES;
+        const void *site = __atomic_load_n(&sites[slot].site, __ATOMIC_ACQUIRE);
+        if (site == caller) return __atomic_load_n(&sites[slot].nethack, __ATOMIC_RELAXED);
+        if (site == NULL) break;
     }
+    int nethack = in_nethack(caller);
     while (__sync_lock_test_and_set(&lock, 1)) {
     }
-    if (used < SLOTS) {
-        cache[used].base = info.dli_fbase;
-        cache[used].nethack = nethack;
-        __sync_synchronize();
-        used = used + 1;
+    for (size_t i = 0; i < SITES; i++) {
+        size_t slot = (start + i) % SITES;
+        const void *site = __atomic_load_n(&sites[slot].site, __ATOMIC_RELAXED);
+        if (site == caller) break;  /* another thread kept it meanwhile */
+        if (site == NULL) {
+            __atomic_store_n(&sites[slot].nethack, nethack, __ATOMIC_RELAXED);
+            __atomic_store_n(&sites[slot].site, caller, __ATOMIC_RELEASE);
+            break;
+        }
     }
     __sync_lock_release(&lock);
     return nethack;
