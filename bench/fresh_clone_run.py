@@ -4,7 +4,8 @@
                                     [--no-warm]
 
 Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
-Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone), runs the default DAG
+Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone, with the clone's own NetHack
+clock library built beside it), runs the default DAG
 (``python -m pipeline.run_dvc``, what ``make run`` runs) and prints each stage's seconds (a stage `dvc repro` runs:
 from the moment dvc starts it to the next stage's start; a stage run beside it: its own wall time), the venv
 build, the headline ``make run`` prints (``dvc metrics show``), the total and the budget. ``--avx2`` caps the
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pipeline.nethack.clock import LIBRARY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # What --avx2 sets: every kernel library torch dispatches to, capped at AVX2.
@@ -97,8 +100,15 @@ def main() -> int:
         t0 = time.perf_counter()
         if args.venv:
             (work / ".venv").symlink_to(Path(args.venv).resolve())
-            # a shared venv's editable install points elsewhere: make the clone's code win
+            # a shared venv's editable install points elsewhere: make the clone's code win, and its NetHack clock
+            # library (the shared venv's is built from another checkout's clock.c): built as `make nethack-clock`
+            # builds it, into the clone
             env["PYTHONPATH"] = str(work)
+            clock_lib = work / ".cache" / "curio_nethack_clock.so"
+            clock_lib.parent.mkdir(exist_ok=True)
+            subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare",
+                            "-o", str(clock_lib), str(work / "pipeline/nethack/clock.c"), "-ldl"], check=True)
+            env[LIBRARY_ENV] = str(clock_lib)
             build = None
         else:
             subprocess.run(["make", "install"], cwd=work, env=env, check=True)
