@@ -172,7 +172,8 @@ def build_trained(root: Path) -> Path:
     env = {READS_ENV: str(proj / READS_LOG), "PYTHONPATH": str(proj)}  # the project's copy of the code, as -m runs
     with warm_server(proj, env) as warm:
         for name in TEXT_STAGES:
-            curio(["stage", name], proj, env={**env, **warm, "DVC_STAGE": name}, console=True)
+            # stdin: a closed one would make the command run itself (the warm start passes all three streams)
+            curio(["stage", name], proj, env={**env, **warm, "DVC_STAGE": name}, console=True, stdin=subprocess.DEVNULL)
     return proj
 
 
