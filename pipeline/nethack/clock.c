@@ -42,9 +42,11 @@ static int in_nethack(const void *caller) {
 
 /* The answer per call site (return address), kept once found. Once the clock is pinned, every clock call in the
  * process comes through here, from NetHack or not: oneDNN reads the time on each primitive it runs, so asking
- * dladdr() on every call made each small convolution of a NetHack agent's encoder about 80 times slower. A process
- * has few call sites (a handful per library, NLE's per-env copies of NetHack included): an open-addressed table,
- * read without a lock (a site is published after its answer), written under one; when full, dladdr() answers. */
+ * dladdr() on every call made each small convolution of a NetHack agent's encoder about 65 times slower
+ * (bench/bench_nethack_clock.py). A process has few call sites (a handful per library, NLE's per-env copies of
+ * NetHack included): an open-addressed table, read without a lock (a site is published after its answer), written
+ * under one; when full, dladdr() answers. As with the per-object answer it replaces, an answer would outlive its
+ * object if another were loaded at the same address after it was unloaded. */
 #define SITES 4096
 static struct { const void *site; int nethack; } sites[SITES];
 static volatile int lock;
