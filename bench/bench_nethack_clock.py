@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.nethack.clock import compile_library
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "pipeline/nethack/clock.c"
 
@@ -61,9 +63,7 @@ print(json.dumps(out))
 def build(source: str, out: Path) -> Path:
     src = out.with_suffix(".c")
     src.write_text(source)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare", "-o", str(out), str(src),
-                    "-ldl"], check=True)
-    return out
+    return compile_library(src, out)
 
 
 def probe(library: Path) -> dict:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.nethack.clock import LIBRARY_ENV
+from pipeline.nethack.clock import LIBRARY_ENV, compile_library
 
 REPO = Path(__file__).resolve().parents[1]
 # What --avx2 sets: every kernel library torch dispatches to, capped at AVX2.
@@ -104,11 +104,9 @@ def main() -> int:
             # library (the shared venv's is built from another checkout's clock.c): built as `make nethack-clock`
             # builds it, into the clone
             env["PYTHONPATH"] = str(work)
-            clock_lib = work / ".cache" / "curio_nethack_clock.so"
-            clock_lib.parent.mkdir(exist_ok=True)
-            subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare",
-                            "-o", str(clock_lib), str(work / "pipeline/nethack/clock.c"), "-ldl"], check=True)
-            env[LIBRARY_ENV] = str(clock_lib)
+            (work / ".cache").mkdir(exist_ok=True)
+            env[LIBRARY_ENV] = str(compile_library(work / "pipeline/nethack/clock.c",
+                                                   work / ".cache" / "curio_nethack_clock.so"))
             build = None
         else:
             subprocess.run(["make", "install"], cwd=work, env=env, check=True)

@@ -54,6 +54,16 @@ def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or Path(sys.prefix) / "lib" / "curio_nethack_clock.so")
 
 
+def compile_library(source: Path, out: Path) -> Path:
+    """Compile ``source`` (a clock.c) into the library ``out``, as ``make nethack-clock`` does (for the bench scripts
+    that build another checkout's or revision's)."""
+    import subprocess
+
+    subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare",
+                    "-o", str(out), str(source), "-ldl"], check=True)
+    return out
+
+
 def _loaded() -> ctypes.CDLL | None:
     """The library, when it is loaded in this process (LD_PRELOAD puts its symbols in the global scope)."""
     process = ctypes.CDLL(None)
