@@ -280,10 +280,11 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
               "point every summary interval, so a short run's may end before its last env steps).</p>"))
     if oni := labeller_rows(stages.get("rl-nethack", {})):
         parts.append(section("NetHack track: the online labeller's cost", _table(
-            ["agent", "messages labelled", "labels / s", "helpful share", "held-out accuracy", "LLM requests sent",
-             "LLM failures", "labeller CPU s", "training s"], oni)
+            ["agent", "messages labelled", "still queued", "labels / s", "helpful share", "held-out accuracy",
+             "LLM requests sent", "LLM failures", "labeller CPU s", "training s"], oni)
             + "<p class='note'>ONI's annotator over the whole training run of each online agent (rl-nethack's "
-              "metrics; its progress over env steps is in metrics/plots/rl-nethack-oni/). Labeller CPU s: the "
+              "metrics; its progress over env steps is in metrics/plots/rl-nethack-oni/). Still queued: messages "
+              "the agent had seen and the labeller had not labelled when training ended. Labeller CPU s: the "
               "annotator process's CPU time (labelling, the reward model's updates), summed over its restarts; "
               "training s: the agent's wall time since its last start.</p>"))
 
@@ -346,11 +347,11 @@ def matched_steps(rows: list[dict], points: int = 4) -> tuple[list[int], list[li
 
 
 def labeller_rows(metrics: dict[str, Any]) -> list[list[Any]]:
-    """[agent, labels, labels/s, helpful share, held-out accuracy, LLM sent, LLM failures, labeller CPU s, training s]
-    of each online agent."""
+    """[agent, labels, still queued, labels/s, helpful share, held-out accuracy, LLM sent, LLM failures,
+    labeller CPU s, training s] of each online agent."""
     agents = [m["name"] for k in metrics if (m := re.fullmatch(r"(?P<name>[\w-]+)/oni_labels", k))]
-    keys = ("labels", "labels_per_s", "helpful_share", "heldout_accuracy", "llm_sent", "llm_failures", "cpu_s",
-            "seconds")
+    keys = ("labels", "pending", "labels_per_s", "helpful_share", "heldout_accuracy", "llm_sent", "llm_failures",
+            "cpu_s", "seconds")
     return [[a, *(metrics.get(f"{a}/oni_{k}", "") for k in keys)] for a in agents]
 
 

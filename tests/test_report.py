@@ -45,10 +45,10 @@ def test_nethack_curves_compared_at_matched_steps_and_the_labellers_cost():
     # at 2000: 1 + 2·1500/2000 = 2.5; b never reached 3000 or 4000
     assert table == [["a", "2", "4", "5", "6"], ["b", "1.5", "2.5", "", ""]]
     assert matched_steps([]) is None
-    metrics = {"oni_ranking/oni_labels": 120, "oni_ranking/oni_labels_per_s": 3.5,
+    metrics = {"oni_ranking/oni_labels": 120, "oni_ranking/oni_pending": 7, "oni_ranking/oni_labels_per_s": 3.5,
                "oni_ranking/oni_helpful_share": 0.25, "oni_ranking/oni_heldout_accuracy": 0.9,
                "oni_ranking/oni_llm_sent": 0, "oni_ranking/oni_cpu_s": 41.5, "motif/env_steps": 5}
-    assert labeller_rows(metrics) == [["oni_ranking", 120, 3.5, 0.25, 0.9, 0, "", 41.5, ""]]
+    assert labeller_rows(metrics) == [["oni_ranking", 120, 7, 3.5, 0.25, 0.9, 0, "", 41.5, ""]]
 
 
 def test_report_renders_offline_in_headless_chromium(tmp_path):
