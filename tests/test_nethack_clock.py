@@ -153,3 +153,13 @@ def test_rollout_and_evaluate_rows_are_identical_in_two_runs_and_on_any_date(tmp
         assert rollouts[run].equals(rollouts["first"]), run
         assert evaluations[run].equals(evaluations["first"]), run
     shutil.rmtree(tmp_path / "trained" / "rl_nethack", ignore_errors=True)
+
+
+def test_the_bench_scripts_build_the_library_as_the_makefile_does(tmp_path):
+    """compile_library (bench/fresh_clone_run.py --venv, bench/bench_nethack_clock.py) uses the Makefile recipe's
+    flags, and what it builds exports the library's entry points."""
+    recipe = [line for line in (REPO / "Makefile").read_text().splitlines() if "-shared" in line]
+    assert len(recipe) == 1 and f"{{CC:-gcc}} {' '.join(clock.CFLAGS)} -o $@ $< -ldl" in recipe[0]
+    built = ctypes.CDLL(str(clock.compile_library(REPO / "pipeline" / "nethack" / "clock.c", tmp_path / "c.so")))
+    built.curio_nethack_clock_get.restype = ctypes.c_longlong
+    assert built.curio_nethack_clock_get() == -1  # nothing pinned in a library just loaded

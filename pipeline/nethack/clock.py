@@ -54,13 +54,16 @@ def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or Path(sys.prefix) / "lib" / "curio_nethack_clock.so")
 
 
+# The compiler flags of the Makefile's `nethack-clock` recipe (tests/test_nethack_clock.py holds the two together).
+CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare")
+
+
 def compile_library(source: Path, out: Path) -> Path:
     """Compile ``source`` (a clock.c) into the library ``out``, as ``make nethack-clock`` does (for the bench scripts
     that build another checkout's or revision's)."""
     import subprocess
 
-    subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-Wall", "-Wno-nonnull-compare",
-                    "-o", str(out), str(source), "-ldl"], check=True)
+    subprocess.run([os.environ.get("CC", "gcc"), *CFLAGS, "-o", str(out), str(source), "-ldl"], check=True)
     return out
 
 
