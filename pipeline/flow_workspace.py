@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from pipeline.core import dvcrepo
 from pipeline.params import Params
 from pipeline.params_check import NAME as PARAMS_CHECK
 
@@ -51,14 +51,6 @@ def _data_deps(dvc_yaml: Path, name: str) -> list[str]:
     return [d for d in spec.get("deps", []) if str(d).startswith("data/")]
 
 
-def _current(name: str) -> bool:
-    res = subprocess.run(["dvc", "status", name, "--json"], capture_output=True, text=True)
-    try:
-        return res.returncode == 0 and name not in json.loads(res.stdout or "{}")
-    except json.JSONDecodeError:
-        return False
-
-
 def overridden_keys(base: Params, overridden: Params, keys: list[str]) -> list[str]:
     """Those of a stage's declared ``keys`` whose values the overrides change."""
     return [k for k in keys if base.section_hash([k]) != overridden.section_hash([k])]
@@ -85,7 +77,7 @@ def plan(base: Params, overridden: Params, selected: list[str], root: Path,
             source = base.data_path(dep.removeprefix("data/"))
             if changed:
                 ws.missing[dep] = f"{owner} reads overridden {', '.join(changed)}"
-            elif not source.exists() or not _current(owner):
+            elif not source.exists() or not dvcrepo.current(owner):
                 ws.missing[dep] = f"{owner} is not current for params.yaml (`dvc status {owner}`)"
             else:
                 ws.links[root / "data" / dep.removeprefix("data/")] = source

@@ -7,9 +7,7 @@ consistent: a ``dvc repro`` afterwards does nothing.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Cancelled  # noqa: E402
 
-from pipeline.core import interrupt  # noqa: E402
+from pipeline.core import dvcrepo, interrupt  # noqa: E402
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json  # noqa: E402
 from pipeline.core.dag import dag_order  # noqa: E402
 from pipeline.core.errors import CurioError  # noqa: E402
@@ -35,21 +33,6 @@ from pipeline.params import (
 from pipeline.report import stage_metrics, summaries, write_report  # noqa: E402
 from pipeline.text.play import summarize  # noqa: E402
 from pipeline.text.policies import eval_groups  # noqa: E402
-
-
-def _dvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], capture_output=True, text=True)
-
-
-def stage_is_current(name: str) -> bool:
-    res = _dvc("status", name, "--json")
-    if res.returncode != 0:
-        return False
-    try:
-        status = json.loads(res.stdout or "{}")
-    except json.JSONDecodeError:
-        return False
-    return name not in status
 
 
 def _params(params_file: str, overrides: dict[str, Any] | None) -> Params:
@@ -183,13 +166,13 @@ def _run_in_pipeline(name: str, params_file: str, overrides: dict[str, Any] | No
     if interrupt.requested() is not None:  # SIGTERM came as the last stage finished: no stage after it
         with interrupt.at(f"stage {name}"):
             return Cancelled(message=interrupt.message())
-    if tracked and not force and stage_is_current(name):
+    if tracked and not force and dvcrepo.current(name):
         logger.info("%s: up to date", name)
         return "up to date"
     if name == PARAMS_CHECK:  # its stamp is DVC's: an overridden run's params were checked above
         if tracked:
             check_params(params_file)
-            _commit(name)
+            dvcrepo.commit([name])
         return "ran" if tracked else "checked"
     logger.info("%s: running", name)
     sub = report_flow if name == "report" else STAGE_FLOWS[name]
@@ -199,15 +182,8 @@ def _run_in_pipeline(name: str, params_file: str, overrides: dict[str, Any] | No
         return state
     state.result()  # a failed stage raises its error here
     if tracked:
-        _commit(name)
+        dvcrepo.commit([name])  # dvc.lock records it as dvc repro would
     return "ran"
-
-
-def _commit(name: str) -> None:
-    """``dvc commit`` a stage run by the flow, so ``dvc.lock`` records it as ``dvc repro`` would."""
-    res = _dvc("commit", "--force", name)
-    if res.returncode != 0:
-        raise RuntimeError(f"dvc commit {name} failed: {res.stderr.strip()}")
 
 
 @task(task_run_name="evaluate {checkpoint} {split} seed={seed}", cache_policy=NO_CACHE)

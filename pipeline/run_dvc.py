@@ -15,7 +15,6 @@ seeds). It is for machines with cores a stage leaves idle: on a 2-core machine i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 
 import yaml
 
+from pipeline.core import dvcrepo
 from pipeline.core.config import ConfigError
 from pipeline.core.dag import branches, commands, stage_parents
 from pipeline.core.tracking import pipeline_run
@@ -50,17 +50,6 @@ def _lower_priority(pid: int) -> None:
     except (AttributeError, OSError):
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, pid, SIDE_NICE)
-
-
-def _dvc_status() -> dict | None:
-    """Stages ``dvc status`` flags (changed or never run), or None when it cannot tell."""
-    res = subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True)
-    if res.returncode != 0:
-        return None
-    try:
-        return json.loads(res.stdout or "{}")
-    except json.JSONDecodeError:
-        return None
 
 
 class Branch(threading.Thread):
@@ -116,7 +105,7 @@ class Branch(threading.Thread):
 def side_by_side() -> int:
     """The DAG with its branches side by side; the exit code of the first failure, else 0."""
     parallel, _ = branches()
-    flagged = _dvc_status() if len(parallel) > 1 else None
+    flagged = dvcrepo.status() if len(parallel) > 1 else None
     if flagged is None:  # one branch, or DVC cannot tell what changed: it reports why itself
         return subprocess.call(["dvc", "repro"])
     cmds = commands()
@@ -141,10 +130,11 @@ def side_by_side() -> int:
             t.join()
         finished = [n for t in threads for n in t.finished]
         if finished:  # recorded even when the run stops, so the next one skips them
-            res = subprocess.run(["dvc", "commit", "--force", *finished], capture_output=True, text=True)
-            if res.returncode != 0:
-                print(f"ERROR: dvc commit {' '.join(finished)}: {res.stderr.strip()}", file=sys.stderr)
-                rc = rc or res.returncode
+            try:
+                dvcrepo.commit(finished)
+            except RuntimeError as e:
+                print(f"ERROR: {e}", file=sys.stderr)
+                rc = rc or 1
     failed = [t.failed for t in threads if t.failed]
     if rc != 0:
         return rc

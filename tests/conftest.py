@@ -1,11 +1,8 @@
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,64 +136,77 @@ TEXT_STAGES = ["bootstrap", "rollout-text", "annotate-text", "pairs-text", "trai
 READS_LOG = "params-reads.jsonl"  # beside a tiny run's data: the params keys each stage read (pipeline.core.stage)
 
 
-WARM_LOG = "warm-server.err"  # beside a tiny run's data: what its warm-start server said (a line per copy)
-
-
-@contextlib.contextmanager
-def warm_server(cwd: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """``pipeline.stage_server`` as `make run` starts it, for the ``curio`` commands :func:`curio` runs in ``cwd``
-    with ``env``; yields the variables that send such a command to it, as `dvc repro` runs one under `make run`
-    (it then runs in a fork of the server, which loaded torch, transformers and Curio once). Its log, a line per
-    command run in a copy (``CURIO_WARM_VERBOSE``), goes to ``cwd / WARM_LOG``."""
-    from pipeline.core.warm import SOCKET_ENV, start_server
-
-    where = Path(tempfile.mkdtemp(prefix="curio-warm-"))  # a short path: a Unix socket's is bounded
-    path = where / "socket"
-    server_env = {**command_env(cwd, env), "CURIO_WARM_VERBOSE": "1"}
-    with open(cwd / WARM_LOG, "w") as log:
-        server = start_server(str(path), cwd=cwd, env=server_env, stdin=subprocess.DEVNULL, stderr=log)
-    try:
-        yield {SOCKET_ENV: str(path), "CURIO_WARM_VERBOSE": "1"}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        shutil.rmtree(where, ignore_errors=True)
+RUN_LOG = "run.log"  # beside a tiny run's data: what its `dvc repro` printed, its warm start's lines among them
 
 
 def build_trained(root: Path) -> Path:
-    """Every text stage of :data:`SMALL`, in dvc.yaml's order, each a `curio stage` command served by one warm
-    start, as `make run` runs them."""
+    """Every text stage of :data:`SMALL` as `make run` runs them (``python -m pipeline.run_dvc``): ``dvc repro
+    evaluate-text`` (check-params and the eleven text stages) under one MLflow pipeline run whose process makes
+    the stages' MLflow calls, each stage's ``curio`` command served by one warm start (its lines, one per command
+    run in a copy, ``CURIO_WARM_VERBOSE``, go to ``RUN_LOG`` with DVC's)."""
     from pipeline.core.stage import READS_ENV
 
     proj = make_project(root, SMALL)
-    env = {READS_ENV: str(proj / READS_LOG), "PYTHONPATH": str(proj)}  # the project's copy of the code, as -m runs
-    with warm_server(proj, env) as warm:
-        for name in TEXT_STAGES:
-            # stdin: a closed one would make the command run itself (the warm start passes all three streams)
-            curio(["stage", name], proj, env={**env, **warm, "DVC_STAGE": name}, console=True, stdin=subprocess.DEVNULL)
+    run_in_project(["dvc", "init", "--no-scm", "-q"], proj)
+    run_in_project(["dvc", "config", "core.analytics", "false"], proj)
+    env = command_env(proj, {READS_ENV: str(proj / READS_LOG), "PYTHONPATH": str(proj), "CURIO_WARM_VERBOSE": "1",
+                             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    with open(proj / RUN_LOG, "w") as log:  # stdin: a closed one would make a command run itself
+        res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc", "evaluate-text"], cwd=proj, env=env,
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    assert res.returncode == 0, (proj / RUN_LOG).read_text()[-6000:]
     return proj
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, request) -> Path:
-    """A small project with every text stage run once, via `curio stage` under a warm start, as `make run` runs them
-    (:func:`build_trained`; each run records the params keys it reads into READS_LOG:
-    tests/test_stage_declarations.py). Tests read it or link its data into their own projects (the eval-sweep
-    deployment test adds to its MLflow store). Under pytest-xdist the workers share one, built by the first to ask
-    for it (~3 min at one thread) while another that asks waits on a file lock;
-    pytest_collection_modifyitems orders the files so that the other rarely has to."""
+    """A small project with every text stage run once, as `make run` runs them (:func:`build_trained`; each run
+    records the params keys it reads into READS_LOG: tests/test_stage_declarations.py). Tests read it or link its
+    data into their own projects (the eval-sweep deployment test adds to its MLflow store). Under pytest-xdist the
+    workers share one, built by the first to ask for it (~3 min at one thread) while another that asks waits on a
+    file lock; pytest_collection_modifyitems orders the files so that the other rarely has to."""
+    return _shared_once(tmp_path_factory, request, "trained", build_trained) / "proj"
+
+
+def _shared_once(tmp_path_factory, request, name: str, build) -> Path:
+    """``build(DIR)`` once per test session: under pytest-xdist the first worker to ask builds it (under a file lock)
+    and the others reuse it; a build cut short (a worker that crashed) is started over."""
     if not hasattr(request.config, "workerinput"):  # not a pytest-xdist worker
-        return build_trained(tmp_path_factory.mktemp("trained"))
+        where = tmp_path_factory.mktemp(name)
+        build(where)
+        return where
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp().parent / "trained-shared"  # the run's base, above each worker's
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}-shared"  # the base of every worker's tmp_path
     with FileLock(f"{shared}.lock"):
         if not (shared / "BUILT").exists():
-            shutil.rmtree(shared, ignore_errors=True)  # a build cut short (a worker that crashed)
+            shutil.rmtree(shared, ignore_errors=True)
             shared.mkdir()
-            build_trained(shared)
+            build(shared)
             (shared / "BUILT").write_text("")
-    return shared / "proj"
+    return shared
+
+
+@pytest.fixture(scope="session")
+def migrated_prefect_home(tmp_path_factory, request) -> Path:
+    """A PREFECT_HOME whose database ``prefect server database upgrade`` has created and migrated, once per session
+    (~10 s of each server's start otherwise): :func:`prefect_home` copies it."""
+    def build(where: Path) -> None:
+        env = {**os.environ, "PREFECT_HOME": str(where / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        res = subprocess.run([str(Path(sys.executable).with_name("prefect")), "server", "database", "upgrade", "-y"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+
+    return _shared_once(tmp_path_factory, request, "prefect-home", build) / "home"
+
+
+@pytest.fixture
+def prefect_home(tmp_path, migrated_prefect_home) -> Path:
+    """A PREFECT_HOME of this test's own (a real Prefect server or the ephemeral API keeps its runs there), its
+    database a copy of the session's migrated one."""
+    home = tmp_path / "prefect-home"
+    shutil.copytree(migrated_prefect_home, home)
+    return home
 
 
 # The NetHack track on a tiny budget (tests/test_nethack_stages.py and the declarations test).

@@ -181,8 +181,8 @@ def test_sweep_markdown_has_mean_and_std_over_seeds_per_group_and_plots(tmp_path
     assert all(p.stat().st_size > 1000 for p in written)
 
 
-def test_eval_sweep_flow_writes_per_group_rows_markdown_and_plots(tmp_path, monkeypatch):
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+def test_eval_sweep_flow_writes_per_group_rows_markdown_and_plots(tmp_path, monkeypatch, prefect_home):
+    monkeypatch.setenv("PREFECT_HOME", str(prefect_home))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     params_file = write_params(tmp_path / "params.yaml", [*SCRIPTED, f"data_dir={tmp_path / 'data'}"])
     res = curio(["eval-sweep", "-p", str(params_file), "--checkpoint", "base", "--seed", "0", "--seed", "1",

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NETHACK_TINY, SMALL, TEXT_STAGES, WARM_LOG, curio, judge_sources, make_project
+from conftest import NETHACK_TINY, RUN_LOG, SMALL, TEXT_STAGES, curio, judge_sources, make_project
 
 from pipeline.core.artifacts import read_manifest, read_rows
+from pipeline.core.dag import commands
 from pipeline.core.registry import STAGES
 
 
@@ -37,9 +39,13 @@ def kill_when(proc, predicate, timeout=240):
 
 
 def test_every_stage_produces_its_outputs(trained):
-    # each stage ran as `make run` runs it: in a copy of the warm start's server (pipeline/stage_server.py)
-    served = [line.split("`")[1] for line in (trained / WARM_LOG).read_text().splitlines() if "runs in a copy" in line]
-    assert served == [f"curio stage {name}" for name in TEXT_STAGES]
+    # each stage ran as `make run` runs it: DVC ran its command, in a copy of the warm start's server
+    # (pipeline/stage_server.py)
+    log = (trained / RUN_LOG).read_text().splitlines()
+    ran = [m.group(1) for line in log if (m := re.match(r"Running stage '([\w-]+)'", line))]
+    assert sorted(ran) == sorted(["check-params", *TEXT_STAGES])
+    served = [line.split("`")[1] for line in log if "runs in a copy" in line]
+    assert served == [commands(trained / "dvc.yaml")[name] for name in ran]
     rows = read_rows(trained / "data" / "rollout_text")
     assert len(rows) == 12 * 4
     assert {r["split"] for r in rows} == {"train"}
@@ -140,7 +146,7 @@ def test_dpo_reference_is_the_policy_it_starts_from(trained, tmp_path, monkeypat
 
 
 def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(trained, chain, nethack_track,
-                                                                               tmp_path):
+                                                                               tmp_path, prefect_home):
     """`curio pipeline` (Prefect) over every stage of both tracks leaves dvc.lock consistent (`dvc repro` then runs
     nothing) with one MLflow run per stage nested under the pipeline run; then a changed param or source file
     makes `dvc status` name the stages that read it, and only those.
@@ -158,7 +164,7 @@ def test_prefect_pipeline_keeps_dvc_lock_consistent_and_dvc_reruns_what_changed(
     for src in [*(p for p in (trained / "data").iterdir() if p.is_dir()), *nethack]:
         shutil.copytree(src, proj / "data" / src.name)
     env = {**os.environ, "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{proj}/mlflow.db",
-           "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+           "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(list(args), cwd=proj, env=env, capture_output=True, text=True)
@@ -220,13 +226,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_eval_sweep_deployment_on_a_real_prefect_server(trained, tmp_path):
+def test_eval_sweep_deployment_on_a_real_prefect_server(trained, tmp_path, prefect_home):
     """`prefect server start` on loopback, `curio serve`, `prefect deployment run 'eval-sweep/default'`."""
     import urllib.request
 
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TQDM_DISABLE": "1",
            "MLFLOW_TRACKING_URI": f"sqlite:///{trained}/mlflow.db"}
     bindir = os.path.dirname(sys.executable)

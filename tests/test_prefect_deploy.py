@@ -65,14 +65,14 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def test_deployments_run_through_a_worker_and_leave_params_yaml_alone(tmp_path):
+def test_deployments_run_through_a_worker_and_leave_params_yaml_alone(tmp_path, prefect_home):
     project = make_project(tmp_path, [])
     shutil.copy(REPO / "prefect.yaml", project / "prefect.yaml")
     before = (project / "params.yaml").read_bytes()
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     prefect = str(Path(sys.executable).with_name("prefect"))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_API_URL": url,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(project), "TQDM_DISABLE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed with the processes below

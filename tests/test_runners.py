@@ -7,6 +7,7 @@ Prefect API); the local references are computed here. Play uses the games' scrip
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,9 @@ SCRIPTED = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, dict]:
+def runs(tmp_path_factory, migrated_prefect_home) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("runners")
+    shutil.copytree(migrated_prefect_home, root / "prefect")
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     for o in SCRIPTED:
         _set_dotted(raw, *parse_override(o))

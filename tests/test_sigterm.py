@@ -476,7 +476,7 @@ def test_two_training_processes_save_the_same_step_and_resume_there(tmp_path):
 
 
 def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_next_run_resumes(bootstrapped,
-                                                                                                tmp_path):
+                                                                                                tmp_path, prefect_home):
     """The `pipeline` deployment run by a process worker against a real Prefect server: cancelling the flow run
     (the API's CANCELLING state) makes the worker SIGTERM its process; the stage in it saves its step and says so in
     the run's log; the next flow run resumes there (dvc.lock kept as `dvc repro` would)."""
@@ -494,7 +494,7 @@ def test_a_prefect_flow_run_cancelled_through_the_api_stops_its_stage_and_the_ne
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     prefect = str(Path(sys.executable).with_name("prefect"))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": url,
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_API_URL": url,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(proj), "TQDM_DISABLE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed with the processes below

@@ -1,0 +1,73 @@
+"""pipeline.core.dvcrepo (DVC's API in-process, as the Prefect pipeline flow asks it) answers as the ``dvc`` CLI does:
+which stages ``dvc status`` flags, and ``dvc commit --force`` leaving the ``dvc.lock`` the CLI leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.core import dvcrepo
+
+DVC_YAML = {"stages": {
+    "a": {"cmd": "cp src/a.txt out/a", "deps": ["src/a.txt"], "outs": ["out/a"]},
+    "b": {"cmd": "cp out/a out/b", "deps": ["out/a"], "outs": ["out/b"]},
+}}
+
+
+def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["dvc", *args], cwd=project, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(DVC_YAML, sort_keys=False))
+    _dvc(tmp_path, "init", "--no-scm", "-q")
+    _dvc(tmp_path, "config", "core.analytics", "false")
+    monkeypatch.chdir(tmp_path)  # the repository the flow asks about is the one it runs in
+    return tmp_path
+
+
+def test_status_and_current_are_what_dvc_status_says(project):
+    for step in ("never run", "a ran", "a changed"):
+        if step == "a ran":
+            _dvc(project, "repro", "a")
+        if step == "a changed":
+            (project / "src" / "a.txt").write_text("a2")
+        cli = json.loads(_dvc(project, "status", "--json").stdout or "{}")
+        assert dvcrepo.status() == cli, step
+        for name in ("a", "b"):
+            assert dvcrepo.current(name) == (name not in cli), (step, name)
+    assert set(cli) == {"a", "b"} and dvcrepo.status(["a"]) == {"a": cli["a"]}
+
+
+def test_commit_leaves_the_lock_dvc_commit_leaves_and_prints_nothing(project, tmp_path_factory, capfd):
+    for name in ("a", "b"):  # the stages' work done by hand, as the flow does it (execute), then recorded
+        (project / "out" / name).write_text("a")
+    twin = tmp_path_factory.mktemp("twin")
+    for path in ("src", "out", "dvc.yaml", ".dvc"):
+        subprocess.run(["cp", "-r", str(project / path), str(twin / path)], check=True)
+    capfd.readouterr()
+    dvcrepo.commit(["a", "b"])
+    assert capfd.readouterr() == ("", "")  # DVC's "Updating lock file" is its CLI's line
+    _dvc(twin, "commit", "--force", "a", "b")
+    assert yaml.safe_load((project / "dvc.lock").read_text()) == yaml.safe_load((twin / "dvc.lock").read_text())
+    assert dvcrepo.status() == {} and dvcrepo.current("b")
+
+
+def test_no_repository_or_an_unknown_stage(project, tmp_path_factory, monkeypatch):
+    with pytest.raises(RuntimeError, match="dvc commit nope failed: 'nope' does not exist"):
+        dvcrepo.commit(["nope"])
+    monkeypatch.chdir(tmp_path_factory.mktemp("nowhere"))
+    assert dvcrepo.status() is None and dvcrepo.current("a") is False  # no repository: DVC cannot tell
