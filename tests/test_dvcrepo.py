@@ -4,13 +4,12 @@ which stages ``dvc status`` flags, and ``dvc commit --force`` leaving the ``dvc.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_in_project
 
 from pipeline.core import dvcrepo
 
@@ -20,11 +19,8 @@ DVC_YAML = {"stages": {
 }}
 
 
-def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run(["dvc", *args], cwd=project, env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    return res
+def _dvc(project: Path, *args: str) -> str:
+    return run_in_project(["dvc", *args], project)
 
 
 @pytest.fixture
@@ -45,7 +41,7 @@ def test_status_and_current_are_what_dvc_status_says(project):
             _dvc(project, "repro", "a")
         if step == "a changed":
             (project / "src" / "a.txt").write_text("a2")
-        cli = json.loads(_dvc(project, "status", "--json").stdout or "{}")
+        cli = json.loads(_dvc(project, "status", "--json") or "{}")
         assert dvcrepo.status() == cli, step
         for name in ("a", "b"):
             assert dvcrepo.current(name) == (name not in cli), (step, name)
@@ -57,7 +53,7 @@ def test_commit_leaves_the_lock_dvc_commit_leaves_and_prints_nothing(project, tm
         (project / "out" / name).write_text("a")
     twin = tmp_path_factory.mktemp("twin")
     for path in ("src", "out", "dvc.yaml", ".dvc"):
-        subprocess.run(["cp", "-r", str(project / path), str(twin / path)], check=True)
+        (shutil.copytree if (project / path).is_dir() else shutil.copy)(project / path, twin / path)
     capfd.readouterr()
     dvcrepo.commit(["a", "b"])
     assert capfd.readouterr() == ("", "")  # DVC's "Updating lock file" is its CLI's line
