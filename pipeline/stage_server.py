@@ -52,8 +52,10 @@ VERBOSE_ENV = "CURIO_WARM_VERBOSE"  # "1": the server says when it is ready, and
 PRELOAD = ("torch", "transformers", "transformers.trainer", "trl")
 # Curio's modules that are not loaded: Prefect's flows (not run under dvc repro) and this module.
 SKIP = ("pipeline.flows", "pipeline.flow_workspace", "pipeline.stage_server")
-# Variables a request may differ in: DVC's own (DVC_STAGE, DVC_ROOT, ...), the shell's and the warm start's.
-PER_COMMAND = ("PWD", "OLDPWD", "SHLVL", "_", SOCKET_ENV, VERBOSE_ENV)
+# Variables a request may differ in: DVC's own (DVC_STAGE, DVC_ROOT, ...), the shell's and the warm start's. DVC
+# runs a command with `$SHELL -c`, and bash then drops the prompts PS1 and PS2 and resets PS4 (a virtualenv's
+# `activate` exports PS1): no library reads them.
+PER_COMMAND = ("PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PS4", SOCKET_ENV, VERBOSE_ENV)
 
 
 def _per_command(name: str) -> bool:

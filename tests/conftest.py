@@ -77,6 +77,42 @@ def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | 
     return res
 
 
+_NEW_PROCESS_THREADS: list[int] = []
+
+
+def new_process_threads() -> int:
+    """torch's intra-op threads in a new ``curio`` process with this environment (asked once per worker: a stage
+    run earlier in this process may have set its own)."""
+    if not _NEW_PROCESS_THREADS:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True, env=command_env(REPO)).stdout
+        _NEW_PROCESS_THREADS.append(int(out))
+    return _NEW_PROCESS_THREADS[0]
+
+
+def stage_here(name: str, cwd: Path, overrides: list[str] | tuple[str, ...] = ()):
+    """What ``curio stage NAME -S OVERRIDE...`` in ``cwd`` runs (:func:`pipeline.core.stage.execute`), in this
+    process: without the seconds a new process spends loading torch, transformers and the stage's code (3-5 s on 2
+    cores). For the runs whose process is not what a test checks (a reference run, the rerun after a stop); with
+    the environment and torch threads :func:`curio` would give the command, so the results are the same bytes."""
+    import torch
+
+    from pipeline.core.stage import execute
+    from pipeline.params import load_params
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in command_env(cwd).items():
+            if os.environ.get(key) != value:
+                mp.setenv(key, value)
+        mp.chdir(cwd)
+        torch.set_num_threads(new_process_threads())
+        try:
+            return execute(name, load_params(cwd / "params.yaml", list(overrides)))
+        finally:
+            torch.set_num_threads(threads)
+
+
 def run_in_project(args: list[str], cwd: Path) -> str:
     """A command (dvc, curio, git) in a project dir with this interpreter's tools first on PATH; its stdout."""
     env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(cwd),

@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NETHACK_TINY, RUN_LOG, SMALL, TEXT_STAGES, curio, judge_sources, make_project
+from conftest import NETHACK_TINY, RUN_LOG, SMALL, TEXT_STAGES, judge_sources, make_project, stage_here
 
 from pipeline.core.artifacts import read_manifest, read_rows
 from pipeline.core.dag import commands
 from pipeline.core.registry import STAGES
+
+# The resume tests below leave MLflow off: a killed stage's run and its tracking process are
+# tests/test_tracking_process.py's, and the tracking process each stage would start costs 4-5 s of CPU.
+UNTRACKED = ["tracking.enabled=false"]
 
 
 def start(args, cwd):
@@ -66,7 +70,7 @@ def test_every_stage_produces_its_outputs(trained):
 
 
 def test_rollout_resumes_after_sigkill_with_identical_rows(trained, tmp_path):
-    proj = make_project(tmp_path, SMALL)
+    proj = make_project(tmp_path, [*SMALL, *UNTRACKED])
     (proj / "data").mkdir()
     os.symlink(trained / "data" / "bootstrap", proj / "data" / "bootstrap")
     proc = start(["stage", "rollout-text"], proj)
@@ -80,14 +84,14 @@ def test_rollout_resumes_after_sigkill_with_identical_rows(trained, tmp_path):
     before = read_manifest(manifest)
     assert not before["complete"]
     kept = {k: v["sha256"] for k, v in before["parts"].items()}
-    curio(["stage", "rollout-text"], proj)
+    stage_here("rollout-text", proj)
     after = read_manifest(manifest)
     assert after["complete"] and all(after["parts"][k]["sha256"] == sha for k, sha in kept.items())
     assert read_rows(manifest) == read_rows(trained / "data" / "rollout_text")
 
 
 def test_training_resumes_from_checkpoint(trained, tmp_path):
-    proj = make_project(tmp_path, SMALL + ["train_policy.sft.epochs=6"])
+    proj = make_project(tmp_path, [*SMALL, *UNTRACKED, "train_policy.sft.epochs=6"])
     (proj / "data").mkdir()
     for name in ("bootstrap", "pairs_text"):
         os.symlink(trained / "data" / name, proj / "data" / name)
@@ -96,7 +100,7 @@ def test_training_resumes_from_checkpoint(trained, tmp_path):
     has_ckpt = lambda: ckpt.exists() and any(  # noqa: E731
         (p / "trainer_state.json").exists() for p in ckpt.glob("checkpoint-*"))
     assert kill_when(proc, has_ckpt), "SFT finished before a checkpoint could be killed"
-    curio(["stage", "train-sft"], proj)
+    stage_here("train-sft", proj)
     metrics = json.loads((proj / "metrics" / "stages" / "train-sft.json").read_text())
     assert metrics["sft/resumed_from_step"] >= 2
     assert (proj / "data" / "train_policy" / "sft" / "DONE").exists() and not ckpt.exists()
@@ -287,18 +291,18 @@ def test_archer_resumes_after_sigkill_as_if_never_killed(trained, tmp_path):
     runs = {}
     for name in ("straight", "killed"):
         (tmp_path / name).mkdir()
-        proj = make_project(tmp_path / name, SMALL + ARCHER)
+        proj = make_project(tmp_path / name, [*SMALL, *UNTRACKED, *ARCHER])
         (proj / "data").mkdir()
         os.symlink(trained / "data" / "train_policy", proj / "data" / "train_policy")
         runs[name] = proj
-    curio(["stage", "rl-text"], runs["straight"])
+    stage_here("rl-text", runs["straight"])
     out = runs["killed"] / "data" / "rl_text"
     proc = start(["stage", "rl-text"], runs["killed"])
     first_round = lambda: (out / "state" / "round-000" / "DONE").exists()  # noqa: E731
     assert kill_when(proc, first_round, timeout=900), "rl-text finished before it could be killed"
     before = read_manifest(out / "replay")
     assert not before["complete"] and not (out / "model").exists()
-    curio(["stage", "rl-text"], runs["killed"])
+    stage_here("rl-text", runs["killed"])
     after = read_manifest(out / "replay")
     assert after["complete"] and all(after["parts"][k]["sha256"] == v["sha256"] for k, v in before["parts"].items())
     straight = runs["straight"] / "data" / "rl_text"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NETHACK_TINY, curio, make_project, run_in_project
+from conftest import NETHACK_TINY, make_project, run_in_project, stage_here
 from safetensors.torch import load_file
 
 from pipeline.core.artifacts import read_manifest, read_part, read_rows
@@ -102,7 +102,7 @@ def weights_equal(a: Path, b: Path) -> bool:
 def bootstrapped(tmp_path_factory) -> Path:
     """An uninterrupted tiny bootstrap (the built-in policy of the tests below, and the HF Trainer's reference)."""
     proj = make_project(tmp_path_factory.mktemp("bootstrapped"), ["tracking.enabled=false", *BOOTSTRAP])
-    curio(["stage", "bootstrap"], proj)
+    stage_here("bootstrap", proj)
     return proj
 
 
@@ -114,7 +114,7 @@ def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(boots
         runs[name] = make_project(tmp_path / name, [*BOOTSTRAP, *ROLLOUT, f"runner.grace_s={grace_s}"])  # MLflow on
         (runs[name] / "data").mkdir()
         os.symlink(bootstrapped / "data" / "bootstrap", runs[name] / "data" / "bootstrap")
-    curio(["stage", "rollout-text"], runs["straight"])
+    stage_here("rollout-text", runs["straight"], ["tracking.enabled=false"])  # the reference: its rows only
     out = runs["stopped"] / "data" / "rollout_text"
     err = tmp_path / "stderr.txt"
     proc = start(["stage", "rollout-text"], runs["stopped"], err)
@@ -148,7 +148,7 @@ def test_a_chunked_stage_finishes_its_chunk_in_flight_and_resumes_after_it(boots
     with sqlite3.connect(runs["stopped"] / "mlflow.db") as db:  # the MLflow run was ended, not left running
         assert [s for (s,) in db.execute("select status from runs")] == ["KILLED"]
 
-    curio(["stage", "rollout-text"], runs["stopped"])
+    stage_here("rollout-text", runs["stopped"])
     after = read_manifest(out)
     assert all(after["parts"][k]["sha256"] == v["sha256"] for k, v in kept["parts"].items())
     assert read_rows(out) == read_rows(runs["straight"] / "data" / "rollout_text")
@@ -177,7 +177,7 @@ def test_a_trainer_stage_saves_the_step_it_is_on_and_resumes_there(bootstrapped,
     saved = int(re.fullmatch(r"step (\d+) of 200", where)[1])
     assert saved >= logged[-1] and (ckpts / f"checkpoint-{saved}" / "trainer_state.json").exists()
 
-    curio(["stage", "bootstrap"], proj)
+    stage_here("bootstrap", proj)
     metrics = json.loads((proj / "metrics" / "stages" / "bootstrap.json").read_text())
     assert metrics["resumed_from_step"] == saved
     assert weights_equal(proj / "data" / "bootstrap" / "model" / "model.safetensors",
@@ -207,7 +207,7 @@ def test_rl_text_rounds_keep_the_episodes_in_flight_and_resume_as_if_never_stopp
         (runs[name] / "data" / "train_policy").mkdir(parents=True)
         os.symlink(bootstrapped / "data" / "bootstrap", runs[name] / "data" / "bootstrap")
         os.symlink(bootstrapped / "data" / "bootstrap" / "model", runs[name] / "data" / "train_policy" / "dpo")
-    curio(["stage", "rl-text"], runs["straight"])
+    stage_here("rl-text", runs["straight"])
     out = runs["stopped"] / "data" / "rl_text"
     err = tmp_path / "stderr.txt"
     proc = start(["stage", "rl-text"], runs["stopped"], err)
@@ -219,7 +219,7 @@ def test_rl_text_rounds_keep_the_episodes_in_flight_and_resume_as_if_never_stopp
     assert 1 in parts
     played = sum(len(read_part(out / "replay", i, ["round"])) for i in parts)
 
-    curio(["stage", "rl-text"], runs["stopped"])
+    stage_here("rl-text", runs["stopped"])
     straight = runs["straight"] / "data" / "rl_text"
     assert read_rows(out / "replay") == read_rows(straight / "replay")
     for f in ("model/model.safetensors", "state/round-002/critic/heads.safetensors"):
@@ -335,7 +335,7 @@ def test_sample_factory_ends_its_iteration_with_a_checkpoint_and_resumes_there(t
     assert where == f"ext at {saved} of 500000 env steps"
     assert saved >= frames > on_disk
 
-    curio(["stage", "rl-nethack", "-S", f"rl_nethack.train_for_env_steps={saved + 1024}"], proj)
+    stage_here("rl-nethack", proj, [f"rl_nethack.train_for_env_steps={saved + 1024}"])
     metrics = json.loads((proj / "metrics" / "stages" / "rl-nethack.json").read_text())
     assert metrics["ext/resumed_from_env_steps"] == saved and metrics["ext/env_steps"] >= saved + 1024
     print(f"\nrl-nethack (sample-factory), env steps the rerun trains again: SIGTERM 0 (checkpoint at {saved}, "

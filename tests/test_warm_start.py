@@ -190,14 +190,15 @@ def test_sigterm_reaches_the_copy_and_a_sigkill_leaves_nothing_running(server, p
 
 def test_make_run_serves_the_stages_curio_commands(tmp_path):
     """`python -m pipeline.run_dvc`: the server starts, DVC's `curio` command (started while the server loads) runs
-    in a copy, the server stops."""
+    in a copy, the server stops. From a shell whose virtualenv is activated (its prompt exported), with bash as
+    $SHELL, which DVC runs the command with (bash drops the prompt: the command still runs in a copy)."""
     stages = {"params": {"cmd": "curio params -S seed=9 > out/params.json", "outs": ["out/params.json"]}}
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     (tmp_path / "out").mkdir()
-    env = base_env()
+    env = base_env(SHELL="/bin/bash", PS1="(.venv) $ ", PS2="> ", PS4="+++ ")
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env=env)
     res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc"], cwd=tmp_path, env=env, capture_output=True,
