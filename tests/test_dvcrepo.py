@@ -67,3 +67,18 @@ def test_no_repository_or_an_unknown_stage(project, tmp_path_factory, monkeypatc
         dvcrepo.commit(["nope"])
     monkeypatch.chdir(tmp_path_factory.mktemp("nowhere"))
     assert dvcrepo.status() is None and dvcrepo.current("a") is False  # no repository: DVC cannot tell
+
+
+def test_dvc_reads_the_projects_yaml_with_the_c_parser_and_the_same_data():
+    """DVC's YAML reader (``dvc.utils.serialize.parse_yaml``: ruamel.yaml, typ="safe") gets ruamel's C parser from
+    the installed stack, and it reads the project's dvc.yaml and params.yaml as the pure-Python parser does."""
+    from dvc.utils.serialize import parse_yaml
+    from ruamel.yaml import YAML
+    from ruamel.yaml.main import CParser
+
+    assert CParser is not None, "ruamel.yaml.clib is not installed: DVC parses YAML in pure Python"
+    assert YAML(typ="safe").Parser is CParser
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("dvc.yaml", "params.yaml"):
+        text = (repo / name).read_text()
+        assert parse_yaml(text, name) == YAML(typ="safe", pure=True).load(text), name
