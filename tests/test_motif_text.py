@@ -181,12 +181,8 @@ def test_motif_stages_end_to_end_and_idle_for_the_other_rewards(tmp_path):
     in a process of their own (its exit code and its one line are the point)."""
     proj = make_project(tmp_path, [*SMALL, "games.max_train_tasks=6", "rollout_text.trajectories_per_task=3",
                                    *MOTIF_RUN])
-
-    def stage(name: str, *overrides: str) -> None:
-        stage_here(name, proj, overrides)
-
     for name in ("bootstrap", "rollout-text"):
-        stage(name)
+        stage_here(name, proj)
     # rl-text with motif but no reward model yet: one line, exit 2, naming the stages to run
     (proj / "data" / "train_policy").mkdir(parents=True)
     import shutil
@@ -194,14 +190,14 @@ def test_motif_stages_end_to_end_and_idle_for_the_other_rewards(tmp_path):
     res = curio(["stage", "rl-text"], proj, check=False)
     assert res.returncode == 2 and "run train-reward-text first" in res.stderr and "Traceback" not in res.stderr
     for name in ("annotate-utterances", "train-reward-text"):
-        stage(name)
+        stage_here(name, proj)
     pairs = read_table(proj / "data" / "annotate_utterances").to_pylist()
     assert len(pairs) == 300 and {p["label"] for p in pairs} <= {"FIRST", "SECOND", "TIE"}
     assert all(p["group"] == "twenty_questions" and p["text_first"].startswith(p["move_first"].strip())
                for p in pairs)
     stats = json.loads((proj / "data" / "reward_model_text" / "stats.json").read_text())
     assert stats["context_messages"] == 4 and stats["metrics"]["train_pairs"] > 0
-    stage("rl-text")
+    stage_here("rl-text", proj)
     rows = read_rows(proj / "data" / "rl_text" / "rollouts")
     model, rstats = load_reward_model(proj / "data" / "reward_model_text")
     eps = rstats.threshold(0.5)
@@ -215,7 +211,7 @@ def test_motif_stages_end_to_end_and_idle_for_the_other_rewards(tmp_path):
 
     # another reward: both stages idle in a second, their outputs say why, rl-text needs no reward model
     for name in ("annotate-utterances", "train-reward-text"):
-        stage(name, "rl_text.reward=outcome")
+        stage_here(name, proj, ["rl_text.reward=outcome"])
         idle = json.loads((proj / "data" / name.replace("-", "_").replace("train_reward_text", "reward_model_text")
                            / "idle.json").read_text())
         assert "rl_text.reward: motif" in idle["idle"]
