@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -77,17 +78,13 @@ def curio(args: list[str], cwd: Path, check: bool = True, env: dict[str, str] | 
     return res
 
 
-_NEW_PROCESS_THREADS: list[int] = []
-
-
+@functools.cache
 def new_process_threads() -> int:
     """torch's intra-op threads in a new ``curio`` process with this environment (asked once per worker: a stage
     run earlier in this process may have set its own)."""
-    if not _NEW_PROCESS_THREADS:
-        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                             capture_output=True, text=True, check=True, env=command_env(REPO)).stdout
-        _NEW_PROCESS_THREADS.append(int(out))
-    return _NEW_PROCESS_THREADS[0]
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, check=True, env=command_env(REPO)).stdout
+    return int(out)
 
 
 def stage_here(name: str, cwd: Path, overrides: list[str] | tuple[str, ...] = ()):
