@@ -81,27 +81,56 @@ def test_multiturn_prompt_counts_only_the_completions_turn(real, family):
         assert [tok.decode(r[:-1]) for r in runs] == [completion[0]["content"]] and runs[0][-1] == eot
 
 
+def respelled(tok, text: str, word: str) -> list[int]:
+    """Token ids that decode to ``text`` but spell ``word`` one character a token: ids a sampler can draw that the
+    text's own tokenization never gives."""
+    head, tail = text.split(word, 1)
+    chars = [tok.convert_tokens_to_ids(c) for c in word]
+    assert tok.unk_token_id not in chars
+    ids = tok(head, add_special_tokens=False)["input_ids"] + chars + tok(tail, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and ids != tok(text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
 @pytest.mark.parametrize("family", ["chatml", "llama3"])
-def test_grpo_trains_on_the_sampled_reply_ids_only(real, family):
-    """GRPO's sequences (pipeline.text.grpo): each reply's prompt is the conversation before it rendered with the
-    generation prompt (what the policy was fed when it played), its loss tokens the ids it sampled (the turn's
-    contents and end of turn here); no template, system or user token carries loss."""
-    from pipeline.text.grpo import reply_logps, reply_sequences
+def test_grpo_trains_on_the_ids_played_not_the_text_tokenized_again(real, family):
+    """Token in, token out (pipeline.models.chat.continue_prompt, pipeline.text.grpo): the second turn's prompt is
+    the first prompt, the ids sampled (here a spelling of "red" the text's tokenization never gives) and what the
+    template adds; the packed episode scores exactly those ids, each reply with the context it was played with:
+    the same log-probs as each reply scored alone and as the full-vocabulary softmax of the whole sequence. A
+    prompt that re-tokenizes the reply's text does not extend the first one, and the episode falls back to one
+    sequence per reply."""
+    import torch
+
+    from pipeline.models.chat import continue_prompt
+    from pipeline.text.grpo import Packed, pack_episode, reply_logps
 
     model, tok = use(real, family)
     eot = tok.convert_tokens_to_ids(EOT[family])
     conversation = PROMPT + CHOSEN
-    sampled = [tok(m["content"], add_special_tokens=False)["input_ids"] + [eot]
-               for m in conversation if m["role"] == "assistant"]
-    sequences = reply_sequences(tok, conversation, sampled, max_positions=0, max_new_tokens=16)
-    replies = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
-    for k, (prompt, reply) in enumerate(sequences):
-        assert prompt == tok.apply_chat_template(conversation[:replies[k]], add_generation_prompt=True,
-                                                 return_dict=False)
-        assert reply == sampled[k] and tok.decode(reply[:-1]) == conversation[replies[k]]["content"]
-    logp, loss_mask = reply_logps(model, sequences, pad_id=tok.pad_token_id)
-    assert loss_mask.sum(dim=1).tolist() == [len(r) for _, r in sequences]  # loss on the sampled ids, nothing else
-    assert (logp[loss_mask == 1] < 0).all() and (logp[loss_mask == 0] == 0).all()
+    first = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
+    sampled = respelled(tok, CHOSEN[0]["content"], "red") + [eot]
+    second = continue_prompt(tok, conversation[:4], 2, first, sampled)
+    text_render = tok.apply_chat_template(conversation[:4], add_generation_prompt=True, return_dict=False)
+    assert second[: len(first) + len(sampled)] == first + sampled and second != text_render
+    assert tok.decode(second) == tok.decode(text_render)  # the same conversation, as it was played
+    canonical = tok(CHOSEN[0]["content"], add_special_tokens=False)["input_ids"] + [eot]
+    again = continue_prompt(tok, conversation[:4], 2, first, canonical)
+    assert again[: len(first) + len(canonical)] == first + canonical and tok.decode(again) == tok.decode(text_render)
+    reply = tok(CHOSEN[2]["content"], add_special_tokens=False)["input_ids"] + [eot]
+
+    [packed] = pack_episode([(first, sampled), (second, reply)])
+    assert packed.ids == second + reply and packed.replies == [(len(first), len(sampled)), (len(second), len(reply))]
+    together = reply_logps(model, [packed])
+    alone = reply_logps(model, [Packed(first + sampled, [(len(first), len(sampled))]),
+                                Packed(second + reply, [(len(second), len(reply))])])
+    full = torch.log_softmax(model(input_ids=torch.tensor([second + reply])).logits[0].float(), dim=-1)
+    targets = [(len(first) + i, t) for i, t in enumerate(sampled)] + [(len(second) + i, t) for i, t in
+                                                                         enumerate(reply)]
+    by_softmax = torch.tensor([float(full[at - 1, t].detach()) for at, t in targets])
+    for got in (together, alone):
+        assert torch.cat([x.detach() for x in got]).tolist() == pytest.approx(by_softmax.tolist(), abs=2e-4)
+    assert len(pack_episode([(first, sampled), (text_render, reply)])) == 2  # no prefix: a sequence each
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

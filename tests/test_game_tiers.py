@@ -128,3 +128,28 @@ def test_a_tiered_groups_metrics_are_valid_mlflow_names():
                        "rl_bandit:means:0.8_0.2:budget:2_mean_turns": 3.0, "dpo_success_rate": 0.25}
     for name in metrics:
         _validate_metric_name(name)  # raises on a name MLflow refuses
+
+
+EVERY_GROUP = ["twenty_questions", "guess_my_city", "wordle", "mastermind", "battleship", "minesweeper",
+               "cellular_automata", "bandit", "customer_service", "murder_mystery", "twenty_questions@shown4",
+               "twenty_questions@shown10", "guess_my_city@shown4", "guess_my_city@shown10", "bandit@easy3",
+               "bandit@easy2"]
+
+
+def test_held_out_secrets_are_never_train_or_val_secrets_unless_declared_fresh_draws():
+    """Every group's held-out tasks (their secrets, ``task.env``) are disjoint from its train and val tasks; only a
+    group that declares its held-out tasks fresh draws of the train configurations (the bandit tiers, whose tasks
+    all shuffle the same arm means) repeats them, and then every held-out task is such a repeat."""
+    import json
+
+    from pipeline.text.policies import game_tasks, make_games
+
+    params = load_params("params.yaml", [f"games.groups={json.dumps(EVERY_GROUP)}", "games.val_fraction=0.2"])
+    for game in make_games(params):
+        secrets = {s: {json.dumps(t.env, sort_keys=True) for t in game_tasks(params, game, s, cap=0)}
+                   for s in ("train", "val", "eval")}
+        assert secrets["eval"] and secrets["val"], game.name
+        if game.held_out_fresh_draws:
+            assert game.name.startswith("bandit@") and secrets["eval"] <= secrets["train"] | secrets["val"]
+        else:
+            assert not secrets["eval"] & (secrets["train"] | secrets["val"]), game.name

@@ -12,7 +12,19 @@ import torch
 
 from pipeline.core.stage import StageContext, declaration, execute, stage_module
 from pipeline.params import load_params
-from pipeline.text.grpo import discounted_returns, group_advantages, token_loss, turn_advantages
+from pipeline.text.grpo import (
+    Steps,
+    discounted_returns,
+    gigpo_advantages,
+    group_advantages,
+    pack_episode,
+    reply_logps,
+    rollout_weights,
+    round_advantages,
+    token_loss,
+    turn_advantages,
+    warped_logps,
+)
 
 TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_layer=1", "bootstrap.n_embd=32",
                   "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4",
@@ -23,17 +35,57 @@ def test_group_advantages_by_hand():
     # returns 1, 0, 0, 1: mean 0.5, sample std sqrt((4 x 0.25) / 3) = 0.57735; A = ±0.5 / (0.57735 + 1e-4)
     a = group_advantages([1.0, 0.0, 0.0, 1.0])
     assert a == pytest.approx([0.86588, -0.86588, -0.86588, 0.86588], abs=1e-5)
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], scale="none") == [0.5, -0.5, -0.5, 0.5]  # Dr. GRPO: R - mean
+    assert group_advantages([1.0, 0.0], scale="batch", batch_std=2.0) == pytest.approx([0.5 / 2.0001, -0.5 / 2.0001])
     assert group_advantages([-20.0, -20.0, -20.0]) is None  # no signal: the group is skipped
     assert group_advantages([3.0]) is None
 
 
-def test_discounted_and_turn_returns_by_hand():
-    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
-    assert discounted_returns([1.0, -1.0], 1.0) == [0.0, -1.0]
-    # G = [[1, 1], [0, 0]] with gamma 1: normalised over the group's four turns as above
-    adv = turn_advantages([[0.0, 1.0], [0.0, 0.0]], 1.0)
-    assert adv == [pytest.approx([0.86588] * 2, abs=1e-5), pytest.approx([-0.86588] * 2, abs=1e-5)]
-    assert turn_advantages([[0.0], [0.0]], 1.0) is None
+def test_batch_scaling_divides_by_the_rounds_std_of_returns():
+    # two groups, returns [0, 2] and [1, 1]: the round's returns 0, 2, 1, 1 have sample std sqrt(2 / 3) = 0.816497
+    groups = [[Steps([0.0]), Steps([2.0])], [Steps([1.0]), Steps([1.0])]]
+    first, second = round_advantages(groups, "trajectory", scale="batch")
+    assert first == [[pytest.approx(-1 / 0.816597, abs=1e-5)], [pytest.approx(1 / 0.816597, abs=1e-5)]]
+    assert second is None
+
+
+# The issue's group of four, scored as the stage scores a 3-turn game (-1 a turn, 0 on the winning one, a loss pays
+# every turn): a win at turn 2, a win at turn 3, a loss at turn 3, a win at turn 1.
+WIN2, WIN3, LOSS3, WIN1 = [-1.0, 0.0], [-1.0, -1.0, 0.0], [-1.0, -1.0, -1.0], [0.0]
+
+
+def test_turn_credit_compares_each_step_with_the_same_step_of_the_others():
+    adv = turn_advantages([Steps(r) for r in (WIN2, WIN3, LOSS3, WIN1)], gamma=1.0)
+    # step 1: G = -1, -2, -3, 0 (mean -1.5, sample std sqrt(5 / 3) = 1.290994)
+    s1 = 1.290994 + 1e-4
+    assert [a[0] for a in adv] == pytest.approx([0.5 / s1, -0.5 / s1, -1.5 / s1, 1.5 / s1], abs=1e-5)
+    # step 2: G = 0, -1, -2 (mean -1, std 1); step 3: G = 0, -1 (mean -0.5, std 0.707107)
+    assert [adv[0][1], adv[1][1], adv[2][1]] == pytest.approx([1 / 1.0001, 0.0, -1 / 1.0001], abs=1e-5)
+    assert [adv[1][2], adv[2][2]] == pytest.approx([0.5 / 0.707207, -0.5 / 0.707207], abs=1e-5)
+    assert adv[2][2] < 0  # the losing final guess is blamed (pooling every turn of the group gave it +0.11)
+    assert adv[1][0] == pytest.approx(-0.387262, abs=1e-5)  # the 3-turn win's first question: -0.84 pooled
+    # four identical 3-turn wins: nothing to compare, the group is skipped (pooled: [-1.17, 0, 1.17] each)
+    assert round_advantages([[Steps(WIN3) for _ in range(4)]], "turn") == [None]
+
+
+def test_gigpo_adds_the_step_advantage_of_steps_taken_in_the_same_state():
+    # three episodes of a task; all share state "s0"; the first two also share "a1" (the same first move and reply)
+    group = [Steps([-1.0, 0.0], ["s0", "a1"]), Steps([-1.0, -1.0, -1.0], ["s0", "a1", "a2"]),
+             Steps([-1.0, 0.0], ["s0", "b1"])]
+    omega = 0.5
+    adv = gigpo_advantages(group, gamma=1.0, omega=omega, scale="none")
+    # episode: R = -1, -3, -1 (mean -5/3): A_E = 2/3, -4/3, 2/3
+    # step groups: s0 holds G = -1, -3, -1 (mean -5/3) -> 2/3, -4/3, 2/3; a1 holds G = 0, -2 -> +1, -1; b1 and a2 alone
+    assert adv[0] == pytest.approx([2 / 3 + omega * 2 / 3, 2 / 3 + omega * 1.0])
+    assert adv[1] == pytest.approx([-4 / 3 + omega * -4 / 3, -4 / 3 + omega * -1.0, -4 / 3])
+    assert adv[2] == pytest.approx([2 / 3 + omega * 2 / 3, 2 / 3])
+    # with std scaling: s0's G = -1, -3, -1 have sample std 1.154701; a1's G = 0, -2 have 1.414214
+    scaled = gigpo_advantages(group, gamma=1.0, omega=1.0)
+    e = [x / 1.154801 for x in (2 / 3, -4 / 3, 2 / 3)]
+    assert scaled[0] == pytest.approx([2 * e[0], e[0] + 1 / 1.414314], abs=1e-5)
+    assert scaled[2] == pytest.approx([2 * e[2], e[2]], abs=1e-5)
+    # gamma discounts the step returns: G of episode 2 = [-1 - 0.5 - 0.25, -1.5, -1]
+    assert discounted_returns([-1.0, -1.0, -1.0], 0.5) == [-1.75, -1.5, -1.0]
 
 
 def test_clipped_loss_and_kl_by_hand():
@@ -49,48 +101,90 @@ def test_clipped_loss_and_kl_by_hand():
     loss, stats = token_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2, beta=0.1,
                              ref=torch.zeros_like(logp))
     assert stats["kl"] == pytest.approx(0.072132, abs=1e-6) and float(loss) == pytest.approx(-1.2 + 0.0072132)
-    # token-level mean over the masked tokens of the batch (two rows, three tokens)
-    loss, _ = token_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
-                         torch.tensor([[1.0, 1.0], [1.0, 0.0]]), clip_eps=0.2)
-    assert float(loss) == pytest.approx(-(1 + 2 + 3) / 3)
 
 
-def test_infogain_on_a_four_candidate_game_by_hand(monkeypatch):
-    """Secrets a, b, c, d; "big?" is yes for a, "red?" for b and c, "b?" (a guess) for b. The questions' answers
-    split 1/4, then 2/3 of the three left, then 1/2 of the two left: H(1/4), H(2/3), H(1/2) bits."""
-    import pipeline.text.multiturn_pairs as mp
+def test_loss_types_average_token_losses_as_trl_names_them():
+    # two replies at ratio 1 (loss = -A per token): reply 1 has 2 tokens at A = 1, 2; reply 2 one token at A = 3
+    zeros, mask = torch.zeros(2, 2), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    dapo, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2)
+    assert float(dapo) == pytest.approx(-(1 + 2 + 3) / 3)  # every token alike
+    grpo, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, loss_type="grpo")
+    assert float(grpo) == pytest.approx(-((1 + 2) / 2 + 3) / 2)  # each reply's mean, then the mean over replies
+    dr, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, loss_type="dr_grpo", max_tokens=4)
+    assert float(dr) == pytest.approx(-(1 + 2 + 3) / (2 * 4))  # the sum over replies x the generation budget
+    weighted, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, weights=torch.tensor([[0.5, 1.0], [0.0, 0.0]]))
+    assert float(weighted) == pytest.approx(-(0.5 + 2) / 3)  # the rollout correction scales each token's loss
+
+
+def test_rollout_correction_by_hand():
+    # trainer minus sampler log-probs: ln 3, -ln 4 (reply 1), ln 1.5 (reply 2): token ratios 3, 1/4, 1.5
+    old = torch.tensor([[math.log(3), -math.log(4)], [math.log(1.5), 0.0]])
+    sampler = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    w, stats = rollout_weights(old, sampler, mask, "tis", "token", cap=2.0)
+    assert w.flatten().tolist() == pytest.approx([2.0, 0.25, 1.5, 0.0])  # min(rho, C)
+    assert stats["corrected"] == pytest.approx(1 / 3)
+    assert stats["gap_mean"] == pytest.approx((math.log(3) + math.log(4) + math.log(1.5)) / 3)
+    assert stats["gap_max"] == pytest.approx(math.log(4))
+    w, stats = rollout_weights(old, sampler, mask, "mask", "token", cap=2.0)
+    assert w.flatten().tolist() == pytest.approx([0.0, 0.0, 1.5, 0.0])  # outside [1/2, 2]: 0
+    assert stats["corrected"] == pytest.approx(2 / 3)
+    # per reply: the product of its tokens' ratios, 3 x 1/4 = 0.75 and 1.5, both inside [1/2, 2]
+    w, stats = rollout_weights(old, sampler, mask, "mask", "sequence", cap=2.0)
+    assert w.flatten().tolist() == pytest.approx([0.75, 0.75, 1.5, 0.0]) and stats["corrected"] == 0.0
+    w, stats = rollout_weights(old, sampler, mask, "tis", "sequence", cap=1.2)
+    assert w.flatten().tolist() == pytest.approx([0.75, 0.75, 1.2, 0.0]) and stats["corrected"] == pytest.approx(1 / 3)
+    assert rollout_weights(old, sampler, mask, "none", "token", cap=2.0)[0] is None
+
+
+def test_log_probs_are_those_of_the_truncated_distribution_the_sampler_drew_from():
+    from transformers import GenerationConfig
+
+    from pipeline.llm.base import Sampling
+    from pipeline.llm.sampler import sampling_warpers
+
+    # probabilities 0.5, 0.3, 0.15, 0.05; min-p 0.3 keeps those >= 0.3 x 0.5 = 0.15: the first three, renormalised
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(3, 4)
+    warpers = sampling_warpers(GenerationConfig(top_k=None), Sampling(temperature=1.0, min_p=0.3))
+    got = warped_logps(logits, torch.tensor([0, 2, 3]), warpers)
+    assert got[:2].tolist() == pytest.approx([math.log(0.5 / 0.95), math.log(0.15 / 0.95)], abs=1e-6)
+    assert float(got[2]) == -1e4  # removed by min-p: the floor, a ratio of 0
+    # temperature 0.5 squares the probabilities before min-p: 0.25, 0.09, 0.0225, 0.0025 (sum 0.365)
+    hot = sampling_warpers(GenerationConfig(top_k=None), Sampling(temperature=0.5))
+    assert warped_logps(logits[:1], torch.tensor([1]), hot).tolist() == pytest.approx([math.log(0.09 / 0.365)],
+                                                                                       abs=1e-5)
+    # top-k 2: the two largest only, 0.5 / 0.8 and 0.3 / 0.8
+    top2 = sampling_warpers(GenerationConfig(top_k=2), Sampling(temperature=1.0))
+    assert warped_logps(logits[:2], torch.tensor([0, 1]), top2).tolist() == pytest.approx(
+        [math.log(0.5 / 0.8), math.log(0.3 / 0.8)], abs=1e-6)
+
+
+def test_infogain_counts_the_candidates_the_task_shows_by_hand():
+    """twenty_questions@shown4's first train task: the secret dog, shown among tiger, dog, sheep, zebra (of 17
+    mammals). "Stripes?" splits the four shown 2 / 2 (tiger, zebra): 1 bit (over all 17 mammals, 2 have stripes:
+    H(2/17) = 0.52 bits). After "No." dog and sheep are left, and "hooves?" splits them 1 / 1: 1 bit. The guess of
+    the one left: 0 bits. The real game and knowledge base, as the scripted player reasons."""
+    from pipeline.envs.twenty_questions import knowledge_base
+    from pipeline.text.policies import make_games
     from pipeline.text.turn_rewards import InfogainTurnRewards
 
-    yes = {"big?": {"a"}, "red?": {"b", "c"}, "b?": {"b"}}
+    game = make_games(load_params("params.yaml", ["games.groups=[twenty_questions@shown4]"]))[0]
+    task = game.tasks("train")[0]
+    assert (task.env, game.shown(task)) == ("dog", ["tiger", "dog", "sheep", "zebra"])
+    kb = knowledge_base()
+    assert [kb.value(o, "stripes") for o in game.shown(task)] == [True, False, False, True]
+    assert sum(kb.value(o, "stripes") for o in kb.members("mammal")) == 2 and len(kb.members("mammal")) == 17
+    moves = [("Does it have stripes?", "No."), ("Does it have hooves?", "No."), ("Is it a dog?", "Yes. Goal reached.")]
+    conversation = game.conversation_start(task)
+    for move, reply in moves:
+        conversation += [{"role": "assistant", "content": f"<Answer>{move}</Answer>"},
+                         {"role": "user", "content": reply}]
 
-    def consistent(history):
-        left = {"a", "b", "c", "d"}
-        for q, reply in history:
-            left = left & yes[q] if reply.lower().startswith("yes") else left - yes[q]
-        return sorted(left)
-
-    monkeypatch.setattr(mp, "knowledge_base_candidates", lambda game, task: consistent)
-
-    class Game:
-        name = "fake"
-
-        @staticmethod
-        def parse_action(text):
-            return text
-
-    conversation = [{"role": "system", "content": "play"}, {"role": "user", "content": "start"},
-                    {"role": "assistant", "content": "big?"}, {"role": "user", "content": "No."},
-                    {"role": "assistant", "content": "red?"}, {"role": "user", "content": "Yes."},
-                    {"role": "assistant", "content": "b?"}, {"role": "user", "content": "Yes. Goal reached."}]
-    row = {"group": "fake", "task_id": "b", "secret": "{}", "category": "x", "difficulty": "easy", "split": "train",
-           "conversation": conversation}
-    [gains] = InfogainTurnRewards(None)(None, None, [Game()], [row], 0, 0)
-
-    def h(p):
-        return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
-
-    assert gains == pytest.approx([h(1 / 4), h(2 / 3), 1.0])
-    assert gains == pytest.approx([0.811278, 0.918296, 1.0], abs=1e-6)
+    row = {"group": game.name, "task_id": task.task_id, "secret": json.dumps(task.env), "category": task.agent,
+        "difficulty": task.difficulty, "split": task.split, "conversation": conversation}
+    [gains] = InfogainTurnRewards(None)(None, None, [game], [row], 0, 0)
+    assert gains == pytest.approx([1.0, 1.0, 0.0])
 
 
 def test_infogain_needs_a_knowledge_base():
@@ -133,7 +227,6 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
     stage_module("rl-text").run(straight, StageContext())
     history = json.loads(straight.plots_path("rl_rounds.json").read_text())
     assert [h["round"] for h in history] == [0, 1] and all(h["algorithm"] == "grpo" for h in history)
-    assert all(0.0 <= h["val_success"] <= 1.0 for h in history)
     assert history[0]["grpo/replies"] > 0  # infogain gives every group a spread: replies were trained on
     assert history[0]["grpo/groups_skipped"] == 0
 
@@ -163,6 +256,23 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
         a = (straight.data_path("rl_text", "model") / name).read_bytes()
         b = (killed.data_path("rl_text", "model") / name).read_bytes()
         assert a == b  # the resumed run kept the same model
+
+
+def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_path, monkeypatch):
+    """Early stopping on val: with val success 0.2 for the DPO start, 0.6 after round 1 and 0.4 after round 2, the
+    stage's model is round 1's, byte for byte (not the last round's, not the start's)."""
+    import stages.rl.grpo as grpo
+
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
+    params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.reward=outcome"))
+    scores = iter([0.2, 0.6, 0.4])
+    monkeypatch.setattr(grpo, "val_success", lambda *args, **kwargs: next(scores))
+    result = stage_module("rl-text").run(params, StageContext())
+    assert result.metrics["grpo/chosen_round"] == 1 and result.metrics["grpo/val_success_chosen"] == 0.6
+    rounds = tmp_path / "data" / "rl_text" / "rounds"
+    first, last = rounds / "round-000" / "model.safetensors", rounds / "round-001" / "model.safetensors"
+    kept = (tmp_path / "data" / "rl_text" / "model" / "model.safetensors").read_bytes()
+    assert kept == first.read_bytes() and kept != last.read_bytes()
 
 
 def test_pass_at_k_by_hand():
@@ -269,3 +379,85 @@ def test_compare_rounds_without_grpo_rounds_is_one_line(tmp_path):
     make_project(tmp_path, [f"data_dir={tmp_path / 'data'}", "games.val_fraction=0.2"])
     with pytest.raises(ToolError, match="no finished GRPO rounds under .*rl_text.algorithm=grpo"):
         compare_rounds(tmp_path, [])
+
+
+def test_hf_plays_token_in_token_out_and_its_log_probs_are_the_trainers(smollm2_dir):
+    """SmolLM2 plays twenty_questions@shown4 from ids with min-p 0.3 (the preset's sampling) on the hf backend: each
+    reply's prompt extends the previous prompt and reply (an episode packs into one sequence), and the sampler's
+    log-probs are the trainer's own, min-p applied and renormalised, to float rounding (GRPO's π_old)."""
+    from pipeline.llm import sampling_from_config
+    from pipeline.llm.hf import HFBackend, load_policy
+    from pipeline.text.play import play_episodes
+    from pipeline.text.policies import make_games
+    from stages.rl.grpo import trainer_warpers
+
+    params = load_params("params.yaml", ["policy.free_answers=true", "games.groups=[twenty_questions@shown4]",
+                                         "rollout_text.min_p=0.3", "rollout_text.max_new_tokens=24"])
+    model, tok = load_policy(smollm2_dir)
+    game = make_games(params)[0]
+    sampling = sampling_from_config(params.rollout_text)
+    jobs = [(game, t, s) for t in game.tasks("train")[:2] for s in range(2)]
+    rows = play_episodes(HFBackend(smollm2_dir, model_obj=model, tokenizer=tok), jobs, sampling, seed=3,
+                         token_ids=True)
+    warpers = trainer_warpers(model, sampling)
+    assert any(type(w).__name__ == "MinPLogitsWarper" for w in warpers)
+    gaps = []
+    for row in rows:
+        replies = list(zip(row["reply_prompt_ids"], row["reply_token_ids"], strict=True))
+        assert len(replies) == row["turns"] and all(row["reply_parsed"])
+        [packed] = pack_episode(replies)  # every prompt extends the one before: one sequence
+        assert [packed.ids[a:a + n] for a, n in packed.replies] == row["reply_token_ids"]
+        assert [packed.ids[:a] for a, _ in packed.replies] == row["reply_prompt_ids"]
+        with torch.no_grad():
+            trainer = torch.cat(reply_logps(model, [packed], warpers))
+        sampler = torch.tensor([x for lp in row["reply_logprobs"] for x in lp])
+        gaps.append(float((trainer - sampler).abs().max()))
+    assert max(gaps) < 1e-3
+
+
+def played(conversation_moves: list[tuple[str, bool]], success: bool, turns: int, dense=None) -> dict:
+    """A hand-made GRPO row of twenty_questions@shown4: each sampled reply (text, parsed) in order."""
+    conversation = [{"role": "system", "content": "play"}, {"role": "user", "content": "which one?"}]
+    context = []
+    for text, parsed in conversation_moves:
+        context.append(len(conversation))
+        if parsed:
+            conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": "No."}]
+    return {"group": "twenty_questions@shown4", "task_id": "dog", "conversation": conversation, "success": success,
+            "turns": turns, "reward": 0.0, "reply_parsed": [p for _, p in conversation_moves],
+            "reply_context": context, "turn_rewards": dense or []}
+
+
+def test_the_stages_step_rewards_and_advantages_by_hand():
+    """rl-text's GRPO steps on three episodes of a 3-turn task: a re-sampled reply, then a first-turn win; three
+    questions and a loss; a question, then four replies that never parse (the episode ends invalid). Rewards:
+    -1 a turn, 0 on the winning one, -format_penalty for a reply that did not parse, a failure's unused turns on
+    its last step; the dense reward is added to the move it belongs to."""
+    from pipeline.text.policies import make_games
+    from stages.rl.grpo import advantages_of, step_anchors, step_rewards
+
+    params = load_params("params.yaml", ["games.groups=[twenty_questions@shown4]", "rl_text.grpo.format_penalty=0.5"])
+    games = {g.name: g for g in make_games(params)}
+    game, cfg = games["twenty_questions@shown4"], params.rl_text.grpo
+    win = played([("???", False), ("dog", True)], success=True, turns=1, dense=[0.25])
+    loss = played([("a", True), ("b", True), ("c", True)], success=False, turns=3)
+    invalid = played([("a", True)] + [("???", False)] * 4, success=False, turns=1)
+    assert step_rewards(win, game, cfg) == [-0.5, 0.25]
+    assert step_rewards(loss, game, cfg) == [-1.0, -1.0, -1.0]
+    assert step_rewards(invalid, game, cfg) == [-1.0, -0.5, -0.5, -0.5, -0.5 - 2.0]  # 2 turns left unused
+    anchors = step_anchors(win)
+    assert anchors[0] == anchors[1] and len(anchors[0]) == 2  # the re-sampled reply shares its turn's state
+    assert step_anchors(loss)[0] == anchors[0] and len(step_anchors(loss)[2]) == 6
+    # trajectory credit: returns -0.25, -3, -5 (mean -2.75, sample std sqrt(11.375 / 2) = 2.384848)
+    scored, skipped = advantages_of([win, loss, invalid], games, cfg)
+    s = 2.384848 + 1e-4
+    assert skipped == 0 and [len(a) for _, a in scored] == [2, 3, 5]
+    assert [a[0] for _, a in scored] == pytest.approx([2.5 / s, -0.25 / s, -2.25 / s], abs=1e-5)
+    assert all(len(set(a)) == 1 for _, a in scored)  # the same advantage for every step of an episode
+    # turn credit without std: step 1 G = -0.25, -3, -5 -> mean -2.75; step 2 G = 0.25, -2, -4 -> mean -1.916667
+    turn = params.rl_text.grpo.model_copy(update={"credit": "turn", "scale_rewards": "none"})
+    [(_, a_win), (_, a_loss), _] = advantages_of([win, loss, invalid], games, turn)[0]
+    assert a_win == pytest.approx([2.5, 0.25 + 1.916667], abs=1e-5)
+    assert a_loss[:2] == pytest.approx([-0.25, -2 + 1.916667], abs=1e-5)
+    # one episode alone, or all the same: no signal, skipped
+    assert advantages_of([loss, dict(loss)], games, cfg) == ([], 1)

@@ -61,6 +61,7 @@ class Bandit(TextGame):
 
     def set_tier(self, spec: str) -> None:
         super().set_tier(spec)
+        self.held_out_fresh_draws = True  # every task shuffles the tier's arm means: held-out repeats train's
         self.budget = self.tier["budget"]
         self.max_turns = self.budget + 1
 

@@ -69,6 +69,10 @@ class Game(ABC):
     format_note: str = ""
     #: ``policy.free_answers``: a reply without the tags is read as a move (its first line) instead of unparseable
     free_answers: bool = False
+    #: held-out tasks are fresh draws of the train tasks' configurations, not unseen secrets (a bandit tier: every
+    #: task shuffles the tier's arm means, so held-out episodes differ only in the draws of their pulls); False:
+    #: no held-out task is a train task (``TextGame.tasks`` leaves out any that a random generator repeated)
+    held_out_fresh_draws: bool = False
 
     #: difficulty tiers: name -> game params that change the task (``games.groups`` entry ``GAME@TIER``; see
     #: ``parse_tier``); a game without tiers takes none

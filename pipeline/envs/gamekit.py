@@ -143,7 +143,11 @@ class TextGame(Game):
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r} (train or eval)")
         if split not in self._tasks:
-            self._tasks[split] = self.make_tasks(split)
+            tasks = self.make_tasks(split)
+            if split == "eval" and not self.held_out_fresh_draws:  # a held-out task is never a train task
+                seen = {json.dumps(t.env, sort_keys=True) for t in self.tasks("train")}
+                tasks = [t for t in tasks if json.dumps(t.env, sort_keys=True) not in seen]
+            self._tasks[split] = tasks
         return list(self._tasks[split])
 
     def prompt_fields(self, task: Task) -> dict[str, Any]:

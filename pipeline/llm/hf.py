@@ -172,7 +172,11 @@ class HFBackend(ChatBackend):
         return sum(p._version for p in self.lm.parameters())
 
     @torch.no_grad()
-    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+    def generate(self, conversations: list[Conversation], sampling: Sampling,
+                 prompt_ids: list[list[int]] | None = None) -> list[Generation]:
+        """One reply per conversation; ``prompt_ids``: play these ids as the prompts (token in, token out) instead
+        of the conversations rendered by the chat template. Each generation's ``meta`` holds the prompt ids it was
+        given (``prompt_ids``) and the ids it sampled (``token_ids``)."""
         if self.kv is not None:
             version = self._weights_version()
             if version != self._seen_version:  # trained in place since: kept keys / values are stale
@@ -180,7 +184,8 @@ class HFBackend(ChatBackend):
                 self._seen_version = version
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        encoded = self.encode(conversations, sampling.max_tokens)
+        encoded = (self.encode(conversations, sampling.max_tokens) if prompt_ids is None
+                   else [list(p) for p in prompt_ids])
         # Sort by length so each batch pads little; results are put back in input order.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
         out: list[Generation | None] = [None] * len(encoded)
@@ -307,7 +312,8 @@ class HFBackend(ChatBackend):
         text = self.tokenizer.decode(toks[:n], skip_special_tokens=True).strip()
         return Generation(text=text, token_logprobs=logps[:n] if logps is not None else None,
                           tokens_in=len(prompt), tokens_out=n,
-                          meta={"cached_tokens": reused, "token_ids": [int(t) for t in toks[:n]]})
+                          meta={"cached_tokens": reused, "token_ids": [int(t) for t in toks[:n]],
+                                "prompt_ids": prompt})
 
     def _past(self, hits: list[tuple[int, Entry | None]], width: int, room: int) -> DynamicCache:
         """The reused keys / values of a batch, each row's right-aligned in ``width`` positions, in buffers with

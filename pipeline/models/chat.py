@@ -174,6 +174,27 @@ def fit_context(tokenizer, messages: list[dict], max_tokens: int) -> tuple[list[
     return messages[:head] + rest, dropped
 
 
+def continue_prompt(tokenizer, conversation: list[dict], reply_at: int, prompt: list[int],
+                    sampled: list[int]) -> list[int] | None:
+    """Token in, token out: the generation prompt of ``conversation`` (which goes on past the assistant message at
+    ``reply_at`` with the environment's messages) as the ids played so far, ``prompt`` then the ``sampled`` reply,
+    followed by what the chat template renders after that reply: the end of its turn (its end-of-turn token unless
+    the reply sampled it) and the next messages with the generation prompt. The reply's text is never tokenized
+    again. None when the template renders the later conversation without the earlier one as a prefix."""
+    before_reply = conversation[:reply_at]
+    with_reply = _render(tokenizer, conversation[: reply_at + 1])
+    full = _render(tokenizer, conversation, generation_prompt=True)
+    _, footer = _turn_frame(tokenizer, before_reply)
+    if not full.startswith(with_reply) or not with_reply.endswith(footer):
+        return None
+    footer_ids = tokenizer(footer, add_special_tokens=False)["input_ids"] if footer else []
+    if sampled and footer_ids and sampled[-1] == footer_ids[0]:
+        footer_ids = footer_ids[1:]
+    rest = full[len(with_reply):]
+    rest_ids = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    return list(prompt) + list(sampled) + list(footer_ids) + list(rest_ids)
+
+
 def encode_prompt(tokenizer, conversation: list[dict], max_positions: int, max_new_tokens: int) -> list[int]:
     """Generation-prompt token ids of ``conversation``, its oldest turns dropped (logged, never the system / task
     message) when it would leave fewer than ``max_new_tokens`` of a ``max_positions`` context (0 = no limit)."""

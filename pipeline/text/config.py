@@ -369,19 +369,45 @@ class GRPOConfig(Section):
     """``rl_text.algorithm: grpo``: group-relative advantages over the trajectories_per_task episodes of a task
     (pipeline/text/grpo.py has the formulas)."""
 
-    credit: Literal["trajectory", "turn"] = Field(
-        "trajectory", description="trajectory: each episode's return, normalised within its task's group, for "
-        "every token of its replies | turn: each reply's discounted return of the per-turn rewards, normalised "
-        "over every turn of the group")
+    credit: Literal["trajectory", "gigpo", "turn"] = Field(
+        "trajectory", description="how a step (a sampled reply) is credited; R = an episode's summed step rewards, "
+        "G_t = a step's discounted return (gamma), F = scale_rewards' normaliser | trajectory: (R - mean R) / F of "
+        "the task's group, for every step of the episode | gigpo: GiGPO's episode advantage plus omega x the step "
+        "advantage (G_t - mean G) / F over the group's steps taken in the same state (the same conversation so "
+        "far), 0 for a state no other step shared | turn: (G_t - mean G) / F over the same step index t of the "
+        "group's episodes that reached it")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="F, the normaliser of the advantages (TRL's names): group = the sample std of the "
+        "values compared (+1e-4) | batch = the std of all such values of the round | none = 1 (Dr. GRPO: no bias "
+        "towards tasks that are too easy or too hard)")
+    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field(
+        "dapo", description="how token losses are averaged over an optimizer step (TRL's names): dapo = over every "
+        "sampled token alike | grpo = each reply's token mean, then the mean over replies | dr_grpo = the sum over "
+        "tokens / (replies x rollout_text.max_new_tokens) (Dr. GRPO)")
+    omega: float = Field(1.0, ge=0, description="gigpo: the weight of the step-level advantage (GiGPO's omega)")
+    gamma: float = Field(1.0, ge=0, le=1, description="gigpo and turn: the discount of the step returns G_t")
+    outcome_coef: float = Field(1.0, ge=0, description="weight of the game's outcome reward among the per-turn "
+                                "rewards (with a dense rl_text.reward; with outcome it is the reward)")
+    format_penalty: float = Field(
+        1.0, ge=0, description="a reply that does not parse as a move (re-sampled, never played) is a step of "
+        "its own with reward -format_penalty, so the loss it causes lands on it (an episode that runs out of "
+        "re-samples also pays its unused turns there, on turn-scored games)")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="ε of the clipped importance ratio")
     beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (the DPO policy); 0 = none, "
                         "and no reference model is loaded (TRL's default)")
-    gamma: float = Field(1.0, ge=0, le=1, description="turn credit: the discount of the per-turn returns")
-    outcome_coef: float = Field(1.0, ge=0, description="weight of the game's outcome reward among the per-turn "
-                                "rewards (with a dense rl_text.reward; with outcome it is the reward)")
+    rollout_correction: Literal["none", "tis", "mask"] = Field(
+        "tis", description="the sampler / trainer mismatch correction, rho = exp(trainer log-prob at the weights "
+        "that played - the sampler's): tis = each token's loss x min(rho, cap) (truncated importance sampling) | "
+        "mask = x rho where 1/cap <= rho <= cap, else 0 | none. It needs a scoring pass of the round's replies; "
+        "an hf policy playing in float32 samples from the trainer's own distribution (the sampler's log-probs are "
+        "the ratio's denominator, the gap is measured on the first optimizer step), so no pass and no correction")
+    rollout_correction_level: Literal["token", "sequence"] = Field(
+        "token", description="rho per token, or per reply (the product of its tokens' ratios)")
+    rollout_correction_cap: float = Field(2.0, gt=1, description="C, the cap of tis and the bounds [1/C, C] of mask")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
     epochs: int = Field(1, ge=1, le=16, description="passes over a round's replies (TRL's num_iterations)")
-    batch_size: int = Field(16, ge=1, description="agent replies per optimizer step")
+    batch_size: int = Field(16, ge=1, description="agent replies per optimizer step (whole episodes are taken "
+                            "until a step holds at least this many)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     val_trajectories: int = Field(
         1, ge=0, description="episodes per val task (games.val_fraction) played after each round; the model "
@@ -403,7 +429,8 @@ class RLTextConfig(Section):
         "continuations (rl_text.judge_reward) | motif = the utterance reward model of train-reward-text "
         "(rl_text.motif) | oni = the judge labels moves while rl-text plays, a reward model refit between "
         "rounds (rl_text.oni) | infogain = each question's expected information gain (bits) over the secrets "
-        "still consistent with the replies, from the game's knowledge base (twenty_questions, guess_my_city); "
+        "still consistent with the replies among those the task shows, from the game's knowledge base "
+        "(twenty_questions, guess_my_city); "
         "filtered_bc ranks by the mean over a trajectory's utterances for all but outcome")
     judge_reward: JudgeRewardConfig = Field(default_factory=JudgeRewardConfig,
                                             description="reward judge: forward simulation and its judge")

@@ -7,7 +7,8 @@ R = w_llm·mean(interactivity, information gain) + w_task·accuracy − min(w_co
 Chosen = the best candidate, rejected = the worst; ties (within a margin) give no pair. The scores come from a
 judge: rules ``exact`` computes them from the game's knowledge base (twenty questions, guess my city: accuracy =
 the continuation found the secret; interactivity = mean binary entropy of each question's yes/no answer over the
-secrets still possible; information gain = the share of the entropy removed by the continuation); any chat
+secrets still possible among those the task shows; information gain = the share of the entropy removed by the
+continuation); any chat
 backend answers the ``multiturn_judge`` prompt (``pipeline/text/prompts/multiturn_judge.yaml``). A candidate
 without a parseable ``<Answer>`` never reaches the environment: it gets R's floor, −1, below every playable turn.
 The ``pairs-text`` stage (``strategy: multiturn``) runs :func:`multiturn_chunk` per chunk of tasks; rl-text
@@ -135,13 +136,23 @@ class Candidate:
 
 
 def knowledge_base_candidates(game: Game, task: Task) -> ConsistentCandidates:
-    """Which secrets of ``task``'s knowledge base agree with a (question, reply) history."""
+    """Which secrets of ``task`` agree with a (question, reply) history, as the game's scripted player reasons: the
+    knowledge base's secrets consistent with the replies among those the task shows (a ``@shownN`` tier lists N;
+    untiered, every object of the category or every city), or every shown one when the replies rule them all out."""
     if type(game).name == "twenty_questions":
         kb = knowledge_base()
-        return lambda history: kb.consistent(task.agent, list(history))
-    if type(game).name == "guess_my_city":
-        return lambda history: game.candidates(list(history))  # type: ignore[attr-defined]
-    raise ValueError(f"the rules 'exact' judge needs a knowledge base ({', '.join(EXACT_GROUPS)}), not {game.name}")
+
+        def consistent(history: History) -> list[str]:
+            return kb.consistent(task.agent, list(history))
+    elif type(game).name == "guess_my_city":
+        def consistent(history: History) -> list[str]:
+            return game.candidates(list(history))  # type: ignore[attr-defined]
+    else:
+        raise ValueError(f"the rules 'exact' judge needs a knowledge base ({', '.join(EXACT_GROUPS)}), not "
+                         f"{game.name}")
+    shown = list(game.shown(task))  # type: ignore[attr-defined]
+    listed = set(shown)
+    return lambda history: [c for c in consistent(history) if c in listed] or shown
 
 
 def split_quality(consistent: ConsistentCandidates, history: History, question: str) -> float:

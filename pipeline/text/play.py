@@ -12,7 +12,7 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +21,17 @@ from pipeline.envs.base import Game, Task, extract_answer
 from pipeline.llm.base import ChatBackend, Sampling
 
 PROMPT_MESSAGES = 2  # a game's conversation opens with a system and a user message; the agent's turns follow
+#: What token-in / token-out play keeps of every reply the policy sampled, in play order (``play_episodes(...,
+#: token_ids=True)``): the conversation's length when it was asked for (its state: the messages before it), the
+#: prompt ids the policy was given, the ids it sampled, the sampler's log-prob of each (after temperature, top-k,
+#: top-p and min-p), and whether it parsed as a move (a reply that did not is re-sampled and never reaches the game).
+REPLY_FIELDS = [
+    pa.field("reply_context", pa.list_(pa.int32())),
+    pa.field("reply_prompt_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("reply_token_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("reply_logprobs", pa.list_(pa.list_(pa.float32()))),
+    pa.field("reply_parsed", pa.list_(pa.bool_())),
+]
 EPISODE_SCHEMA = pa.schema(
     [
         ("group", pa.string()),
@@ -61,8 +72,9 @@ class Episode:
     final_action: str | None = None
     actions: list[str] = field(default_factory=list)
     tokens_out: int = 0  # tokens the policy generated in this episode, format retries included
-    turn_ids: list[list[int] | None] = field(default_factory=list)  # each kept reply's sampled token ids
     stop_at: int | None = None  # stop playing (without ending the game) once ``turns`` reaches this
+    prompt_ids: list[int] | None = None  # token in, token out: the ids of the next turn's prompt
+    replies: list[dict] = field(default_factory=list)  # token in, token out: every sampled reply (REPLY_FIELDS)
 
     def score(self) -> float:
         """PAPRIKA's score: turns used (failures count as the turn limit); reward tasks: minus total reward."""
@@ -89,8 +101,11 @@ def play_episodes(
     on_turn: Callable[[int], None] | None = None,
     token_ids: bool = False,
 ) -> list[dict]:
-    """Play ``(game, task, sample_index)`` jobs to the end; returns one row per episode (EPISODE_SCHEMA, plus
-    ``turn_token_ids`` with ``token_ids``: each agent reply's sampled ids, from a backend that returns them).
+    """Play ``(game, task, sample_index)`` jobs to the end; returns one row per episode (EPISODE_SCHEMA).
+
+    ``token_ids``: token in, token out (:class:`TokenPrompts`): each turn's prompt is the ids of the one before, the
+    ids sampled after it and what the chat template adds (never a reply's text tokenized again), and the rows get
+    REPLY_FIELDS; the backend plays from ids (``prompt_ids``) and returns its sampled ids and log-probs.
 
     Deterministic given ``seed`` and the job list (torch and Python RNGs are seeded here).
     """
@@ -100,14 +115,48 @@ def play_episodes(
         Episode(game=g, task=t, sample=s, state=g.reset(t, rng), conversation=g.conversation_start(t))
         for g, t, s in jobs
     ]
-    _play(policy, episodes, sampling, max_format_retries, on_turn)
+    tokens = None
+    if token_ids:
+        tokens = TokenPrompts(policy, sampling.max_tokens)
+        sampling = replace(sampling, logprobs=True)
+        for e in episodes:
+            e.prompt_ids = tokens.first(e.conversation)
+    _play(policy, episodes, sampling, max_format_retries, on_turn, tokens)
     rows = [episode_row(e, seed, policy_name) for e in episodes]
     if token_ids:
         for row, e in zip(rows, episodes, strict=True):
-            if any(ids is None for ids in e.turn_ids):
-                raise ValueError(f"play: the {getattr(policy, 'name', 'policy')} backend returned no token ids")
-            row["turn_token_ids"] = e.turn_ids
+            row.update({f.name: [r[f.name] for r in e.replies] for f in REPLY_FIELDS})
     return rows
+
+
+class TokenPrompts:
+    """Token-in / token-out prompts for a policy that plays from ids (``policy.tokenizer``): the first turn's is the
+    chat template's rendering of the opening messages; each later one continues the ids played
+    (``pipeline.models.chat.continue_prompt``). A prompt that would leave fewer than ``max_new_tokens`` of the
+    model's context, or a template that does not render the conversation so far as a prefix, is rendered from the
+    text again (oldest turns dropped): the rows show it (its prompt no longer extends the one before)."""
+
+    def __init__(self, policy: ChatBackend, max_new_tokens: int) -> None:
+        self.tokenizer = getattr(policy, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ValueError(f"play: the {getattr(policy, 'name', 'policy')} backend has no tokenizer: it cannot "
+                             "play from token ids")
+        self.max_positions = getattr(policy, "max_positions", 0) or 0
+        self.max_new = max_new_tokens
+
+    def first(self, conversation: list[dict]) -> list[int]:
+        from pipeline.models.chat import encode_prompt
+
+        return encode_prompt(self.tokenizer, conversation, self.max_positions, self.max_new)
+
+    def after(self, conversation: list[dict], reply_at: int, prompt: list[int], sampled: list[int]) -> list[int]:
+        from pipeline.models.chat import continue_prompt
+
+        ids = continue_prompt(self.tokenizer, conversation, reply_at, prompt, sampled)
+        budget = self.max_positions - self.max_new if self.max_positions else 0
+        if ids is None or (budget > 0 and len(ids) > budget):
+            return self.first(conversation)
+        return ids
 
 
 def _play(
@@ -116,15 +165,22 @@ def _play(
     sampling: Sampling,
     max_format_retries: int,
     on_turn: Callable[[int], None] | None = None,
+    tokens: TokenPrompts | None = None,
 ) -> None:
     """Generate and step every unfinished episode, batched, until all are done (or reach ``stop_at``)."""
     active = [e for e in episodes if not e.done]
     while active:
-        gens = policy.generate([e.conversation for e in active], sampling)
+        conversations = [e.conversation for e in active]
+        if tokens is None:
+            gens = policy.generate(conversations, sampling)
+        else:
+            gens = policy.generate(conversations, sampling, prompt_ids=[e.prompt_ids for e in active])
         stepping: dict[int, list[tuple[Episode, str]]] = defaultdict(list)
         for ep, gen in zip(active, gens, strict=True):
             ep.tokens_out += gen.tokens_out
             action = ep.game.parse_action(gen.text)
+            if tokens is not None:
+                ep.replies.append(sampled_reply(ep, gen, action is not None))
             if action is None:
                 ep.retries_this_turn += 1
                 ep.format_retries += 1
@@ -133,7 +189,6 @@ def _play(
                 continue  # re-sampled next round, nothing appended
             ep.retries_this_turn = 0
             ep.conversation.append({"role": "assistant", "content": gen.text})
-            ep.turn_ids.append(gen.meta.get("token_ids"))
             ep.actions.append(action)
             ep.final_action = action
             stepping[id(ep.game)].append((ep, action))
@@ -149,10 +204,24 @@ def _play(
                     ep.success = bool(res.success)
                 elif ep.stop_at is not None and ep.turns >= ep.stop_at:
                     ep.done = True  # the window ends here; the game itself goes on
+                if tokens is not None and not ep.done:
+                    last = ep.replies[-1]
+                    ep.prompt_ids = tokens.after(ep.conversation, last["reply_context"], last["reply_prompt_ids"],
+                                                 last["reply_token_ids"])
         n_before = len(active)
         active = [e for e in active if not e.done]
         if on_turn is not None:
             on_turn(n_before - len(active))
+
+
+def sampled_reply(ep: Episode, gen, parsed: bool) -> dict:
+    """What token-in / token-out play keeps of a sampled reply (REPLY_FIELDS)."""
+    if gen.meta.get("token_ids") is None or gen.token_logprobs is None:
+        raise ValueError("play: the policy's backend returned no sampled ids or log-probs for a token-in / "
+                         f"token-out turn{f' ({gen.error})' if gen.error else ''}")
+    return {"reply_context": len(ep.conversation), "reply_prompt_ids": list(gen.meta.get("prompt_ids", ep.prompt_ids)),
+            "reply_token_ids": list(gen.meta["token_ids"]), "reply_logprobs": list(gen.token_logprobs),
+            "reply_parsed": parsed}
 
 
 def history_of(conversation: list[dict], prompt_messages: int = PROMPT_MESSAGES,

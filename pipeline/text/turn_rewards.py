@@ -9,8 +9,8 @@
   (:func:`motif_rewards`);
 - ``oni``: the judge labels the moves while rl-text plays, in ONI's annotator process
   (pipeline/text/oni_rewards.py);
-- ``infogain``: each question's expected information gain over the secrets still consistent, from the game's
-  knowledge base (:class:`InfogainTurnRewards`).
+- ``infogain``: each question's expected information gain over the secrets still consistent among those the task
+  shows, from the game's knowledge base (:class:`InfogainTurnRewards`).
 
 A reward is computed once per round, right after the round is played; the algorithms store it with the round's
 episodes (``turn_rewards``), so a resumed round learns from the same numbers. Each takes the rl-text stage's
@@ -156,8 +156,9 @@ class MotifTurnRewards:
 
 class InfogainTurnRewards:
     """Each question's expected information gain: the entropy (bits) of its yes / no answer over the secrets still
-    consistent with the replies before it, read off the game's knowledge base (an even split: 1 bit; a question
-    whose answer is already known: 0). The twenty-questions seed's reward, computed by a program."""
+    consistent with the replies before it among those the task shows (``knowledge_base_candidates``: the scripted
+    player's set), read off the game's knowledge base (an even split: 1 bit; a question whose answer is already
+    known: 0). The twenty-questions seed's reward, computed by a program."""
 
     def __init__(self, params: ParamsSlice) -> None:
         self.gains: list[float] = []

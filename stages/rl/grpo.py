@@ -1,11 +1,21 @@
 """rl-text, ``rl_text.algorithm: grpo``: group-relative policy optimisation over multi-turn play, no critic.
 
-Each round the current policy plays ``tasks_per_round`` train tasks × ``trajectories_per_task`` (K, the group);
-each episode's replies keep the token ids the policy sampled. The per-turn rewards are the game's outcome
-(``grpo.outcome_coef``) plus ``rl_text.reward``'s dense one (judge, motif, oni, infogain). Advantages are
-group-relative, per episode (``grpo.credit: trajectory``) or per reply (``turn``), and the policy takes
-``grpo.epochs`` passes of clipped policy-gradient steps over the round's replies, with the log-probs of the
-weights that played as the ratio's denominator (pipeline/text/grpo.py: formulas and what is masked).
+Each round the current policy plays ``tasks_per_round`` train tasks × ``trajectories_per_task`` (K, the group),
+token in, token out: each reply's prompt is the ids played so far, and the rows keep every sampled reply's prompt
+ids, sampled ids and the sampler's log-probs (pipeline/text/play.py). A step is one sampled reply. Its reward is
+``grpo.outcome_coef`` × the game's reward of its turn (turn-scored games: −1 for every turn, 0 for the winning one,
+and a failed episode's last step also pays the turns it left unused; reward-scored games: the episode's reward on
+its last move) plus ``rl_text.reward``'s dense one (judge, motif, oni, infogain); a reply that did not parse as a
+move is a step of its own with reward −``grpo.format_penalty``. Advantages are group-relative by ``grpo.credit``
+(trajectory, gigpo or turn) and ``grpo.scale_rewards``; the policy takes ``grpo.epochs`` passes of clipped
+policy-gradient steps over the round's replies, each episode's replies packed into one sequence where their prompts
+extend one another (pipeline/text/grpo.py: the formulas, what is masked and packed).
+
+π_old, the ratio's denominator: an hf policy that plays in float32 samples from the trainer's own distribution
+(temperature, top-k, top-p and min-p applied), so the sampler's log-probs are π_old and the update needs no scoring
+pass; the gap between them is measured on the first optimizer step, before any update. Otherwise one scoring pass
+gives π_old and ``grpo.rollout_correction`` weighs each token by its sampler / trainer ratio. Each round logs the
+gap (``grpo/mismatch/gap_mean``, ``gap_max``, ``corrected``).
 
 After each round the policy plays the val tasks (``games.val_fraction`` of the train tasks,
 ``grpo.val_trajectories`` each, the evaluation temperature, the same seed every round); ``metrics/plots/
@@ -22,9 +32,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import torch
 
 from pipeline.core import interrupt
 from pipeline.core.artifacts import (
@@ -39,10 +51,11 @@ from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
 from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.llm.sampler import sampling_warpers
 from pipeline.models import tiny
 from pipeline.params import Params
-from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, token_loss, turn_advantages
-from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.grpo import Packed, Steps, pack_episode, reply_logps, rollout_weights, round_advantages, token_loss
+from pipeline.text.play import EPISODE_SCHEMA, REPLY_FIELDS, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
 from stages.rl.text_rounds import (
@@ -57,87 +70,154 @@ from stages.rl.text_rounds import (
 
 #: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
-GRPO_SCHEMA = EPISODE_SCHEMA.append(pa.field("turn_token_ids", pa.list_(pa.list_(pa.int32())))).append(
-    pa.field("turn_rewards", pa.list_(pa.float64())))
+GRPO_SCHEMA = pa.schema([*EPISODE_SCHEMA, *REPLY_FIELDS, pa.field("turn_rewards", pa.list_(pa.float64()))])
 
 
-def turn_rewards_of(row: dict, max_turns: int, score_by_turns: bool, outcome_coef: float) -> list[float]:
-    """Per agent reply: ``outcome_coef`` × the game's reward (−1 per turn, 0 on the winning one; a failed episode's
-    last reply also pays the turns it left unused, so the sum is −score and a short failure is never better than a
-    long win) plus the dense reward stored with the row."""
-    outcome = outcome_rewards(row, score_by_turns)
-    if outcome and score_by_turns and not row["success"]:
-        outcome[-1] -= max_turns - len(outcome)
-    dense = row.get("turn_rewards") or [0.0] * len(outcome)
-    return [outcome_coef * o + d for o, d in zip(outcome, dense, strict=True)]
+def step_rewards(row: dict, game, cfg) -> list[float]:
+    """Each sampled reply's reward, in play order (pipeline/text/grpo.py's steps): a move gets ``outcome_coef`` ×
+    the game's reward of its turn (turn-scored games: −1, 0 on the winning turn; reward-scored games: the episode's
+    reward on its last move) plus the dense reward stored with the row; a reply that did not parse gets
+    −``format_penalty``. A failed turn-scored episode's last step also pays the turns it left unused, so an
+    episode's return is −score and a short failure is never better than a long win."""
+    moves = iter(outcome_rewards(row, game.score_by_turns))
+    dense = iter(row.get("turn_rewards") or [])
+    out = [cfg.outcome_coef * next(moves) + next(dense, 0.0) if parsed else -cfg.format_penalty
+           for parsed in row["reply_parsed"]]
+    if game.score_by_turns and not row["success"] and out:
+        out[-1] -= cfg.outcome_coef * (game.max_turns - row["turns"])
+    return out
+
+
+def step_anchors(row: dict) -> list[tuple]:
+    """Each sampled reply's state: the conversation before it (GiGPO's anchor; a re-sampled reply shares its
+    turn's)."""
+    conversation = [(m["role"], m["content"]) for m in row["conversation"]]
+    return [tuple(conversation[:n]) for n in row["reply_context"]]
 
 
 def advantages_of(rows: list[dict], games: dict, cfg) -> tuple[list[tuple[dict, list[float]]], int]:
-    """(row, per-reply advantage) of every episode in a group with signal; and the groups skipped (all equal)."""
+    """(row, per-step advantage) of every episode in a group with signal; and the groups skipped (no signal)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["group"], row["task_id"]), []).append(row)
+    members = list(groups.values())
+    steps = [[Steps(step_rewards(m, games[m["group"]], cfg), step_anchors(m)) for m in g] for g in members]
     out, skipped = [], 0
-    for members in groups.values():
-        game = games[members[0]["group"]]
-        rewards = [turn_rewards_of(m, game.max_turns, game.score_by_turns, cfg.outcome_coef) for m in members]
-        if cfg.credit == "turn":
-            per_turn = turn_advantages(rewards, cfg.gamma)
-        else:
-            episode = group_advantages([sum(r) if r else -float(game.max_turns) for r in rewards])
-            per_turn = None if episode is None else [[a] * len(r) for a, r in zip(episode, rewards, strict=True)]
-        if per_turn is None:
+    for group, adv in zip(members, round_advantages(steps, cfg.credit, cfg.gamma, cfg.omega, cfg.scale_rewards),
+                          strict=True):
+        if adv is None:
             skipped += 1
             continue
-        out.extend((m, adv) for m, adv in zip(members, per_turn, strict=True) if adv)
+        out.extend(zip(group, adv, strict=True))
     return out, skipped
 
 
-def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed: int, ref=None) -> dict:
-    """``grpo.epochs`` passes of clipped policy-gradient steps over the round's replies; the stats of the last."""
-    import torch
+@dataclass
+class Episode:
+    """One scored episode of the update: its sequences (``pack_episode``) and, per reply in order, its advantage
+    and the sampler's log-probs of its tokens."""
 
+    sequences: list[Packed]
+    advantages: list[float]
+    sampler: list[torch.Tensor]
+
+    @property
+    def replies(self) -> int:
+        return len(self.advantages)
+
+
+def scored_episodes(scored: list[tuple[dict, list[float]]]) -> list[Episode]:
+    out = []
+    for row, adv in scored:
+        replies = list(zip(row["reply_prompt_ids"], row["reply_token_ids"], strict=True))
+        out.append(Episode(pack_episode(replies), list(adv),
+                           [torch.tensor(lp, dtype=torch.float32) for lp in row["reply_logprobs"]]))
+    return out
+
+
+def optimizer_steps(episodes: list[Episode], batch_size: int, rng: random.Random) -> list[list[Episode]]:
+    """The episodes in a shuffled order, cut into steps of at least ``batch_size`` replies (whole episodes)."""
+    order = list(episodes)
+    rng.shuffle(order)
+    steps, current, replies = [], [], 0
+    for e in order:
+        current.append(e)
+        replies += e.replies
+        if replies >= batch_size:
+            steps.append(current)
+            current, replies = [], 0
+    return steps + ([current] if current else [])
+
+
+def padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Per-reply token tensors → ``[replies, longest]``, zero-padded."""
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+def scored_logps(net, episodes: list[Episode], warpers, max_tokens: int = 16384) -> list[list[torch.Tensor]]:
+    """Each episode's per-reply token log-probs under ``net``, without gradients, in passes of at most
+    ``max_tokens`` tokens."""
+    out, chunk, size = [], [], 0
+    with torch.no_grad():
+        def flush():
+            found = iter(reply_logps(net, [s for e in chunk for s in e.sequences], warpers))
+            out.extend([next(found) for _ in range(e.replies)] for e in chunk)
+
+        for e in episodes:
+            n = sum(len(s.ids) for s in e.sequences)
+            if chunk and size + n > max_tokens:
+                flush()
+                chunk, size = [], 0
+            chunk.append(e)
+            size += n
+        if chunk:
+            flush()
+    return out
+
+
+def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed: int, ref=None,
+           exact_sampler: bool = True) -> dict:
+    """``grpo.epochs`` passes of clipped policy-gradient steps over the round's replies; the stats of the last.
+
+    ``exact_sampler``: the round was played by these weights in float32, sampling from the distribution the trainer
+    computes (the sampler's log-probs are π_old: no scoring pass, no correction; the gap is measured on the first
+    optimizer step, before any update). Otherwise π_old is one scoring pass before the update, and the rollout
+    correction weighs each token by how far the sampler was from it."""
     cfg = params.rl_text.grpo
     scored, skipped = advantages_of(rows, games, cfg)
-    max_positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 0)
-    replies = []
-    for row, adv in scored:
-        sequences = reply_sequences(tokenizer, row["conversation"], row["turn_token_ids"], max_positions,
-                                    params.rollout_text.max_new_tokens)
-        replies.extend((seq, a) for seq, a in zip(sequences, adv, strict=True) if seq[1])
-    stats = {"grpo/groups_skipped": skipped, "grpo/replies": len(replies)}
-    if not replies:
+    episodes = scored_episodes(scored)
+    stats: dict = {"grpo/groups_skipped": skipped, "grpo/replies": sum(e.replies for e in episodes)}
+    if not episodes:
         return stats
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    warpers = trainer_warpers(model, sampling_from_config(params.rollout_text))
     model.eval()  # no dropout: the old log-probs and the ratio see the same function
-    def logps_of(net) -> list:
-        """Each reply's token log-probs under ``net``, batched, without gradients."""
-        found = []
-        with torch.no_grad():
-            for start in range(0, len(replies), cfg.batch_size):
-                seqs = [seq for seq, _ in replies[start:start + cfg.batch_size]]
-                logp, _ = reply_logps(net, seqs, pad)
-                found.extend(logp[k, :len(s[1])] for k, s in enumerate(seqs))
-        return found
-
-    old = logps_of(model)  # the log-probs of the weights that played (float32), once before the update
-    refs = logps_of(ref) if ref is not None else None
+    index = {id(e): k for k, e in enumerate(episodes)}
+    old = [e.sampler for e in episodes]
+    weights: list[list[torch.Tensor]] | None = None
+    if not exact_sampler:
+        old = scored_logps(model, episodes, warpers)
+        weights, gap = correction(old, [e.sampler for e in episodes], cfg)
+        stats.update(gap)
+    refs = scored_logps(ref, episodes, warpers) if ref is not None else None
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(seed)
     losses, clipped, kls = [], [], []
-    for _ in range(cfg.epochs):
-        order = list(range(len(replies)))
-        rng.shuffle(order)
-        for start in range(0, len(order), cfg.batch_size):
-            batch = order[start:start + cfg.batch_size]
-            logp, mask = reply_logps(model, [replies[k][0] for k in batch], pad)
-            width = logp.shape[1]
+    for epoch in range(cfg.epochs):
+        for step, batch in enumerate(optimizer_steps(episodes, cfg.batch_size, rng)):
+            ks = [index[id(e)] for e in batch]
+            logp = reply_logps(model, [s for e in batch for s in e.sequences], warpers)
+            if exact_sampler and epoch == 0 and step == 0:  # the weights that played: the sampler's own gap
+                stats.update(correction([[x.detach() for x in logp]], [[x for k in ks for x in old[k]]],
+                                        cfg.model_copy(update={"rollout_correction": "none"}))[1])
+            def gathered(per_episode, keys=ks):
+                return padded([x for k in keys for x in per_episode[k]])
 
-            def padded(rows_, k_batch=batch, w=width):
-                return torch.stack([torch.nn.functional.pad(rows_[k], (0, w - len(rows_[k]))) for k in k_batch])
-
-            loss, info = token_loss(logp, padded(old), torch.tensor([replies[k][1] for k in batch]), mask,
-                                    cfg.clip_eps, cfg.beta, padded(refs) if refs is not None else None)
+            mask = padded([torch.ones(len(x)) for x in logp])
+            adv = torch.tensor([a for k in ks for a in episodes[k].advantages])
+            loss, info = token_loss(padded(logp), gathered(old), adv, mask, cfg.clip_eps, cfg.beta,
+                                    gathered(refs) if refs is not None else None, cfg.loss_type,
+                                    params.rollout_text.max_new_tokens,
+                                    gathered(weights) if weights is not None else None)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -149,6 +229,32 @@ def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed
     return {**stats, "grpo/loss": sum(losses) / n, "grpo/clipped": sum(clipped) / n, "grpo/kl": sum(kls) / n}
 
 
+def correction(old: list[list[torch.Tensor]], sampler: list[list[torch.Tensor]], cfg
+               ) -> tuple[list[list[torch.Tensor]] | None, dict]:
+    """The rollout correction's per-token weights of each episode's replies (None: ``none``) and the round's
+    sampler / trainer gap: mean and max |Δ log p| per token, the share of tokens corrected."""
+    flat_old = [x for e in old for x in e]
+    mask = padded([torch.ones(len(x)) for x in flat_old])
+    w, gap = rollout_weights(padded(flat_old), padded([x for e in sampler for x in e]), mask,
+                             cfg.rollout_correction, cfg.rollout_correction_level, cfg.rollout_correction_cap)
+    stats = {f"grpo/mismatch/{k}": v for k, v in gap.items()}
+    if w is None:
+        return None, stats
+    rows = iter(w)
+    return [[next(rows)[: len(x)] for x in e] for e in old], stats
+
+
+def trainer_warpers(model, sampling) -> list:
+    """The logits processors the sampler applied (temperature, top-k, top-p, min-p), for the trainer's log-probs."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    warpers = sampling_warpers(inner.generation_config, sampling) if sampling.temperature > 0 else []
+    if warpers is None:
+        raise ValueError("grpo: the policy's generation config asks for sampling that only transformers' own "
+                         "sampler does (typical-p, epsilon / eta cutoffs, ...): the trainer cannot score the "
+                         "distribution it sampled from")
+    return warpers
+
+
 def val_jobs_of(params: Params, games: list) -> list:
     """The (game, task) pairs of GRPO's val rounds: every val task, or ``rl_text.grpo.max_val_tasks`` per group
     (never evaluation's ``games.max_eval_tasks``, which training stages do not watch)."""
@@ -156,13 +262,20 @@ def val_jobs_of(params: Params, games: list) -> list:
     return [(g, t) for g in games for t in game_tasks(params, g, "val", cap=cap)]
 
 
+def hf_policy(params: Params, path: Path, model, tokenizer) -> HFBackend:
+    """The hf backend the policy plays with, as ``policy`` configures it (a float32 policy plays ``model`` itself;
+    another dtype plays a copy, so ``model`` keeps training in float32)."""
+    return HFBackend(path, batch_size=params.rollout_text.batch_size, model_obj=model, tokenizer=tokenizer,
+                     drop_finished=params.policy.drop_finished, dtype=params.policy.dtype,
+                     cpu_linear=params.policy.cpu_linear)
+
+
 def val_success(params: Params, model, tokenizer, path: Path, val_jobs) -> float | None:
     """Success rate of the policy on the val tasks (the same seed every round: rounds compare paired)."""
     cfg = params.rl_text.grpo
     if not val_jobs or cfg.val_trajectories == 0:
         return None
-    policy = HFBackend(path, batch_size=params.rollout_text.batch_size, model_obj=model, tokenizer=tokenizer,
-                       drop_finished=params.policy.drop_finished, dtype=params.policy.dtype)
+    policy = hf_policy(params, path, model, tokenizer)
     jobs = [(g, t, s) for g, t in val_jobs for s in range(cfg.val_trajectories)]
     sampling = sampling_from_config(params.rollout_text, temperature=params.evaluate_text.temperature)
     rows = play_episodes(policy, jobs, sampling, seed=chunk_seed(params.seed, f"{NAME}/val", 0),
@@ -241,9 +354,7 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
         model, tokenizer = load_policy(current, params.policy.device)
         seed = chunk_seed(params.seed, NAME, r)
         if r not in rollouts.finished():
-            policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                               tokenizer=tokenizer, drop_finished=params.policy.drop_finished,
-                               dtype=params.policy.dtype)  # plays a copy in that dtype; ``model`` trains
+            policy = hf_policy(params, current, model, tokenizer)
             played = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
             rows = play_episodes(policy, played, sampling, seed=seed, policy_name=f"rl-round-{r}",
                                  max_format_retries=params.rollout_text.max_format_retries, token_ids=True)
@@ -262,7 +373,8 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
             from peft import get_peft_model
 
             model = get_peft_model(model, adapters)
-        stats = update(model, tokenizer, read_part(rollouts.path, r), games, params, seed, ref)
+        stats = update(model, tokenizer, read_part(rollouts.path, r), games, params, seed, ref,
+                       exact_sampler=params.policy.dtype == "float32")
         if adapters is not None:
             model = model.merge_and_unload()
         model.eval()
