@@ -91,9 +91,9 @@ def plot_lines(stages: list[Stage]) -> list[str]:
 
 
 def declared_stages() -> list[Stage]:
-    """Every STAGE declared by a module under ``stages/`` (and the report), in DAG order."""
+    """Every STAGE declared by a module under ``stages/``, in DAG order."""
     found = []
-    names = [m.name for m in pkgutil.walk_packages(stage_package.__path__, "stages.")] + ["pipeline.report"]
+    names = [m.name for m in pkgutil.walk_packages(stage_package.__path__, "stages.")]
     for module_name in names:
         stage = getattr(importlib.import_module(module_name), "STAGE", None)
         if isinstance(stage, Stage) and stage.module == module_name:  # not one imported from another module

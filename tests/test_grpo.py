@@ -123,7 +123,7 @@ def grpo_params(tmp_path, *extra):
 
 
 def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_path, monkeypatch):
-    import stages.rl.grpo as grpo
+    import pipeline.rl_text.grpo as grpo
 
     def fresh(where):
         shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", where / "data" / "train_policy" / "dpo")
@@ -178,8 +178,8 @@ def test_pass_at_k_by_hand():
 
 
 def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val():
+    from pipeline.rl_text.rounds import train_jobs
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.text_rounds import train_jobs
 
     base = ["games.groups=[twenty_questions]", "games.max_train_tasks=2", "games.val_fraction=0.2"]
     games = make_games(load_params("params.yaml", base))
@@ -197,8 +197,8 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
 def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
     """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.grpo.max_val_tasks caps
     the val tasks GRPO's early stopping plays."""
+    from pipeline.rl_text.grpo import val_jobs_of
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.grpo import val_jobs_of
 
     base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
     params = load_params("params.yaml", base)

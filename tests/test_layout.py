@@ -53,7 +53,7 @@ def lazy_import(tree: Path, module: str, statement: str) -> None:
       "entry points > stages > params > tracks > games > LLM > models > machinery"]),
     ("pipeline.core.artifacts", "from pipeline.core.runners import ChunkJob  # noqa: F401",
      ["machinery: stage contract > runners > signals > params > storage"]),
-    ("pipeline.text.policies", "import stages.rl.chai  # noqa: F401", ["nothing below the stages imports stages/"]),
+    ("pipeline.text.policies", "import stages.rl_text  # noqa: F401", ["nothing below the stages imports stages/"]),
     ("pipeline.nethack.oni", "from pipeline.text.play import summarize  # noqa: F401",
      ["the text track and the NetHack track never import each other"]),
     ("pipeline.text.play", "import nle  # noqa: F401",
@@ -83,10 +83,10 @@ def test_the_import_graph_has_no_cycle_and_no_upward_import(tmp_path):
     assert "upward imports (against the layers contracts of pyproject.toml): 0\n" in res.stdout
     # the same count over a tree with a cycle through stages/ (storage importing a stage) finds it
     tree = copy_tree(tmp_path)
-    lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout  # noqa: F401")
+    lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout_text  # noqa: F401")
     res = check_imports(tree, env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)})
     assert res.returncode == 1
-    assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout" in res.stdout
+    assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout_text" in res.stdout
 
 
 def section(text: str, heading: str) -> str:

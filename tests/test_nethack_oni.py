@@ -238,7 +238,7 @@ def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp
     from pipeline.core.config import ConfigError
     from pipeline.params import load_params
     from stages.evaluate_nethack import policy_names
-    from stages.rl.appo import sf_args
+    from stages.rl_nethack import sf_args
 
     (tmp_path / "params.yaml").write_text("{}\n")
     p = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "evaluate_nethack.policies=[random, all]"])
@@ -270,7 +270,7 @@ def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_
     from pipeline.core.stage import StageContext
     from pipeline.nethack.sf import PROGRESS_COLUMNS
     from pipeline.params import load_params
-    from stages.rl.appo import report_oni
+    from stages.rl_nethack import report_oni
 
     (tmp_path / "params.yaml").write_text("{}\n")
     p = load_params(tmp_path / "params.yaml", [f"data_dir={tmp_path / 'data'}", "rl_nethack.variants={"
@@ -317,7 +317,7 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     from pipeline.core.config import _set_dotted, parse_override
     from pipeline.nethack.sf import latest_checkpoint
     from pipeline.params import load_params
-    from stages.rl.appo import train_variant
+    from stages.rl_nethack import train_variant
 
     sys.path.insert(0, str(Path(__file__).parent))
     from fake_openai_server import CURIO_RULES, FakeServer
@@ -390,7 +390,7 @@ def test_progress_rows_of_a_run_resumed_from_an_older_version_keep_the_files_col
     from types import SimpleNamespace
 
     from pipeline.nethack.sf import PROGRESS_COLUMNS, _online_annotation
-    from stages.rl.appo import oni_progress
+    from stages.rl_nethack import oni_progress
 
     cfg = SimpleNamespace(train_dir=str(tmp_path), experiment="cls", oni_config="{}", intrinsic_reward="classification",
                           seed=0)

@@ -15,7 +15,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.stage import execute
 from pipeline.nethack.sf import CURVE, latest_checkpoint, make_nethack_env, parse_cfg
 from pipeline.params import Params, load_params
-from stages.rl.appo import sf_args
+from stages.rl_nethack import sf_args
 
 
 def first_screens(seed: int | None, env_id: int, train_dir: Path, games: int = 3) -> list[bytes]:

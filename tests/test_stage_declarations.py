@@ -34,7 +34,7 @@ def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
     (tmp_path / "pipeline" / "core").mkdir(parents=True)
     for name in ("dvc.yaml", "params.yaml", "pipeline/core/registry.py"):
         (tmp_path / name).write_text((REPO / name).read_text())
-    stale = (REPO / "dvc.yaml").read_text().replace("      - stages/annotate.py\n", "", 1)  # a dep removed by hand
+    stale = (REPO / "dvc.yaml").read_text().replace("      - stages/annotate_text.py\n", "", 1)  # a dep removed by hand
     (tmp_path / "dvc.yaml").write_text(stale)
     assert generate(tmp_path, check=True) == [tmp_path / "dvc.yaml"]
     assert generate(tmp_path) == [tmp_path / "dvc.yaml"]

@@ -41,11 +41,7 @@ from pipeline.llm import sampling_from_config
 from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.params import Params
-from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, token_loss, turn_advantages
-from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, require_policy
-from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import (
+from pipeline.rl_text.rounds import (
     NAME,
     curriculum_metrics,
     episode_jobs,
@@ -54,8 +50,12 @@ from stages.rl.text_rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.text.grpo import group_advantages, reply_logps, reply_sequences, token_loss, turn_advantages
+from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.policies import game_tasks, make_games, require_policy
+from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
 
-#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+#: What it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
 GRPO_SCHEMA = EPISODE_SCHEMA.append(pa.field("turn_token_ids", pa.list_(pa.list_(pa.int32())))).append(
     pa.field("turn_rewards", pa.list_(pa.float64())))
