@@ -8,7 +8,7 @@ rl-text's first round of episodes). In a fresh process per ``--isa`` (alternatin
 - **play**: the first ``--tasks`` tasks of rl-text's first round played again by the DPO policy (their K episodes
   each, the preset's batch, sampling and ``policy.*`` settings: what rollout-text, the val passes and
   evaluate-text do);
-- **update**: GRPO's update (``stages.rl.grpo.update``, LoRA as the preset trains) on those episodes as they were
+- **update**: GRPO's update (``pipeline.rl_text.grpo.update``, LoRA as the preset trains) on those episodes as they were
   played: what each round trains.
 
 ``avx2`` caps torch's, oneDNN's and MKL's kernels at AVX2 (``bench/fresh_clone_run.py``'s ``AVX2_ENV``), as on an
@@ -42,11 +42,11 @@ def child(run: Path, tasks: int) -> dict:
     from pipeline.llm.hf import HFBackend, load_policy
     from pipeline.models.training import peft_config
     from pipeline.params import load_params
+    from pipeline.rl_text.grpo import update
+    from pipeline.rl_text.rounds import episode_jobs, train_jobs
     from pipeline.text.curriculum import task_key
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import make_games
-    from stages.rl.grpo import update
-    from stages.rl.text_rounds import episode_jobs, train_jobs
 
     params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false"])
     rows = read_part(params.data_path("rl_text", "rollouts"), 0)

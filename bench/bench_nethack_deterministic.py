@@ -24,7 +24,7 @@ from pipeline.nethack.clock import preload
 from pipeline.nethack.config import RLNetHackVariant
 from pipeline.nethack.sf import SUMMARY
 from pipeline.params import Params, load_params
-from stages.rl.appo import sf_args
+from stages.rl_nethack import sf_args
 
 ROOT = Path(__file__).resolve().parents[1]
 

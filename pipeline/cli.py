@@ -297,9 +297,9 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
                                                        "date")] = False,
              defaults: Annotated[bool, typer.Option(help="reset every value of params.yaml to the schema's "
                                                           "default")] = False) -> None:
-    """Write dvc.yaml and pipeline/core/registry.py from the stages' STAGE declarations, and params.yaml from the
-    params schema (pipeline/params.py: every key with its help), in the current checkout. params.yaml keeps the
-    values it holds unless --defaults."""
+    """Write dvc.yaml and pipeline/core/registry.py from the stages' STAGE declarations, and params.yaml and
+    docs/params.md from the params schema (pipeline/params.py: every key with its help), in the current checkout.
+    params.yaml keeps the values it holds unless --defaults."""
     from pathlib import Path
 
     from pipeline.generate import current_params, kept_values  # imports every stage: only for this command

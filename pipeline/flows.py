@@ -192,7 +192,7 @@ def _evaluate_cell(params_file: str, checkpoint: str, split: str, seed: int, k: 
                    torch_threads: int | None = None) -> list[dict]:
     """One checkpoint × split × seed: every group played in one batch; a row per group plus one for all.
     ``torch_threads``: set in a Dask / Ray worker process (one core each)."""
-    from stages.evaluate import evaluate_policy  # already imported by the flow, before the threads start
+    from stages.evaluate_text import evaluate_policy  # already imported by the flow, before the threads start
 
     if torch_threads is not None:
         import torch
@@ -296,7 +296,7 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     groups, ``games.eval_groups`` or ``games.groups``); results.{parquet,json} hold a row per checkpoint × split
     × group × seed, results.md the mean ± std over seeds per group, success.png / mean_turns.png the same as
     bars with error bars."""
-    import stages.evaluate  # noqa: F401 - import the model stack once, in this thread, before fanning out
+    import stages.evaluate_text  # noqa: F401 - import the model stack once, in this thread, before fanning out
 
     params = _params(params_file, overrides)
     cfg = params.eval_sweep

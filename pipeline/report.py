@@ -32,25 +32,8 @@ from typing import Any
 import yaml
 
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
-from pipeline.core.stage import Out, Stage
 from pipeline.report_meta import LEDGER_NOTE, run_section
-
-STAGE = Stage(
-    "report",
-    params=[],
-    cmd="curio report",
-    code=["pipeline/viewer.py", "pipeline/viewer_assets", "pipeline/breakdown.py"],
-    # the datasets its pages show are not deps: every stage that writes one writes its metrics/stages/NAME.json
-    # too, so the report reruns after it; and a DAG without some of them (a subset, an experiment) still reports
-    data=["metrics/stages", "metrics/plots"],
-    metrics=[Out("metrics/text_success.json", cache=False, note="held-out success per policy"),
-             Out("metrics/nethack_return.json", cache=False, note="mean evaluation return per agent")],
-    outs=[Out("data/report.html"), Out("data/report_pages", note="one offline page per dataset (pipeline/viewer.py)")],
-    track="summary",
-    doc=("Reads every stage's metrics/stages/NAME.json and metrics/plots/ (pipeline/report.py): writes the track "
-         "summaries, the only files declared as metrics (`dvc metrics show` fits a terminal), one HTML page, and an "
-         "offline page per dataset beside it (pipeline/viewer.py)."),
-)
+from pipeline.text.config import POLICIES
 
 # track -> [(stage, metric key pattern with a `name` group, summary section)]; a new stage adds a line here.
 HEADLINES: dict[str, list[tuple[str, str, str]]] = {
@@ -64,8 +47,16 @@ def stage_metrics(metrics_root: Path) -> dict[str, dict[str, Any]]:
     return {f.stem: json.loads(f.read_text()) for f in sorted((metrics_root / "stages").glob("*.json"))}
 
 
+def in_pipeline_order(names: list[str]) -> list[str]:
+    """Policies in the order the pipeline makes them (base, sft, dpo, rl; NetHack's random agent first), any other
+    after them in its own order: the metrics files list their keys alphabetically."""
+    order = ("random", *POLICIES)
+    return sorted(names, key=lambda name: order.index(name) if name in order else len(order))
+
+
 def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """``{track: {section: {name: value}}}`` from ``HEADLINES``; a track none of whose stages ran is left out."""
+    """``{track: {section: {name: value}}}`` from ``HEADLINES``, names in pipeline order; a track none of whose
+    stages ran is left out."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for track, rules in HEADLINES.items():
         for stage, pattern, section in rules:
@@ -73,7 +64,8 @@ def summaries(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str
                 m = re.fullmatch(pattern, key)
                 if m and isinstance(value, int | float):
                     out.setdefault(track, {}).setdefault(section, {})[m["name"]] = round(float(value), 4)
-    return out
+    return {track: {section: {name: values[name] for name in in_pipeline_order(list(values))}
+                    for section, values in sections.items()} for track, sections in out.items()}
 
 
 def write_summaries(metrics_root: Path, stages: dict[str, dict[str, Any]]) -> list[Path]:
@@ -229,7 +221,7 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
         parts.append(section("Datasets: read the rows", _dataset_table(datasets)))
 
     text = stages.get("evaluate-text", {})
-    policies = [m["name"] for k in text if (m := re.fullmatch(r"(?P<name>[\w-]+)/success_rate", k))]
+    policies = in_pipeline_order([m["name"] for k in text if (m := re.fullmatch(r"(?P<name>[\w-]+)/success_rate", k))])
     if policies:
         means = [float(text[f"{p}/success_rate"]) for p in policies]
         errs = [binomial_se(m, text.get(f"{p}/episodes", 0)) for p, m in zip(policies, means, strict=True)]
@@ -251,7 +243,7 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
               "margin is > 0. The pairs page shows each pair's.</p>"))
 
     nh = stages.get("evaluate-nethack", {})
-    agents = [m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))]
+    agents = in_pipeline_order([m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))])
     if agents:
         cols = ["return", "score", "score_median", "depth", "xlvl", "progression", "length", "success"]
         svg = bars_svg(agents, [nh[f"{a}/return"] for a in agents], [nh.get(f"{a}/return_sem", 0.0) for a in agents],

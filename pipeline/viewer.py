@@ -129,7 +129,7 @@ def episode_rows(rows: list[dict]) -> list[dict]:
 
 
 def transitions_to_episodes(table: pa.Table) -> list[dict]:
-    """ArCHer's per-turn transitions (stages/rl/archer.py) as episodes: the last state, a reward per turn."""
+    """ArCHer's per-turn transitions (pipeline/rl_text/archer.py) as episodes: the last state, a reward per turn."""
     keys = ("round", "group", "task_id", "sample")
     episodes: dict[tuple, dict] = {}
     for t in table.to_pylist():

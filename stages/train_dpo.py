@@ -23,10 +23,10 @@ from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
+from pipeline.models.phases import finish, kept_metrics, phase_metrics, write_loss_plot
 from pipeline.models.training import dpo_train, implicit_margins, sequence_logps
 from pipeline.params import Params
 from pipeline.text.policies import policy_deps, require_policy
-from stages.train import finish, kept_metrics, phase_metrics, write_loss_plot
 
 NAME = "train-dpo"
 
@@ -38,7 +38,7 @@ def _needs(params: Params) -> list[str]:
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "train_policy.dpo", "train_policy.lora", "train_policy.save_steps"],
-    code=["stages/train.py", "pipeline/models/training.py"],
+    code=["pipeline/models/phases.py", "pipeline/models/training.py"],
     data=["data/reflogprobs", "data/bootstrap", "data/train_policy/sft"],
     needs=_needs,
     outs=[Out("data/train_policy/dpo", persist=True),

@@ -10,10 +10,10 @@ from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
 from pipeline.core.checkpoints import finished, keyed_dir, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
+from pipeline.models.phases import finish, kept_metrics, phase_metrics, write_loss_plot
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.policies import policy_deps, require_policy
-from stages.train import finish, kept_metrics, phase_metrics, write_loss_plot
 
 NAME = "train-sft"
 
@@ -25,7 +25,7 @@ def _needs(params: Params) -> list[str]:
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "train_policy.sft", "train_policy.lora", "train_policy.save_steps"],
-    code=["stages/train.py", "pipeline/models/training.py", "pipeline/models/chat.py"],
+    code=["pipeline/models/phases.py", "pipeline/models/training.py", "pipeline/models/chat.py"],
     data=["data/pairs_text", "data/bootstrap"],
     needs=_needs,
     outs=[Out("data/train_policy/sft", persist=True)],

@@ -5,10 +5,10 @@ import sys
 import time
 from pathlib import Path
 
-import stages.annotate
+import stages.annotate_text
 from pipeline.cli import app
 
-real = stages.annotate.run
+real = stages.annotate_text.run
 
 
 def paused(params, ctx):
@@ -18,6 +18,6 @@ def paused(params, ctx):
     return real(params, ctx)
 
 
-stages.annotate.run = paused
+stages.annotate_text.run = paused
 sys.argv = ["curio", *sys.argv[1:]]
 app()

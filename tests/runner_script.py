@@ -30,7 +30,7 @@ def square(_state, index: int, marks: str) -> list[dict]:
 
 def peak_cells(params_file: str, out: Path, workers: int) -> int:
     """How many eval-sweep cells ran at once on the local runner with ``eval_sweep.max_workers = workers``."""
-    import stages.evaluate
+    import stages.evaluate_text
     from pipeline.flows import eval_sweep_flow
 
     state = {"running": 0, "peak": 0}
@@ -45,12 +45,12 @@ def peak_cells(params_file: str, out: Path, workers: int) -> int:
             state["running"] -= 1
         return [{"group": g, "success": True, "turns": 3, "score": 1.0, "invalid": 0.0} for g in groups]
 
-    real, stages.evaluate.evaluate_policy = stages.evaluate.evaluate_policy, counting
+    real, stages.evaluate_text.evaluate_policy = stages.evaluate_text.evaluate_policy, counting
     try:
         eval_sweep_flow(params_file=params_file, checkpoints=["base"], seeds=[0, 1, 2, 3], out_dir=str(out),
                         overrides={"eval_sweep.max_workers": workers})
     finally:
-        stages.evaluate.evaluate_policy = real
+        stages.evaluate_text.evaluate_policy = real
     return state["peak"]
 
 

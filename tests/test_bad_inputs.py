@@ -220,12 +220,12 @@ def test_openai_backend_without_base_url_never_reaches_a_default_endpoint():
 
 # -- the error boundary --------------------------------------------------------------------------------------
 def test_a_bug_is_a_traceback_with_a_hint_and_exit_1(project, monkeypatch):
-    import stages.annotate
+    import stages.annotate_text
 
     def broken(params, ctx):
         raise ZeroDivisionError("a real bug")
 
-    monkeypatch.setattr(stages.annotate, "run", broken)
+    monkeypatch.setattr(stages.annotate_text, "run", broken)
     result = run(["stage", "annotate-text"])
     assert result.exit_code == 1
     assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr

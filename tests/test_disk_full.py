@@ -44,7 +44,7 @@ def enospc(path: object = None) -> OSError:
 def project(tmp_path, monkeypatch) -> Path:
     """cwd = a project with params.yaml (tracking off) and a hand-made data/rollout_text of 24 games; annotate-text
     writes one part per 8 rows."""
-    import stages.annotate
+    import stages.annotate_text
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
@@ -52,7 +52,7 @@ def project(tmp_path, monkeypatch) -> Path:
     write_dataset(tmp_path / "data" / "rollout_text", rollout_rows(24), ROLLOUT_SCHEMA)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CURIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(stages.annotate, "ROWS_PER_CHUNK", 8)
+    monkeypatch.setattr(stages.annotate_text, "ROWS_PER_CHUNK", 8)
     return tmp_path
 
 

@@ -217,7 +217,7 @@ def grpo_params(tmp_path, *extra):
 
 
 def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_path, monkeypatch):
-    import stages.rl.grpo as grpo
+    import pipeline.rl_text.grpo as grpo
 
     def fresh(where):
         shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", where / "data" / "train_policy" / "dpo")
@@ -261,7 +261,7 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
 def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_path, monkeypatch):
     """Early stopping on val: with val success 0.2 for the DPO start, 0.6 after round 1 and 0.4 after round 2, the
     stage's model is round 1's, byte for byte (not the last round's, not the start's)."""
-    import stages.rl.grpo as grpo
+    import pipeline.rl_text.grpo as grpo
 
     shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
     params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.reward=outcome"))
@@ -288,8 +288,8 @@ def test_pass_at_k_by_hand():
 
 
 def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val():
+    from pipeline.rl_text.rounds import train_jobs
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.text_rounds import train_jobs
 
     base = ["games.groups=[twenty_questions]", "games.max_train_tasks=2", "games.val_fraction=0.2"]
     games = make_games(load_params("params.yaml", base))
@@ -307,8 +307,8 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
 def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
     """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.grpo.max_val_tasks caps
     the val tasks GRPO's early stopping plays."""
+    from pipeline.rl_text.grpo import val_jobs_of
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.grpo import val_jobs_of
 
     base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
     params = load_params("params.yaml", base)
@@ -387,9 +387,9 @@ def test_hf_plays_token_in_token_out_and_its_log_probs_are_the_trainers(smollm2_
     log-probs are the trainer's own, min-p applied and renormalised, to float rounding (GRPO's π_old)."""
     from pipeline.llm import sampling_from_config
     from pipeline.llm.hf import HFBackend, load_policy
+    from pipeline.rl_text.grpo import trainer_warpers
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import make_games
-    from stages.rl.grpo import trainer_warpers
 
     params = load_params("params.yaml", ["policy.free_answers=true", "games.groups=[twenty_questions@shown4]",
                                          "rollout_text.min_p=0.3", "rollout_text.max_new_tokens=24"])
@@ -433,8 +433,8 @@ def test_the_stages_step_rewards_and_advantages_by_hand():
     questions and a loss; a question, then four replies that never parse (the episode ends invalid). Rewards:
     -1 a turn, 0 on the winning one, -format_penalty for a reply that did not parse, a failure's unused turns on
     its last step; the dense reward is added to the move it belongs to."""
+    from pipeline.rl_text.grpo import advantages_of, step_anchors, step_rewards
     from pipeline.text.policies import make_games
-    from stages.rl.grpo import advantages_of, step_anchors, step_rewards
 
     params = load_params("params.yaml", ["games.groups=[twenty_questions@shown4]", "rl_text.grpo.format_penalty=0.5"])
     games = {g.name: g for g in make_games(params)}

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 ROOT = PIPELINE.parent
@@ -53,7 +54,7 @@ def lazy_import(tree: Path, module: str, statement: str) -> None:
       "entry points > stages > params > tracks > games > LLM > models > machinery"]),
     ("pipeline.core.artifacts", "from pipeline.core.runners import ChunkJob  # noqa: F401",
      ["machinery: stage contract > runners > signals > params > storage"]),
-    ("pipeline.text.policies", "import stages.rl.chai  # noqa: F401", ["nothing below the stages imports stages/"]),
+    ("pipeline.text.policies", "import stages.rl_text  # noqa: F401", ["nothing below the stages imports stages/"]),
     ("pipeline.nethack.oni", "from pipeline.text.play import summarize  # noqa: F401",
      ["the text track and the NetHack track never import each other"]),
     ("pipeline.text.play", "import nle  # noqa: F401",
@@ -83,10 +84,10 @@ def test_the_import_graph_has_no_cycle_and_no_upward_import(tmp_path):
     assert "upward imports (against the layers contracts of pyproject.toml): 0\n" in res.stdout
     # the same count over a tree with a cycle through stages/ (storage importing a stage) finds it
     tree = copy_tree(tmp_path)
-    lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout  # noqa: F401")
+    lazy_import(tree, "pipeline.core.artifacts", "import stages.rollout_text  # noqa: F401")
     res = check_imports(tree, env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)})
     assert res.returncode == 1
-    assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout" in res.stdout
+    assert "import cycles: 1\n" in res.stdout and "pipeline.core.artifacts -> stages.rollout_text" in res.stdout
 
 
 def section(text: str, heading: str) -> str:
@@ -127,11 +128,131 @@ def test_docs_layout_names_every_module_and_folder():
     assert not missing, "docs/layout.md does not name: " + ", ".join(sorted(missing))
 
 
-def test_every_page_the_readme_and_docs_link_to_exists():
-    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
-    links = [(page, target) for page in pages
-             for target in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", page.read_text())
-             if "://" not in target]
-    assert any(target.startswith("docs/") for _, target in links)
-    missing = [f"{page.name} -> {target}" for page, target in links if not (page.parent / target).is_file()]
-    assert not missing, "links to missing pages: " + ", ".join(missing)
+def test_every_stage_is_stages_slash_its_name_and_stages_holds_nothing_else():
+    """A stage NAME is declared and run in stages/NAME.py (hyphens as underscores), and every module of stages/
+    declares a stage: helpers live in pipeline/."""
+    from pipeline.generate import declared_stages
+
+    declared = {s.name: s.module for s in declared_stages()}
+    assert set(declared) == set(dvc_stages())
+    wrong = [f"{name}: {module}" for name, module in declared.items() if module != "stages." + name.replace("-", "_")]
+    assert not wrong, "stages not in stages/<stage_name>.py: " + ", ".join(wrong)
+    modules = {f"stages.{p.stem}" for p in (ROOT / "stages").rglob("*.py") if p.name != "__init__.py"}
+    assert modules == set(declared.values()), f"not stages: {modules - set(declared.values())}"
+
+
+DAG_PHRASES = {"every other stage", "every stage's metrics"}  # the README DAG's words for "all of them"
+
+
+def dvc_stages() -> dict[str, set[str]]:
+    """dvc.yaml's stages, each with the stages whose outputs it depends on directly."""
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    owner = {next(iter(o)) if isinstance(o, dict) else o: name
+             for name, stage in spec.items() for o in [*stage.get("outs", []), *stage.get("metrics", [])]}
+
+    def related(a: str, b: str) -> bool:
+        return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+    return {name: {o for d in stage.get("deps", []) for path, o in owner.items() if o != name and related(d, path)}
+            for name, stage in spec.items()}
+
+
+def readme_dag() -> list[list[list[str]]]:
+    """The README's DAG drawing: per line, its segments between arrows, each a list of the names it lists."""
+    block = section((ROOT / "README.md").read_text(), "## The DAG").split("```")[1]
+    lines = []
+    for line in block.strip().splitlines():
+        line = re.sub(r"\([^)]*\)", "", line)
+        line = re.sub(r"^(params|text|nethack|summary) ", "", line.strip())
+        lines.append([[n.strip() for n in seg.split(",") if n.strip()] for seg in line.split("─►")])
+    return lines
+
+
+def test_the_readme_dag_is_dvc_yamls():
+    """Every stage of dvc.yaml is in the README's drawing and every name there is a stage; each arrow is a
+    dependency of dvc.yaml (the stage on the right reads an output of the stage on the left)."""
+    stages, drawn, wrong = dvc_stages(), set(), []
+    for segments in readme_dag():
+        for seg in segments:
+            drawn |= {n for n in seg if n not in DAG_PHRASES}
+        for left, right in zip(segments, segments[1:], strict=False):
+            wrong += [f"{a} ─► {b}" for a in left for b in right
+                      if a in stages and b in stages and a not in stages[b]]
+    assert drawn == set(stages), f"not drawn: {sorted(set(stages) - drawn)}; not stages: {sorted(drawn - set(stages))}"
+    assert not wrong, "arrows dvc.yaml does not have: " + ", ".join(wrong)
+    assert all("check-params" in ups for name, ups in stages.items() if name != "check-params")  # "every other"
+
+
+def test_the_readme_map_names_only_files_that_exist():
+    """Each file and folder in the left column of the README's map exists (what runs write, data/ and metrics/,
+    aside): a name at the line's start is a path from the repo root, an indented one a path inside the last folder
+    named at a line's start."""
+    block = section((ROOT / "README.md").read_text(), "## Map of the tree").split("```")[1]
+    base, missing = ROOT, []
+    for line in block.strip().splitlines():
+        names = []
+        for word in line.split():  # the left column: the words that are paths, up to the first that is not
+            if not re.fullmatch(r"[\w./-]+", word) or not (word.endswith("/") or re.search(r"\.\w+$", word)):
+                break
+            names.append(word)
+        if not names:
+            continue
+        if not line.startswith(" "):
+            base = ROOT / names[0].rstrip("/") if names[0].endswith("/") else ROOT / Path(names[0]).parent
+            missing += [n for n in names if not (ROOT / n).exists() and not NOT_IN_REPO.search(n)]
+        else:
+            missing += [f"{base.relative_to(ROOT)}/{n}" for n in names if not (base / n).exists()]
+    assert not missing, "the README's map names what is not in the tree: " + ", ".join(missing)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]|\[([^]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor a page has: its headings' (GitHub's numbering of repeats included) and its explicit ids."""
+    seen: dict[str, int] = {}
+    found = set()
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+        base = slug(heading)
+        found.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return found | set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+
+
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: paths in the docs that are not in the repo: outputs, caches, a placeholder or a pattern
+NOT_IN_REPO = re.compile(r"^(data|metrics|dvc_plots|mlartifacts|mlruns)/|[A-Z]{3,}|[*<>{}]|\.\.\.|…")
+
+
+def test_every_link_of_the_readme_and_docs_reaches_its_page_and_anchor():
+    links = [(page, target, anchor) for page in DOC_PAGES
+             for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text())
+             if "://" not in target and not target.startswith("mailto:")]
+    assert any(target.startswith("docs/") for _, target, _ in links)
+    missing = [f"{page.relative_to(ROOT)} -> {target}" for page, target, _ in links
+               if target and not (page.parent / target).exists()]
+    assert not missing, "links to missing files: " + ", ".join(missing)
+    broken = [f"{page.relative_to(ROOT)} -> {target}#{anchor}" for page, target, anchor in links
+              if anchor and (page.parent / target if target else page).suffix == ".md"
+              and anchor not in anchors(page.parent / target if target else page)]
+    assert not broken, "links to missing anchors: " + ", ".join(broken)
+
+
+def test_every_code_path_the_readme_and_docs_name_exists():
+    """A path of the repo named in a page (``pipeline/text/play.py``, ``presets/smollm2.yaml``, ``bench/``) is in
+    the tree; the results log, which records what was, is left out."""
+    pattern = re.compile(r"(?<![\w./-])((?:pipeline|stages|tests|bench|presets|docs)/[\w./@*<>-]*[\w/*>])")
+    missing = []
+    for page in DOC_PAGES:
+        if page.parent.name == "results":
+            continue
+        for path in pattern.findall(page.read_text()):
+            path = path.rstrip(".")
+            if not (path.endswith("/") or re.search(r"\.\w+$", path)):
+                continue  # a name that is not a file's or a folder's (a Prefect deployment: pipeline/default)
+            if not NOT_IN_REPO.search(path) and not (ROOT / path).exists() and not (page.parent / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, "paths that are not in the tree: " + ", ".join(sorted(set(missing)))

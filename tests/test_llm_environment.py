@@ -147,12 +147,12 @@ def server():
 
 
 def _rollout(params, monkeypatch):
-    import stages.rollout
+    import stages.rollout_text
     from pipeline.core.artifacts import read_rows
     from pipeline.core.stage import execute
 
-    monkeypatch.setattr(stages.rollout, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
-    monkeypatch.setattr(stages.rollout.STAGE, "needs", lambda params: [])  # the policy replaced: no input read
+    monkeypatch.setattr(stages.rollout_text, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
+    monkeypatch.setattr(stages.rollout_text.STAGE, "needs", lambda params: [])  # the policy replaced: no input read
     result = execute("rollout-text", params)
     return result.metrics, read_rows(params.data_path("rollout_text"))
 
@@ -228,12 +228,12 @@ def test_rollout_with_an_openai_environment_end_to_end(server, tmp_path, monkeyp
 
 
 def test_evaluate_text_reports_one_environment_ledger_over_all_policies(server, tmp_path, monkeypatch):
-    import stages.evaluate
+    import stages.evaluate_text
     from pipeline.core.stage import execute
 
     monkeypatch.setenv("CURIO_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(stages.evaluate, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
-    monkeypatch.setattr(stages.evaluate.STAGE, "needs", lambda params: [])  # the policies replaced: no input read
+    monkeypatch.setattr(stages.evaluate_text, "load_policy_backend", lambda *a, **k: ScriptedPolicy())
+    monkeypatch.setattr(stages.evaluate_text.STAGE, "needs", lambda params: [])  # the policies replaced: no input read
     params = load_params(
         REPO / "params.yaml",
         {

@@ -204,7 +204,7 @@ def test_annotate_text_rows_carry_what_each_verdict_cost(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
 
-    import stages.annotate as annotate
+    import stages.annotate_text as annotate
     from pipeline.core.artifacts import read_table
     from pipeline.core.stage import StageContext
     from pipeline.llm.cache import ResponseCache

@@ -235,24 +235,26 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
 def test_oni_preset_gives_onis_coefficients_and_each_variant_its_reward_type(tmp_path):
     from pathlib import Path
 
-    from pipeline.core.config import ConfigError
+    from pipeline.core.config import ConfigError, preset_overrides
     from pipeline.params import load_params
     from stages.evaluate_nethack import policy_names
-    from stages.rl.appo import sf_args
+    from stages.rl_nethack import sf_args
 
     (tmp_path / "params.yaml").write_text("{}\n")
-    p = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "evaluate_nethack.policies=[random, all]"])
+    oni = preset_overrides(Path(__file__).resolve().parents[1] / "presets" / "oni.yaml")
+    p = load_params(tmp_path / "params.yaml", oni)
     v = p.rl_nethack.variants
     assert {k: (x.reward, x.ext_coef, x.int_coef) for k, x in v.items()} == {
-        "motif": ("motif", 0.1, 0.4), "extrinsic": ("none", 0.1, 0.0),
+        "motif": ("motif", 0.1, 0.4), "extrinsic": ("none", 0.1, 0.0), "intrinsic": ("motif", 0.0, 0.4),
         "oni_retrieval": ("retrieval", 0.1, 0.4), "oni_classification": ("classification", 0.1, 0.4),
-        "oni_ranking": ("ranking", 0.1, 0.4), "oni_cosine": ("cosine", 0.1, 0.4),
+        "oni_ranking": ("ranking", 0.1, 0.4),
     }
     assert p.rl_nethack.extended_actions and p.rl_nethack.count_exponent == 3.0
     assert policy_names(p) == ["random", *v]
-    goal = load_params(tmp_path / "params.yaml", ["rl_nethack.preset=oni", "rl_nethack.task=staircase",
-                                                         "evaluate_nethack.policies=[random, all]"])
-    assert {x.ext_coef for x in goal.rl_nethack.variants.values()} == {10.0}
+    # ELLM's cosine reward, the one more variant oni.yaml's header names
+    cosine = load_params(tmp_path / "params.yaml", [
+        *oni, "++rl_nethack.variants.oni_cosine={reward: cosine, ext_coef: 0.1, int_coef: 0.4}"])
+    assert cosine.rl_nethack.variants["oni_cosine"].reward == "cosine" and len(cosine.rl_nethack.variants) == 7
 
     args = sf_args(p, "oni_ranking", v["oni_ranking"], Path("/t"), Path("/r"))
     assert "--intrinsic_reward=ranking" in args and "--reward_model_dir=" in args
@@ -270,7 +272,7 @@ def test_annotation_progress_goes_to_mlflow_by_env_step_and_to_one_dvc_plot_per_
     from pipeline.core.stage import StageContext
     from pipeline.nethack.sf import PROGRESS_COLUMNS
     from pipeline.params import load_params
-    from stages.rl.appo import report_oni
+    from stages.rl_nethack import report_oni
 
     (tmp_path / "params.yaml").write_text("{}\n")
     p = load_params(tmp_path / "params.yaml", [f"data_dir={tmp_path / 'data'}", "rl_nethack.variants={"
@@ -317,7 +319,7 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     from pipeline.core.config import _set_dotted, parse_override
     from pipeline.nethack.sf import latest_checkpoint
     from pipeline.params import load_params
-    from stages.rl.appo import train_variant
+    from stages.rl_nethack import train_variant
 
     sys.path.insert(0, str(Path(__file__).parent))
     from fake_openai_server import CURIO_RULES, FakeServer
@@ -390,7 +392,7 @@ def test_progress_rows_of_a_run_resumed_from_an_older_version_keep_the_files_col
     from types import SimpleNamespace
 
     from pipeline.nethack.sf import PROGRESS_COLUMNS, _online_annotation
-    from stages.rl.appo import oni_progress
+    from stages.rl_nethack import oni_progress
 
     cfg = SimpleNamespace(train_dir=str(tmp_path), experiment="cls", oni_config="{}", intrinsic_reward="classification",
                           seed=0)

@@ -261,7 +261,7 @@ def test_reward_model_agrees_with_the_annotator_on_held_out_pairs(chain):
 
 
 def test_rl_resumes_from_its_checkpoint_skips_when_done_and_restarts_on_new_rewards(chain):
-    from stages.rl.appo import train_variant
+    from stages.rl_nethack import train_variant
 
     variant = chain.rl_nethack.variants["motif"]
     first = train_variant(chain, "motif", variant)
@@ -322,7 +322,7 @@ def test_a_variant_past_its_timeout_is_one_line_and_keeps_its_checkpoint(chain, 
 
     from pipeline.core.errors import TimedOut
     from pipeline.nethack.sf import latest_checkpoint
-    from stages.rl.appo import train_variant
+    from stages.rl_nethack import train_variant
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "reward_model").symlink_to(chain.data_path("reward_model"))
@@ -342,7 +342,7 @@ def test_rl_stage_killed_mid_training_stops_its_trainer_and_resumes(chain, tmp_p
     import psutil
 
     from pipeline.nethack.sf import latest_checkpoint
-    from stages.rl.appo import train_variant
+    from stages.rl_nethack import train_variant
 
     project = tmp_path / "proj"
     (project / "data").mkdir(parents=True)

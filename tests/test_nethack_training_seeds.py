@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NETHACK_TINY
+from conftest import NETHACK_TINY, REPO
 
-from pipeline.core.config import ConfigError
+from pipeline.core.config import ConfigError, preset_overrides
 from pipeline.core.stage import execute
 from pipeline.nethack.sf import CURVE, latest_checkpoint, make_nethack_env, parse_cfg
 from pipeline.params import Params, load_params
-from stages.rl.appo import sf_args
+from stages.rl_nethack import sf_args
 
 
 def first_screens(seed: int | None, env_id: int, train_dir: Path, games: int = 3) -> list[bytes]:
@@ -76,7 +76,8 @@ def test_deterministic_mode_is_serial_and_synchronous_and_rejects_online_rewards
                    sf_args(default, "motif", default.rl_nethack.variants["motif"], Path("/t"), Path("/r")))
     (tmp_path / "params.yaml").write_text("{}\n")
     with pytest.raises(ConfigError, match="rl_nethack.deterministic"):
-        load_params(tmp_path / "params.yaml", ["rl_nethack.deterministic=true", "rl_nethack.preset=oni"])
+        load_params(tmp_path / "params.yaml", ["rl_nethack.deterministic=true",
+                                               *preset_overrides(REPO / "presets" / "oni.yaml")])
 
 
 @pytest.mark.slow  # two sample-factory trainings: ~1 min on a loaded 2-core machine

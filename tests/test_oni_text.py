@@ -143,7 +143,7 @@ class Killed(Exception):
 
 
 def test_rl_text_with_oni_runs_end_to_end_and_a_resumed_round_gets_the_same_rewards(tmp_path_factory, monkeypatch):
-    import stages.rl.filtered_bc as fbc
+    import pipeline.rl_text.filtered_bc as fbc
     from pipeline.core.artifacts import read_rows
     from pipeline.core.stage import StageContext, stage_module
 

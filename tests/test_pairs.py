@@ -26,7 +26,7 @@ from pipeline.text.multiturn_pairs import (
 )
 from pipeline.text.multiturn_reward import RewardWeights
 from pipeline.text.play import history_of, resume_episodes
-from stages.pairs import build, effective_success, split_task
+from stages.pairs_text import build, effective_success, split_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_no_pair_without_a_success_or_without_a_worse_one():
 
 
 def test_filtered_bc_keeps_best_fraction_and_skips_invalid():
-    from stages.rl.filtered_bc import top_fraction
+    from pipeline.rl_text.filtered_bc import top_fraction
 
     rows = [traj(0, False, 20), traj(1, True, 9), traj(2, True, 4), traj(3, True, 6, invalid=True)]
     assert [r["sample"] for r in top_fraction(rows, 0.5)] == [2, 1]

@@ -12,7 +12,7 @@ import numpy as np
 from conftest import REPO, curio, make_project
 from PIL import Image
 
-from pipeline.report import binomial_se, labeller_rows, ledger_rows, matched_steps, summaries
+from pipeline.report import binomial_se, labeller_rows, ledger_rows, matched_steps, render, summaries
 
 EVAL_TEXT = {"base/success_rate": 0.25, "base/episodes": 48, "base/mean_turns": 9.0,
              "sft/success_rate": 0.5, "sft/episodes": 48, "sft/mean_turns": 8.0,
@@ -30,6 +30,23 @@ def test_headlines_pick_one_number_per_policy():
     assert binomial_se(0.5, 100) == 0.05  # sqrt(.5 * .5 / 100)
     rows = ledger_rows({"evaluate-text": EVAL_TEXT})
     assert rows == [["evaluate-text", "environment", 12, 2, "", 900, 40, "", ""]]
+
+
+def test_the_report_lists_policies_in_pipeline_order(tmp_path):
+    """The metrics files hold their keys sorted by name (base, dpo, rl, sft); the report's tables and bars list the
+    policies as the pipeline makes them, NetHack's random agent first."""
+    text = {f"{p}/{k}": v for p in ("base", "dpo", "rl", "sft") for k, v in
+            (("success_rate", 0.5), ("episodes", 8), ("mean_turns", 9.0))}
+    nethack = {f"{a}/return": 1.0 for a in ("extrinsic", "intrinsic", "motif", "random")}
+    page = render(tmp_path, tmp_path / "dvc.yaml", {"evaluate-text": text, "evaluate-nethack": nethack}, "run")
+
+    def first_column(title: str) -> list[str]:
+        body = page[page.index(f"<h2>{title}</h2>"):]
+        return re.findall(r"<tr><td>([\w-]+)</td>", body[:body.index("</table>")])
+    assert first_column("Headline: text track") == ["base", "sft", "dpo", "rl"]
+    assert first_column("Text track: held-out evaluation") == ["base", "sft", "dpo", "rl"]
+    assert first_column("Headline: nethack track") == ["random", "extrinsic", "intrinsic", "motif"]
+    assert list(summaries({"evaluate-text": text})["text"]["success"]) == ["base", "sft", "dpo", "rl"]  # Prefect's too
 
 
 def test_nethack_curves_compared_at_matched_steps_and_the_labellers_cost():

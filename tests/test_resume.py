@@ -57,7 +57,7 @@ def test_bootstrap_trains_afresh_after_a_params_change(bootstrapped):
 
 
 def test_rl_text_never_resumes_or_leaves_a_stale_checkpoint(bootstrapped, tmp_path, monkeypatch):
-    import stages.rl.filtered_bc as fbc
+    import pipeline.rl_text.filtered_bc as fbc
 
     shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
     run = ["games.max_train_tasks=2", "rl_text.rounds=1", "rl_text.tasks_per_round=1", "rollout_text.max_new_tokens=8",
@@ -129,11 +129,11 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
     """rl_text.curriculum.enabled: each round plays the curriculum's picks, updated from the rounds the stage itself
     played; killed once round 1's episodes (and, with a dense reward, their utterance rewards) are stored, the
     resumed run plays and learns from exactly what an uninterrupted run does."""
-    import stages.rl.archer as archer
-    import stages.rl.filtered_bc as fbc
+    import pipeline.rl_text.archer as archer
+    import pipeline.rl_text.filtered_bc as fbc
+    from pipeline.rl_text.rounds import online_curriculum
     from pipeline.text.curriculum import task_key
     from pipeline.text.policies import game_tasks, make_games
-    from stages.rl.text_rounds import online_curriculum
 
     run = [*CURRICULUM_RUN, f"rl_text.algorithm={algorithm}", f"rl_text.reward={reward}",
            # the tiny policy rarely writes <Answer> tags: its first lines are its moves, so utterances get judged
@@ -231,7 +231,7 @@ def test_filtered_bc_clones_into_lora_adapters_only_when_asked(bootstrapped, tmp
     every other weight as DPO left it; without it every weight trains (the built-in default)."""
     from safetensors.torch import load_file
 
-    import stages.rl.filtered_bc as fbc
+    import pipeline.rl_text.filtered_bc as fbc
 
     init = tmp_path / "data" / "train_policy" / "dpo"
     shutil.copytree(bootstrapped[0] / "data" / "bootstrap" / "model", init)

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.params import Params
-from stages.rl.appo import concurrent_variants
+from stages.rl_nethack import concurrent_variants
 
 
 def params(**rl) -> Params:
@@ -64,8 +64,8 @@ def test_a_variant_the_stop_reached_after_its_last_iteration_is_trained(steps, a
     import subprocess
     import sys
 
+    import stages.rl_nethack as appo
     from pipeline.core import interrupt
-    from stages.rl import appo
 
     p = Params.model_validate({"data_dir": str(tmp_path / "data"), "rl_nethack": {
         "train_for_env_steps": 4096, "variants": {"ext": {"ext_coef": 1.0, "int_coef": 0.0, "reward": "none"}}}})

@@ -1,5 +1,5 @@
-"""ArCHer and Online CHAI (stages/rl/archer.py, stages/rl/chai.py): the formulas on hand-computed numbers, the
-critic on a toy MDP, batched log-probs under padding, transitions, CHAI's re-ranking and the val split."""
+"""ArCHer and Online CHAI (pipeline/rl_text/archer.py, pipeline/rl_text/chai.py): the formulas on hand-computed
+numbers, the critic on a toy MDP, batched log-probs under padding, transitions, CHAI's re-ranking and the val split."""
 
 import pytest
 import torch
@@ -7,9 +7,7 @@ from torch import nn
 
 from pipeline.llm.base import ChatBackend, Generation
 from pipeline.params import Params
-from pipeline.text.critic import CriticRerank, DoubleCritic, state_text
-from pipeline.text.policies import game_tasks, make_games
-from stages.rl.archer import (
+from pipeline.rl_text.archer import (
     actor_loss,
     advantage,
     critic_step,
@@ -18,6 +16,8 @@ from stages.rl.archer import (
     transitions,
     utterance_logprobs,
 )
+from pipeline.text.critic import CriticRerank, DoubleCritic, state_text
+from pipeline.text.policies import game_tasks, make_games
 
 
 def test_q_targets_bootstrap_from_the_target_v_heads_and_stop_at_terminals():
@@ -197,7 +197,7 @@ def test_val_split_is_carved_from_train_deterministically_and_default_is_unchang
 
 
 def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(tmp_path, monkeypatch):
-    import stages.rl.archer
+    import pipeline.rl_text.archer
     from pipeline.core.stage import StageContext, StageResult, stage_module
     from pipeline.params import load_params
 
@@ -205,6 +205,7 @@ def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(
     out = params.data_path("rl_text")
     for name in ("rollouts", "rounds", "replay", "state"):
         (out / name).mkdir(parents=True)
-    monkeypatch.setattr(stages.rl.archer, "run", lambda p, ctx: StageResult(metrics={"ran": p.rl_text.algorithm}))
+    monkeypatch.setattr(pipeline.rl_text.archer, "run",
+                        lambda p, ctx: StageResult(metrics={"ran": p.rl_text.algorithm}))
     assert stage_module("rl-text").run(params, StageContext()).metrics == {"ran": "archer"}
     assert sorted(p.name for p in out.iterdir()) == ["replay", "state"]  # filtered_bc's are gone

@@ -9,7 +9,7 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.params import Params, load_params
 from pipeline.text.turn_rewards import TURN_REWARDS, make_turn_rewards
-from stages.rl.text import ALGORITHMS, run
+from stages.rl_text import ALGORITHMS, run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,10 +17,10 @@ from pipeline.envs.base import make_game
 from pipeline.envs.twenty_questions import knowledge_base
 from pipeline.llm.base import ChatBackend, Generation, Sampling
 from pipeline.params import load_params
+from pipeline.rl_text.archer import transitions
+from pipeline.rl_text.filtered_bc import top_by_turn_reward
 from pipeline.text.curriculum import OnlineCurriculum
 from pipeline.text.multiturn_pairs import ContinuationJudge, utterance_rewards
-from stages.rl.archer import transitions
-from stages.rl.filtered_bc import top_by_turn_reward
 
 REPO = Path(__file__).resolve().parents[1]
 

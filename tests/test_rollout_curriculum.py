@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-import stages.rollout as rollout
+import stages.rollout_text as rollout
 from pipeline.core.artifacts import chunk_seed, read_manifest, read_part, read_rows
 from pipeline.core.stage import StageContext
 from pipeline.envs.base import make_game

@@ -51,3 +51,13 @@ def test_pip_check_finds_only_the_named_overrides():
         unexplained.append(line)
     assert not unexplained, "\n".join(unexplained)
     assert len([p for p in problems if "sample-factory" in p]) == len(overridden)  # each override still needed
+
+
+def test_the_distribution_has_a_name_of_its_own_and_installs_the_curio_command():
+    """PyPI's `curio` is another project (an async library): `pip install curio` must not be the way to Curio."""
+    from importlib.metadata import entry_points
+
+    name = PYPROJECT["project"]["name"]
+    assert name.replace("_", "-").lower() != "curio"
+    assert PYPROJECT["project"]["scripts"]["curio"] == "pipeline.cli:app"
+    assert name in {ep.dist.name for ep in entry_points(group="console_scripts", name="curio")}

@@ -5,6 +5,7 @@ only the params it declares."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,16 +26,24 @@ def covered(key: str, declared: list[str]) -> bool:
 
 
 def test_generated_files_are_current():
-    """dvc.yaml, pipeline/core/registry.py and params.yaml are what `curio generate` writes from the declarations."""
+    """dvc.yaml, pipeline/core/registry.py, params.yaml and docs/params.md are what `curio generate` writes from the
+    declarations and the params schema."""
     stale = generate(REPO, check=True)
     assert not stale, f"out of date: {', '.join(map(str, stale))}; run `curio generate`"
 
 
+GENERATED = ("dvc.yaml", "params.yaml", "pipeline/core/registry.py", "docs/params.md")
+
+
+def copy_generated(root, names=GENERATED) -> None:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text((REPO / name).read_text())
+
+
 def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
-    (tmp_path / "pipeline" / "core").mkdir(parents=True)
-    for name in ("dvc.yaml", "params.yaml", "pipeline/core/registry.py"):
-        (tmp_path / name).write_text((REPO / name).read_text())
-    stale = (REPO / "dvc.yaml").read_text().replace("      - stages/annotate.py\n", "", 1)  # a dep removed by hand
+    copy_generated(tmp_path)
+    stale = (REPO / "dvc.yaml").read_text().replace("      - stages/annotate_text.py\n", "", 1)  # a dep removed by hand
     (tmp_path / "dvc.yaml").write_text(stale)
     assert generate(tmp_path, check=True) == [tmp_path / "dvc.yaml"]
     assert generate(tmp_path) == [tmp_path / "dvc.yaml"]
@@ -46,9 +55,7 @@ def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(
     """params.yaml's shape and help come from the schema; its values are the user's baseline until --defaults."""
     from pipeline.generate import kept_values
 
-    (tmp_path / "pipeline" / "core").mkdir(parents=True)
-    for name in ("dvc.yaml", "pipeline/core/registry.py"):
-        (tmp_path / name).write_text((REPO / name).read_text())
+    copy_generated(tmp_path, ("dvc.yaml", "pipeline/core/registry.py", "docs/params.md"))
     (tmp_path / "params.yaml").write_text("seed: 3\nrollout_text:\n  top_p: 0.9\n")  # hand-written, partial
     assert generate(tmp_path) == [tmp_path / "params.yaml"]
     params = load_params(tmp_path / "params.yaml")
@@ -57,6 +64,37 @@ def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(
     assert kept_values(params) == ["seed=3 (default 0)", "rollout_text.top_p=0.9 (default 1.0)"]
     generate(tmp_path, defaults=True)
     assert (tmp_path / "params.yaml").read_text() == (REPO / "params.yaml").read_text()
+
+
+def test_the_params_reference_lists_every_key_with_its_help_and_goes_stale_with_the_schema(tmp_path, monkeypatch):
+    """docs/params.md has a row per key of the schema (an LLM role is one row: its fields have their own table),
+    with the key's help string; a help string changed in the schema makes `curio generate --check` name the page."""
+    from pipeline.generate import render_params_md
+    from pipeline.llm.config import LLMConfig
+    from pipeline.params import Params
+
+    page = (REPO / "docs" / "params.md").read_text()
+    params_part = page[:page.index("\n## An LLM role\n")]  # the LLM role's own table comes last
+    rows = dict(re.findall(r"^\| `([\w.]+)` \|[^|]*\| (.*) \|$", params_part, flags=re.M))
+
+    def keys(model, prefix=""):
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            section = hasattr(type(value), "model_fields") and not isinstance(value, LLMConfig)
+            if not (section and not prefix):  # a top-level section is a heading of its own
+                yield f"{prefix}{name}", field
+            if section:
+                yield from keys(value, f"{prefix}{name}.")
+    missing = [k for k, _ in keys(Params()) if k not in rows]
+    missing += [name for name in Params.model_fields if f"`{name}." in page and f"\n## {name}\n" not in page]
+    assert not missing, f"docs/params.md lacks {missing}"
+    assert all(field.description.split(" (")[0].replace("<", "&lt;").replace(">", "&gt;")[:40] in rows[k]
+               for k, field in keys(Params()) if field.description and "|" not in field.description)
+    copy_generated(tmp_path)
+    assert generate(tmp_path, check=True) == []
+    monkeypatch.setattr(Params.model_fields["seed"], "description", "the one seed of a run")
+    assert tmp_path / "docs" / "params.md" in generate(tmp_path, check=True)
+    assert "| `seed` | `0` | the one seed of a run |" in render_params_md(declared_stages())
 
 
 def test_dvc_yaml_says_what_each_declaration_says():

@@ -6,21 +6,21 @@ a missing or corrupt input names the stage to run."""
 
 STAGES: dict[str, str] = {
     "bootstrap": "stages.bootstrap",
-    "rollout-text": "stages.rollout",
-    "annotate-text": "stages.annotate",
+    "rollout-text": "stages.rollout_text",
+    "annotate-text": "stages.annotate_text",
     "annotate-utterances": "stages.annotate_utterances",
-    "pairs-text": "stages.pairs",
+    "pairs-text": "stages.pairs_text",
     "train-reward-text": "stages.train_reward_text",
     "train-sft": "stages.train_sft",
     "reflogprobs": "stages.reflogprobs",
     "train-dpo": "stages.train_dpo",
-    "rl-text": "stages.rl.text",
-    "evaluate-text": "stages.evaluate",
+    "rl-text": "stages.rl_text",
+    "evaluate-text": "stages.evaluate_text",
     "rollout-nethack": "stages.rollout_nethack",
     "annotate-nethack": "stages.annotate_nethack",
     "pairs-nethack": "stages.pairs_nethack",
     "train-reward": "stages.train_reward",
-    "rl-nethack": "stages.rl.appo",
+    "rl-nethack": "stages.rl_nethack",
     "evaluate-nethack": "stages.evaluate_nethack",
 }
 

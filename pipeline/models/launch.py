@@ -8,7 +8,7 @@ batch, so the optimizer sees the same global batch as one process does. Rank 0 w
 resume point, as in one process) and the trained model; the stage's process loads it and goes on as before
 (saving, tracking), so stages are unchanged. A process launched this way runs the trainer directly.
 
-A stage whose training loop is its own (rl-text's ArCHer and CHAI: stages/rl/archer.py) is launched whole with
+A stage whose training loop is its own (rl-text's ArCHer and CHAI: pipeline/rl_text/archer.py) is launched whole with
 ``launched_stage``: every process runs the stage's ``run`` on the same params and trains through
 ``accelerate.Accelerator``; the main process's result and the metrics it logged come back to the stage's process.
 Both kinds of launch stop with the stage's process (a SIGKILLed stage leaves no orphan training on). A SIGTERM to the

@@ -3,7 +3,7 @@ train-reward, rl-nethack with its variants and ONI, evaluate-nethack), with thei
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -171,29 +171,6 @@ class RLNetHackConfig(Section):
     extra_args: list[str] = Field([], description="more sample-factory arguments, e.g. ['--nonlinearity=relu']")
     oni: OniConfig = Field(default_factory=OniConfig,
         description="ONI's online annotation (reward types retrieval / classification / ranking / cosine)")
-    preset: Literal["oni"] | None = Field(
-        None, description="oni: ONI's setup replaces variants, extended_actions and count_exponent (Motif, "
-        "extrinsic and the four online rewards; ext 0.1 on score, 10 on goal tasks; int 0.4; "
-        f"beta {MOTIF_COUNT_EXPONENT:g})"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("preset") == "oni":
-            ext = 0.1 if data.get("task", "score") == "score" else 10.0
-            data = {
-                **data,
-                "extended_actions": True,
-                "count_exponent": MOTIF_COUNT_EXPONENT,
-                "variants": {
-                    "motif": {"reward": "motif", "ext_coef": ext, "int_coef": 0.4},
-                    "extrinsic": {"reward": "none", "ext_coef": ext, "int_coef": 0.0},
-                    **{f"oni_{kind}": {"reward": kind, "ext_coef": ext, "int_coef": 0.4}
-                       for kind in ("retrieval", "classification", "ranking", "cosine")},
-                },
-            }
-        return data
 
     @model_validator(mode="after")
     def _variant_names(self) -> RLNetHackConfig:

@@ -31,6 +31,9 @@ def parse_noise(model: str) -> float:
     return noise
 
 
+#: The named policies, in the order the pipeline trains them (what reports and tables list them in).
+POLICIES = ("base", "sft", "dpo", "rl")
+
 class PolicyConfig(Section):
     model: str = Field(
         "builtin",
@@ -473,7 +476,7 @@ class EvaluateTextConfig(Section):
     trajectories_per_task: int = Field(8, ge=1, description="episodes per held-out task and policy "
                                        "(52 held-out secrets x 8: ~2.4 points standard error per policy)")
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature while evaluating")
-    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(["base", "sft", "dpo", "rl"], min_length=1,
+    policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(list(POLICIES), min_length=1,
         description="policies evaluated: base (bootstrap or policy.model), sft, dpo, rl")
 
 

@@ -1,8 +1,9 @@
 """The utterance-level double critic of ArCHer and Online CHAI, and the CHAI policy it re-ranks.
 
-The critic (Q1, Q2 on the state and the agent's utterance, V1, V2 on the state) is trained by stages/rl/archer.py;
-Online CHAI (stages/rl/chai.py) saves it beside the policy, in ``critic/``, and :func:`load_reranked` serves that
-policy re-ranked by it: what :func:`pipeline.text.policies.load_policy_backend` loads for a CHAI model directory.
+The critic (Q1, Q2 on the state and the agent's utterance, V1, V2 on the state) is trained by
+pipeline/rl_text/archer.py; Online CHAI (pipeline/rl_text/chai.py) saves it beside the policy, in ``critic/``, and
+:func:`load_reranked` serves that policy re-ranked by it: what :func:`pipeline.text.policies.load_policy_backend`
+loads for a CHAI model directory.
 """
 
 from __future__ import annotations

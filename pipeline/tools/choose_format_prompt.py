@@ -37,7 +37,7 @@ def score(rows: list[dict]) -> dict:
 def choose_format_prompt(preset: str | None, overrides: list[str], k: int, candidates: list[str],
                          json_out: Path | None = None) -> str:
     """Play every candidate on val, print its line and the choice; the candidate chosen."""
-    from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
+    from stages.evaluate_text import evaluate_policy  # the policy backends (torch): only to play
 
     candidates = [c for c in candidates if c]
     if not candidates:

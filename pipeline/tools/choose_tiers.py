@@ -52,7 +52,7 @@ def pick(results: dict[str, dict], low: float, high: float) -> dict[str, str | N
 def choose_tiers(preset: str | None, overrides: list[str], k: int, candidates: list[str], low: float, high: float,
                  json_out: Path | None = None) -> dict[str, str | None]:
     """Play the candidates on val, print the table and the tiers chosen; the choice, per game."""
-    from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
+    from stages.evaluate_text import evaluate_policy  # the policy backends (torch): only to play
 
     if not candidates:
         raise ToolError("--candidates: no tier given")

@@ -128,7 +128,7 @@ def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float,
     key = {"k": k, "temperature": temperature, "policy": policy_hash(data_dir, policy), "v": SCORES_VERSION}
     if cached.exists() and (old := json.loads(cached.read_text()))["key"] == key:
         return old["scores"]
-    from stages.evaluate import evaluate_policy  # the policy backends (torch): only to play
+    from stages.evaluate_text import evaluate_policy  # the policy backends (torch): only to play
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])
     rows = evaluate_policy(params, policy, split, seed=params.seed + 1, k=k, temperature=temperature,

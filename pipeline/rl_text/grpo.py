@@ -54,11 +54,7 @@ from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.llm.sampler import sampling_warpers
 from pipeline.models import tiny
 from pipeline.params import Params
-from pipeline.text.grpo import Packed, Steps, pack_episode, reply_logps, rollout_weights, round_advantages, token_loss
-from pipeline.text.play import EPISODE_SCHEMA, REPLY_FIELDS, play_episodes, summarize
-from pipeline.text.policies import game_tasks, make_games, require_policy
-from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import (
+from pipeline.rl_text.rounds import (
     NAME,
     curriculum_metrics,
     episode_jobs,
@@ -67,8 +63,12 @@ from stages.rl.text_rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.text.grpo import Packed, Steps, pack_episode, reply_logps, rollout_weights, round_advantages, token_loss
+from pipeline.text.play import EPISODE_SCHEMA, REPLY_FIELDS, play_episodes, summarize
+from pipeline.text.policies import game_tasks, make_games, require_policy
+from pipeline.text.turn_rewards import make_turn_rewards, outcome_rewards
 
-#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+#: What it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds"})
 GRPO_SCHEMA = pa.schema([*EPISODE_SCHEMA, *REPLY_FIELDS, pa.field("turn_rewards", pa.list_(pa.float64()))])
 

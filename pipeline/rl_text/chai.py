@@ -3,7 +3,7 @@
 The policy is never updated: at every turn it samples ``chai.num_samples`` utterances and the one with the
 largest min(Q1, Q2)(s, a) is played (among those with a parseable ``<Answer>``, when any has one; the critic
 never sees unparseable turns in its buffer, so it cannot know they are bad). The critic is ArCHer's, trained
-the same way (stages/rl/archer.py, ``train_loop(..., actor=False)``) on the re-ranked policy's transitions,
+the same way (pipeline/rl_text/archer.py, ``train_loop(..., actor=False)``) on the re-ranked policy's transitions,
 with a_π drawn from the re-ranked policy too. The output model directory holds the policy and, in
 ``critic/``, the critic: ``load_policy_backend`` then serves the re-ranked policy for evaluation.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm.base import ChatBackend
 from pipeline.params import Params
+from pipeline.rl_text import archer
 from pipeline.text.critic import CRITIC_DIR, CriticRerank, DoubleCritic
-from stages.rl import archer
 
 #: What it writes under data/rl_text besides model/: ArCHer's, the same loop writes them.
 OUTPUTS = archer.OUTPUTS

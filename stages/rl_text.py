@@ -1,9 +1,9 @@
 """The rl-text stage: online RL of the text policy from the DPO policy, by ``rl_text.algorithm`` (:data:`ALGORITHMS`).
 
-- ``filtered_bc`` (stages/rl/filtered_bc.py): clone the best trajectories so far (ArCHer's Online Filtered BC);
-- ``archer`` (stages/rl/archer.py): utterance-level double critic + token-level policy gradient;
-- ``chai`` (stages/rl/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated;
-- ``grpo`` (stages/rl/grpo.py): group-relative advantages over a task's episodes, clipped policy gradient, the
+- ``filtered_bc`` (pipeline/rl_text/filtered_bc.py): clone the best trajectories so far (ArCHer's Online Filtered BC);
+- ``archer`` (pipeline/rl_text/archer.py): utterance-level double critic + token-level policy gradient;
+- ``chai`` (pipeline/rl_text/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated;
+- ``grpo`` (pipeline/rl_text/grpo.py): group-relative advantages over a task's episodes, clipped policy gradient, the
   number of rounds chosen on val.
 
 All four play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
@@ -11,7 +11,7 @@ equal environment samples. Output: ``data/rl_text/model`` (CHAI adds its critic 
 success-vs-episodes history ``metrics/plots/rl_rounds.json``.
 
 Each round's tasks are a uniform sample of the train tasks, or the picks of PAPRIKA's UCB curriculum
-(``rl_text.curriculum.enabled``; stages/rl/text_rounds.py). ``rl_text.reward`` picks what the algorithms learn
+(``rl_text.curriculum.enabled``; pipeline/rl_text/rounds.py). ``rl_text.reward`` picks what the algorithms learn
 from: ``outcome``, the game's reward, or one of the dense per-utterance rewards of pipeline/text/turn_rewards.py
 (``judge``, ``motif``, ``oni``), computed once per round, right after the round is played, and stored with the
 round's episodes (``turn_rewards``), so a resumed round learns from the same numbers.
@@ -25,10 +25,10 @@ from types import ModuleType
 from pipeline.core.config import ConfigError
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.params import Params
+from pipeline.rl_text import archer, chai, filtered_bc, grpo
+from pipeline.rl_text.rounds import NAME, PARAMS
 from pipeline.text.oni_rewards import DIRECTORY as ONI_DIRECTORY
 from pipeline.text.policies import policy_deps
-from stages.rl import archer, chai, filtered_bc, grpo
-from stages.rl.text_rounds import NAME, PARAMS
 
 
 def _needs(params: Params) -> list[str]:
@@ -40,8 +40,9 @@ STAGE = Stage(
     NAME,
     params=PARAMS,
     code=[
-        "stages/rl/text_rounds.py", "stages/rl/filtered_bc.py", "stages/rl/archer.py", "stages/rl/chai.py",
-        "stages/rl/grpo.py", "pipeline/text/grpo.py",
+        "pipeline/rl_text/rounds.py", "pipeline/rl_text/filtered_bc.py", "pipeline/rl_text/archer.py",
+        "pipeline/rl_text/chai.py",
+        "pipeline/rl_text/grpo.py", "pipeline/text/grpo.py",
         "pipeline/text/critic.py", "pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/models/training.py",
         "pipeline/envs", "pipeline/text/curriculum.py", "pipeline/text/multiturn_pairs.py",
         "pipeline/text/multiturn_reward.py", "pipeline/text/prompts/multiturn_judge.yaml",

@@ -5,7 +5,7 @@ is the normalised output of the train-reward model for the step's message (``pip
 the default trains Motif (ext + int), an extrinsic-only and an intrinsic-only agent. A variant whose ``reward`` is
 retrieval / classification / ranking / cosine uses ONI's online reward instead (``pipeline.nethack.oni``): an
 annotator process labels messages while it trains; its progress over env steps goes to MLflow and to
-``metrics/plots/rl-nethack-oni/<variant>.csv``. ``rl_nethack.preset: oni`` sets up ONI's comparison. Training runs
+``metrics/plots/rl-nethack-oni/<variant>.csv``. presets/oni.yaml sets up ONI's comparison. Training runs
 ``python -m pipeline.nethack`` (sample-factory with Curio's env and encoder registered) in a child process.
 
 Resume is sample-factory's own: the experiment directory keeps checkpoints (every 30 s and at the end) and a

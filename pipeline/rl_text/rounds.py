@@ -1,4 +1,4 @@
-"""What rl-text's algorithms share (stages/rl/text.py runs them): the stage's name and params, each round's tasks.
+"""What rl-text's algorithms share (stages/rl_text.py runs them): the stage's name and params, each round's tasks.
 
 Each round's tasks are a uniform sample of the train tasks (seeded by the round), or with
 ``rl_text.curriculum.enabled`` the picks of PAPRIKA's UCB curriculum updated by the learning potential of the

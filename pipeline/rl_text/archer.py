@@ -21,7 +21,7 @@ transitions (s, a, r, s′, done) become part r of the replay buffer (chunked Pa
 and both optimisers are then checkpointed (``data/rl_text/state``), so a SIGKILL loses at most the round in
 flight, and a resumed run equals an uninterrupted one (every round re-seeds its RNGs). On SIGTERM the stage stops
 once the round's episodes are written (the rerun redoes its gradient steps only) or once the round is checkpointed.
-Online CHAI (stages/rl/chai.py) trains the same critic with ``train_loop(..., actor=False)``.
+Online CHAI (pipeline/rl_text/chai.py) trains the same critic with ``train_loop(..., actor=False)``.
 
 Several processes (``train_policy.num_processes`` or ``train_policy.accelerate_config``): the stage runs under
 ``accelerate launch``; each process plays its share of a round's episodes (the bulk of the wall time) and
@@ -66,11 +66,7 @@ from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.launch import launched_stage
 from pipeline.params import Params
-from pipeline.text.critic import DoubleCritic, load_encoder
-from pipeline.text.play import play_episodes, summarize
-from pipeline.text.policies import make_games, require_policy
-from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards, outcome_rewards
-from stages.rl.text_rounds import (
+from pipeline.rl_text.rounds import (
     NAME,
     curriculum_metrics,
     episode_jobs,
@@ -79,6 +75,10 @@ from stages.rl.text_rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.text.critic import DoubleCritic, load_encoder
+from pipeline.text.play import play_episodes, summarize
+from pipeline.text.policies import make_games, require_policy
+from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards, outcome_rewards
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from pipeline.text.curriculum import OnlineCurriculum
 
 T = TypeVar("T")
-#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+#: What it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's).
 OUTPUTS = frozenset({"replay", "state", "episodes"})
 #: What data/rl_text/episodes keeps of each episode: the round's success statistics and the curriculum's scores.
 EPISODE_KEYS = ("group", "task_id", "sample", "success", "invalid", "turns", "score")
@@ -318,7 +318,7 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     processes, config_file = requested()
     if processes > 1 or config_file:
         check_batches(params, processes, actor)
-        # the whole stage in each process (stages/rl/text.py runs rl_text.algorithm's module)
+        # the whole stage in each process (stages/rl_text.py runs rl_text.algorithm's module)
         return launched_stage(STAGES[NAME], NAME, params, ctx, num_processes=processes, config_file=config_file)
     return train_processes(params, ctx, actor, acting, extra_outputs)
 

@@ -7,7 +7,7 @@ current policy. With a dense ``rl_text.reward`` (judge, motif, oni) the ranking 
 per-utterance rewards instead (highest first, ties in play order; stored in the round's rollouts as
 ``turn_rewards``): the mean, not the sum, because a judge's reward is mostly positive, so a sum would rank long,
 failed conversations above short wins. Format-invalid trajectories are never cloned, with either reward. With
-``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (stages/rl/text_rounds.py).
+``rl_text.curriculum.enabled`` the round's tasks are the curriculum's picks (pipeline/rl_text/rounds.py).
 
 Rollouts are one Parquet part per round and the policy is saved after every round, so a killed run resumes at
 the first unfinished round. On SIGTERM it stops once the round's rollouts are written, or with a checkpoint of
@@ -40,10 +40,7 @@ from pipeline.llm.hf import HFBackend, load_policy
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
-from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import load_policy_backend, make_games, require_policy
-from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
-from stages.rl.text_rounds import (
+from pipeline.rl_text.rounds import (
     NAME,
     curriculum_metrics,
     episode_jobs,
@@ -52,8 +49,11 @@ from stages.rl.text_rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.policies import load_policy_backend, make_games, require_policy
+from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
 
-#: What it writes under data/rl_text besides model/ (stages/rl/text.py removes another algorithm's).
+#: What it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's).
 OUTPUTS = frozenset({"rollouts", "rounds", "checkpoints"})
 
 JUDGED_SCHEMA = EPISODE_SCHEMA.append(pa.field("turn_rewards", pa.list_(pa.float64())))

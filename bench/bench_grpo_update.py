@@ -1,0 +1,166 @@
+"""GRPO's update and val pass against another revision of the code, side by side, on the same episodes.
+
+    OMP_NUM_THREADS=2 python bench/bench_grpo_update.py --run DIR --before REF [--tasks 8] [--val-tasks 24]
+                                                        [--repeats 2]
+
+``DIR`` is the checkout of a finished run of ``presets/smollm2-learn.yaml`` (its params.yaml and DPO policy);
+``REF`` a commit of this repository (checked out into a temporary worktree). Once, the DPO policy plays the first
+``--tasks`` train tasks of the run (K episodes each, the preset's sampling, token in / token out); then, in a fresh
+process per side and repeat (alternating), each side times:
+
+- **update**: GRPO's update of those episodes (``pipeline.rl_text.grpo.update``, LoRA as the preset trains): seconds per
+  trained reply. Both sides train on the same played ids (``REF``'s code re-renders each prompt from the text, as
+  it did);
+- **val**: ``--val-tasks`` val tasks × ``rl_text.grpo.val_trajectories`` played as the stage's val pass plays them
+  (``pipeline.rl_text.grpo.val_success``): seconds per episode.
+
+Prints each side's medians and before ÷ after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grpo_module():
+    """rl-text's GRPO module of the code on ``sys.path`` (a revision before the stage moves kept it in stages/)."""
+    import importlib
+
+    try:
+        return importlib.import_module("pipeline.rl_text.grpo")
+    except ModuleNotFoundError:
+        return importlib.import_module("stages.rl.grpo")
+
+
+def child(run: Path, rows_file: Path, val_tasks: int) -> dict:
+    """One side's timings, with the code on ``sys.path`` (this checkout or the other revision's)."""
+    import pyarrow.parquet as pq
+    import torch
+    from peft import get_peft_model
+
+    from pipeline.llm.hf import load_policy
+    from pipeline.models.training import peft_config
+    from pipeline.params import load_params
+    from pipeline.text.policies import make_games
+    grpo = grpo_module()
+
+    params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false"])
+    rows = pq.read_table(rows_file).to_pylist()
+    if "reply_token_ids" not in grpo.GRPO_SCHEMA.names:  # the code before token-in / token-out play
+        rows = [{**r, "turn_token_ids": [ids for ids, ok in zip(r["reply_token_ids"], r["reply_parsed"], strict=True)
+                                         if ok]} for r in rows]
+    game_list = make_games(params)
+    games = {g.name: g for g in game_list}
+    dpo = params.data_path("train_policy", "dpo")
+    model, tokenizer = load_policy(dpo, params.policy.device)
+    model = get_peft_model(model, peft_config(params.train_policy.lora, model))
+    start = time.perf_counter()
+    stats = grpo.update(model, tokenizer, rows, games, params, 0)
+    update_s = time.perf_counter() - start
+    model = model.merge_and_unload().eval()
+    val = grpo.val_jobs_of(params, game_list)
+    cap = val_tasks // max(1, len(game_list))
+    val = [j for g in game_list for j in [v for v in val if v[0] is g][:cap]]
+    start = time.perf_counter()
+    success = grpo.val_success(params, model, tokenizer, dpo, val)
+    val_s = time.perf_counter() - start
+    episodes = len(val) * params.rl_text.grpo.val_trajectories
+    return {"update_s": update_s, "replies": stats["grpo/replies"], "val_s": val_s, "val_episodes": episodes,
+            "val_success": success, "capability": torch.backends.cpu.get_cpu_capability(),
+            "gap_mean": stats.get("grpo/mismatch/gap_mean")}
+
+
+def play(run: Path, tasks: int, out: Path) -> int:
+    """The DPO policy plays the run's first ``tasks`` train tasks, token in / token out; rows to ``out``."""
+    import pyarrow.parquet as pq
+
+    from pipeline.core.artifacts import chunk_seed
+    from pipeline.llm import sampling_from_config
+    from pipeline.llm.hf import load_policy
+    from pipeline.params import load_params
+    from pipeline.rl_text.grpo import GRPO_SCHEMA, hf_policy
+    from pipeline.rl_text.rounds import train_jobs
+    from pipeline.text.play import play_episodes
+    from pipeline.text.policies import make_games
+
+    params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false"])
+    games = make_games(params)
+    jobs = train_jobs(params, games)
+    per_group = max(1, tasks // len(games))
+    picked = [j for g in games for j in [j for j in jobs if j[0] is g][:per_group]]
+    episodes = [(g, t, s) for g, t in picked for s in range(params.rl_text.trajectories_per_task)]
+    dpo = params.data_path("train_policy", "dpo")
+    model, tokenizer = load_policy(dpo, params.policy.device)
+    rows = play_episodes(hf_policy(params, dpo, model, tokenizer), episodes, sampling_from_config(params.rollout_text),
+                         seed=chunk_seed(params.seed, "bench", 0), token_ids=True,
+                         max_format_retries=params.rollout_text.max_format_retries)
+    rows = [{**r, "turn_rewards": []} for r in rows]
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=GRPO_SCHEMA), out)
+    return len(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, help="checkout of a finished smollm2-learn run")
+    ap.add_argument("--before", default="HEAD~1", help="the revision to compare with (default HEAD~1)")
+    ap.add_argument("--tasks", type=int, default=8, help="train tasks played once, K episodes each")
+    ap.add_argument("--val-tasks", type=int, default=24, help="val tasks of the val pass timed")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    run = args.run.resolve()
+    if args.child:
+        print(json.dumps(child(run, args.child, args.val_tasks)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
+        before = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(before), args.before],
+                       check=True)
+        try:
+            rows = Path(tmp) / "rows.parquet"
+            print(f"played {play(run, args.tasks, rows)} episodes", flush=True)
+            sides = {"before": before, "after": REPO}
+            results: dict[str, list[dict]] = {name: [] for name in sides}
+            for _ in range(args.repeats):
+                for name, code in sides.items():
+                    env = {**os.environ, "PYTHONPATH": str(code), "TQDM_DISABLE": "1"}
+                    out = subprocess.run([sys.executable, __file__, "--run", str(run), "--child", str(rows),
+                                          "--val-tasks", str(args.val_tasks)], env=env, capture_output=True,
+                                         text=True, cwd=code)
+                    if out.returncode:
+                        print(out.stderr[-3000:], file=sys.stderr)
+                        return out.returncode
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
+                    results[name].append(r)
+                    print(f"{name:<6} update {r['update_s']:.1f} s ({r['replies']} replies), val "
+                          f"{r['val_s']:.1f} s ({r['val_episodes']} episodes, success {r['val_success']:.3f}), "
+                          f"{r['capability']}", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False)
+
+    def med(name: str, key: str, per: str) -> float:
+        return statistics.median(r[key] / r[per] for r in results[name])
+
+    print("| work | before | after | before / after |\n|---|---|---|---|")
+    for key, per, unit in (("update_s", "replies", "s per reply"), ("val_s", "val_episodes", "s per episode")):
+        b, a = med("before", key, per), med("after", key, per)
+        print(f"| {key[:-2]} ({unit}) | {b:.3f} | {a:.3f} | {b / a:.2f}x |")
+    print(f"cores {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}, "
+          f"CPU kernels {results['after'][0]['capability']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Online RL stages: filtered BC for the text track, APPO for NetHack."""
