@@ -63,10 +63,12 @@ def test_the_in_place_path_is_taken_only_without_gradients(monkeypatch):
     module = Module(groups=3)
     with torch.no_grad():
         sdpa_attention_gqa(module, q, k, v, mask)
+        decode_q, decode_k, decode_v = qkv(3, 1, 8)  # a decode step: one query token on a kept cache
+        sdpa_attention_gqa(module, decode_q, decode_k, decode_v, CASES["decode step with a kept cache, holes"][2])
     q.requires_grad_(True)
     out, _ = sdpa_attention_gqa(module, q, k, v, mask)
     out.sum().backward()
-    assert seen == [(2, True), (6, False)]
+    assert seen == [(2, True), (2, True), (6, False)]
     assert q.grad is not None
 
 

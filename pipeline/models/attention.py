@@ -2,11 +2,10 @@
 
 SmolLM2 (like most chat models) shares each key / value head among several query heads (grouped-query attention:
 9 query heads, 3 key / value heads). transformers passes ``enable_gqa`` to torch's SDPA only on a GPU without a
-mask; everywhere else it first copies every key / value head once per query head of its group (``repeat_kv``).
-transformers 5 avoids the copy itself for one query token (a decode step: it folds the query heads of a group into
-one row each), but still copies for several query tokens under a mask: the new tokens a multi-turn game appends to a
-kept cache, and every prompt's prefill. There torch's CPU flash kernel with ``enable_gqa`` reads each query head's
-shared key / value head in place, and its output is bit-for-bit the same.
+mask; everywhere else it first copies every key / value head once per query head of its group (``repeat_kv``):
+at every decode step, every prompt's prefill and the new tokens a multi-turn game appends to a kept cache, in every
+layer. On a CPU, torch's SDPA with ``enable_gqa`` reads each query head's shared key / value head in place, and its
+output is bit-for-bit the same (the copies were 12 % of SmolLM2's play time at a batch of 64).
 
 Padding-free training (bootstrap's batches: the batch's conversations packed into one row, TRL's collator passing
 their boundaries as ``cu_seq_lens_q``) gets the same treatment. There transformers builds one mask over the whole
@@ -17,8 +16,7 @@ score, softmax and weighted sum is the same up to float rounding, and no token a
 
 ``install()`` registers this function for ``sdpa`` through transformers' ``AttentionInterface`` (its extension
 point for attention functions). The in-place heads are taken only where they are known to give the library's
-numbers: on a CPU, with no gradient being recorded (play, reference log-probs), for more than one query token. The
-per-conversation path is taken only on a CPU for a packed row whose boundaries the collator passed. Everything else
+numbers: on a CPU, with no gradient being recorded (play, reference log-probs). The per-conversation path is taken only on a CPU for a packed row whose boundaries the collator passed. Everything else
 keeps transformers' own function.
 """
 
@@ -39,8 +37,7 @@ def sdpa_attention_gqa(module: torch.nn.Module, query: torch.Tensor, key: torch.
     if bounds is not None and is_causal is not False and getattr(module, "is_causal", True):
         return packed_sdpa(module, query, key, value, bounds, dropout=dropout, scaling=scaling), None
     if (torch.is_grad_enabled() or query.device.type != "cpu" or key.shape[1] == query.shape[1]
-            or query.shape[2] == 1 or kwargs.get("output_attentions") or kwargs.get("head_mask") is not None
-            or torch.jit.is_tracing()):
+            or kwargs.get("output_attentions") or kwargs.get("head_mask") is not None or torch.jit.is_tracing()):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     if attention_mask is not None and attention_mask.ndim == 4:
