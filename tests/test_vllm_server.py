@@ -167,8 +167,11 @@ def test_reflogprobs_sums_the_masked_tokens(fake_vllm, tmp_path):
         backend.close()
 
 
-def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path):
-    """A stage killed with SIGKILL cannot stop its server: the supervisor does, within a second."""
+@pytest.mark.parametrize("whole_group", [False, True], ids=["the stage", "its process group"])
+def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path, whole_group):
+    """A stage killed with SIGKILL cannot stop its server: the supervisor does, within a second. Also when the
+    SIGKILL goes to the stage's whole process group (``timeout -s KILL``, a batch scheduler): the supervisor is
+    in a session of its own, so it outlives the group and stops the server."""
     script = tmp_path / "stage.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
@@ -178,12 +181,16 @@ def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path):
         print("up", flush=True)
         time.sleep(600)
     """))
-    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ)
+    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ,
+                             start_new_session=whole_group)
     try:
         assert stage.stdout.readline().strip() == "up"
         (pid,) = pids(fake_vllm)
         assert alive(pid)
-        stage.send_signal(signal.SIGKILL)
+        if whole_group:
+            os.killpg(stage.pid, signal.SIGKILL)
+        else:
+            stage.send_signal(signal.SIGKILL)
         stage.wait()
         deadline = time.monotonic() + 10
         while alive(pid) and time.monotonic() < deadline:
@@ -191,4 +198,6 @@ def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path):
         assert not alive(pid)
     finally:
         stage.kill()
-
+        for left in pids(fake_vllm):
+            if alive(left):
+                os.kill(left, signal.SIGKILL)

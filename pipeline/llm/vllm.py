@@ -137,9 +137,12 @@ class VLLMServer:
             self.log_path = self.log_dir / f"vllm-{self.port}.log"
             command = server_command(self.python, model, name, self.port, self.dtype, seed, extra,
                                      eager=not device.startswith("cuda"))
+            # the supervisor in a session of its own: a SIGKILL of the stage's whole process group (timeout -s KILL,
+            # a batch scheduler) leaves it alive to stop the server once it sees the stage gone
             with open(self.log_path, "wb") as out:  # a pipe nobody reads would block the server
                 self.proc = subprocess.Popen([sys.executable, str(SUPERVISE), *command], stdout=out,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                             start_new_session=True)
             atexit.register(self.close)
             log.info("vllm: serving %s as %r on %s (dtype %s, log %s)", model, name, self.url, self.dtype,
                      self.log_path)
