@@ -72,7 +72,12 @@ def child(run: Path, rows_file: Path, val_tasks: int) -> dict:
     cap = val_tasks // max(1, len(game_list))
     val = [j for g in game_list for j in [v for v in val if v[0] is g][:cap]]
     start = time.perf_counter()
-    success = grpo.val_success(params, model, tokenizer, dpo, val)
+    try:  # the val pass plays on the configured backend (pipeline.rl_text.serving), or on hf before it
+        from pipeline.rl_text.serving import PolicyPlayer
+
+        success = grpo.val_success(params, PolicyPlayer(params).backend(dpo, model, tokenizer), val)
+    except ModuleNotFoundError:
+        success = grpo.val_success(params, model, tokenizer, dpo, val)
     val_s = time.perf_counter() - start
     episodes = len(val) * params.rl_text.grpo.val_trajectories
     return {"update_s": update_s, "replies": stats["grpo/replies"], "val_s": val_s, "val_episodes": episodes,
@@ -88,8 +93,9 @@ def play(run: Path, tasks: int, out: Path) -> int:
     from pipeline.llm import sampling_from_config
     from pipeline.llm.hf import load_policy
     from pipeline.params import load_params
-    from pipeline.rl_text.grpo import GRPO_SCHEMA, hf_policy
+    from pipeline.rl_text.grpo import GRPO_SCHEMA
     from pipeline.rl_text.rounds import train_jobs
+    from pipeline.rl_text.serving import PolicyPlayer
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import make_games
 
@@ -101,7 +107,8 @@ def play(run: Path, tasks: int, out: Path) -> int:
     episodes = [(g, t, s) for g, t in picked for s in range(params.rl_text.trajectories_per_task)]
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
-    rows = play_episodes(hf_policy(params, dpo, model, tokenizer), episodes, sampling_from_config(params.rollout_text),
+    policy = PolicyPlayer(params).backend(dpo, model, tokenizer)
+    rows = play_episodes(policy, episodes, sampling_from_config(params.rollout_text),
                          seed=chunk_seed(params.seed, "bench", 0), token_ids=True,
                          max_format_retries=params.rollout_text.max_format_retries)
     rows = [{**r, "turn_rewards": []} for r in rows]

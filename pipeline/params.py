@@ -126,8 +126,9 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[st
     return params
 
 
-#: rl-text's algorithms that play with the weights they train, in the stage's process: the hf backend only.
-IN_PROCESS_RL = ("grpo", "archer", "chai")
+#: rl-text's algorithms that play with the weights they train at every step, in the stage's process: hf only
+#: (GRPO and filtered BC play each round's weights on the configured backend: pipeline/rl_text/serving.py).
+IN_PROCESS_RL = ("archer", "chai")
 #: Roles that may use the embedding backend (similarity to a goal sentence needs no chat).
 EMBEDDING_ROLES = ("annotate_nethack.annotator", "rl_nethack.oni.annotator")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -174,7 +175,8 @@ def check_params(params: Params) -> None:
     if rl.algorithm in IN_PROCESS_RL and params.policy.backend != "hf":
         raise ConfigError(f"params: policy.backend: {params.policy.backend}: rl_text.algorithm {rl.algorithm} plays "
                           "with the weights it is training, in its own process (the hf backend); set "
-                          "policy.backend=hf, or rl_text.algorithm=filtered_bc, which serves each round's policy")
+                          "policy.backend=hf, or rl_text.algorithm grpo or filtered_bc, which serve each round's "
+                          "policy on vllm too")
     exact_judge = {"judge": ("rl_text.judge_reward.judge", rl.judge_reward.judge),
                    "motif": ("annotate_utterances.judge", params.annotate_utterances.judge),
                    "oni": ("rl_text.oni.annotator", rl.oni.annotator)}.get(rl.reward)

@@ -156,10 +156,7 @@ PARAM_CASES = [
     (["-S", "rl_text.reward=judge", "-S", "games.groups=[wordle]"], "rl_text.reward"),  # rules judge: no knowledge base
     (["-S", "rl_text.curriculum.enabled=true", "-S", "rl_text.trajectories_per_task=1"], "trajectories_per_task"),
     # online RL that trains the weights it plays with, in its process: never silently on hf with another backend
-    (["-S", "rl_text.algorithm=grpo", "-S", "policy.backend=vllm"], "policy.backend"),
     (["-S", "rl_text.algorithm=archer", "-S", "policy.backend=vllm"], "policy.backend"),
-    (["-S", "rl_text.algorithm=chai", "-S", "policy.backend=scripted", "-S", "policy.model=scripted"],
-     "policy.backend"),
     (["-S", "rl_text.grpo.credit=step"], "rl_text.grpo.credit"),
     (["-S", "rl_text.grpo.rollout_correction_cap=1"], "rl_text.grpo.rollout_correction_cap"),
 ]

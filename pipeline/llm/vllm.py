@@ -31,6 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from pipeline.core import interrupt
 from pipeline.core.errors import CurioError
 from pipeline.llm.base import Conversation, Generation, Sampling
@@ -45,6 +47,7 @@ SUPERVISE = Path(__file__).resolve().with_name("supervise.py")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULT_KVCACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE: vLLM's CPU KV cache; 4 GiB holds every game's conversations
 PORT_TRIES = 3
+MAX_MODEL_LEN = 4096  # --max-model-len of a server Curio starts
 
 
 class ServerError(CurioError):
@@ -90,7 +93,7 @@ def server_command(python: str, model: str, name: str, port: int, dtype: str, se
     """The command that serves ``model`` as ``name`` on 127.0.0.1:``port`` (docs/vllm.md gives it too); ``eager``:
     no torch.compile (a CPU server then starts in ~1 min instead of ~3)."""
     return [python, "-m", SERVER_MODULE, "--model", model, "--served-model-name", name, "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-model-len", "4096",
+            "--port", str(port), "--dtype", dtype, "--seed", str(seed), "--max-model-len", str(MAX_MODEL_LEN),
             "--enable-prefix-caching", *(["--enforce-eager"] if eager else []), *extra]
 
 
@@ -116,7 +119,7 @@ class VLLMServer:
 
     def __init__(self, model: str, *, name: str = "policy", device: str = "cpu", dtype: str = "auto",
                  seed: int = 0, extra: tuple[str, ...] = (), start_timeout_s: float = 900.0,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, weight_updates: bool = False) -> None:
         if Path(model).exists():  # a local directory: absolute, whatever the server's working directory
             model = str(Path(model).resolve())
         self.model, self.name, self.device = model, name, device
@@ -130,6 +133,8 @@ class VLLMServer:
             env.pop(key, None)
         if not device.startswith("cuda"):
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+        if weight_updates:  # /collective_rpc and /reset_prefix_cache: a loopback server of this stage only
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         for attempt in range(PORT_TRIES):
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
@@ -183,6 +188,24 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def load_weights(self, path: Path) -> None:
+        """Serve the weights of the model directory ``path`` in place of the ones served (vLLM's ``reload_weights``
+        through ``/collective_rpc``, then its prefix cache emptied: kept keys / values are of the old weights); a
+        ServerError in one line when the server refuses or is gone."""
+        import json
+
+        for route, body in (("/collective_rpc", {"method": "reload_weights",
+                                                 "kwargs": {"weights_path": str(Path(path).resolve())}}),
+                            ("/reset_prefix_cache", {})):
+            request = urllib.request.Request(self.url + route, data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=600):
+                    pass
+            except OSError as e:
+                raise ServerError(f"llm: the vLLM server for {self.model} did not load the weights of {path} "
+                                  f"({route}: {e}); rerun the stage: it resumes where it stopped") from None
+
     def close(self) -> None:
         """Stop the server (the supervisor stops its whole process group); idempotent."""
         proc, self.proc = self.proc, None
@@ -213,13 +236,15 @@ class VLLMBackend(OpenAIBackend):
 
     def __init__(self, model: str, base_url: str | list[str] | None = None, *, device: str = "cpu",
                  dtype: str = "auto", server_args: tuple[str, ...] = (), served_name: str | None = None,
-                 **options: Any) -> None:
+                 weight_updates: bool = False, **options: Any) -> None:
         from pipeline.llm.cache import model_identity
 
         self.server: VLLMServer | None = None
+        self.path = model
+        self._tokenizer = None
         if base_url is None:
             self.server = VLLMServer(model, name=served_name or "curio", device=device, dtype=dtype,
-                                     extra=tuple(server_args))
+                                     extra=tuple(server_args), weight_updates=weight_updates)
             base_url, served_name = self.server.base_url, self.server.name
         else:
             served_name = served_name or served_model(base_url if isinstance(base_url, str) else base_url[0])
@@ -234,12 +259,81 @@ class VLLMBackend(OpenAIBackend):
         """A server this backend started (runners stop it with the state that held it)."""
         return self.server is not None
 
-    def generate(self, conversations: list[Conversation], sampling: Sampling) -> list[Generation]:
+    def generate(self, conversations: list[Conversation], sampling: Sampling,
+                 prompt_ids: list[list[int]] | None = None) -> list[Generation]:
+        """Chat completions of ``conversations``; with ``prompt_ids``, completions of those token ids instead
+        (token in, token out: ``/v1/completions`` with the ids as the prompt), each generation carrying the ids
+        it was given and sampled (``meta``) and the sampler's log-prob of each sampled token (``--logprobs-mode
+        processed_logprobs``: after temperature, min-p, top-k and top-p)."""
         self._check_server()
+        if prompt_ids is not None:
+            try:
+                return self.run(self._complete_ids(prompt_ids, sampling))
+            except (OSError, openai.OpenAIError, KeyError, TypeError) as e:
+                self._check_server()
+                raise ServerError(f"llm: a token-id completion failed on the vLLM server ({type(e).__name__}: "
+                                  f"{e}); rerun the stage: it resumes where it stopped") from None
         out = super().generate(conversations, sampling)
         if any(g.error for g in out):  # failed answers from a server that died: never rows, a stop to resume from
             self._check_server()
         return out
+
+    @property
+    def tokenizer(self):
+        """The served model's tokenizer (read from its directory): prompts are rendered and replies decoded here."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path)
+        return self._tokenizer
+
+    @property
+    def max_positions(self) -> int:
+        """The context a prompt and its reply must fit: the server's ``--max-model-len``."""
+        return MAX_MODEL_LEN
+
+    async def _complete_ids(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+        import asyncio
+
+        from pipeline.llm.sampler import sampling_warpers
+        from pipeline.models.chat import stop_token_ids
+
+        tokenizer = self.tokenizer
+        stops = stop_token_ids(tokenizer)
+        top_k = -1
+        if sampling.temperature > 0:  # the top-k transformers' sampler applies too (the model's generation config)
+            from transformers import GenerationConfig
+
+            config = GenerationConfig.from_pretrained(self.path) if (Path(self.path) / "generation_config.json"
+                                                                   ).exists() else GenerationConfig()
+            top_k = next((w.top_k for w in sampling_warpers(config, sampling) or [] if hasattr(w, "top_k")), -1)
+        body = {"model": self.model, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "min_p": sampling.min_p, "top_k": top_k, "logprobs": 0,
+                "return_token_ids": True, "stop_token_ids": stops}
+
+        async def one(ids: list[int]) -> Generation:
+            replica = await self._acquire()
+            try:
+                data = await self._client(replica).post("/completions", cast_to=object, body={**body, "prompt": ids})
+            finally:
+                self._release(replica)
+            choice = data["choices"][0]
+            sampled = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            end = next((i + 1 for i, t in enumerate(sampled) if t in stops), len(sampled))
+            text = tokenizer.decode(sampled[:end], skip_special_tokens=True).strip()
+            return Generation(text=text, token_logprobs=logprobs[:end], tokens_in=len(ids), tokens_out=end,
+                              meta={"token_ids": sampled[:end], "prompt_ids": list(ids)})
+
+        return list(await asyncio.gather(*(one(ids) for ids in prompts)))
+
+    def load_weights(self, path: Path) -> None:
+        """Serve the weights of ``path`` (a server this backend started; see :meth:`VLLMServer.load_weights`)."""
+        if self.server is None:
+            raise ServerError("llm: a vLLM server Curio attached to is not Curio's to reload: start it from the "
+                              "stage (no base_url) to train its policy")
+        self.server.load_weights(path)
+        self.path = str(path)
 
     def _check_server(self) -> None:
         """A ServerError when the server is gone: the stage stops before writing what it was playing."""

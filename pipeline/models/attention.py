@@ -16,8 +16,9 @@ score, softmax and weighted sum is the same up to float rounding, and no token a
 
 ``install()`` registers this function for ``sdpa`` through transformers' ``AttentionInterface`` (its extension
 point for attention functions). The in-place heads are taken only where they are known to give the library's
-numbers: on a CPU, with no gradient being recorded (play, reference log-probs). The per-conversation path is taken only on a CPU for a packed row whose boundaries the collator passed. Everything else
-keeps transformers' own function.
+numbers: on a CPU, with no gradient being recorded (play, reference log-probs). The per-conversation path is
+taken only on a CPU for a packed row whose boundaries the collator passed. Everything else keeps transformers' own
+function.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from pipeline.core.artifacts import (
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
-from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.llm.hf import load_policy
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
@@ -49,8 +49,9 @@ from pipeline.rl_text.rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.rl_text.serving import PolicyPlayer
 from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
-from pipeline.text.policies import load_policy_backend, make_games, require_policy
+from pipeline.text.policies import make_games, require_policy
 from pipeline.text.turn_rewards import TurnRewards, make_turn_rewards
 
 #: What it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's).
@@ -93,6 +94,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     sampling = sampling_from_config(params.rollout_text)
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
+    player = PolicyPlayer(params)  # the configured backend; on vLLM, the run's one server
     current = Path(init)
     try:
         for r in range(cfg.rounds):
@@ -101,10 +103,11 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 current = round_dir
                 continue
             current = play_and_clone(params, ctx, r, current, round_dir, rollouts, checkpoints, jobs, games,
-                                     sampling, curriculum, rewarder, lora)
+                                     sampling, curriculum, rewarder, lora, player)
             if r + 1 < cfg.rounds:
                 interrupt.check()  # the round is saved: the next one starts the rerun
     finally:
+        player.close()
         if rewarder is not None:
             rewarder.close()
     final = out / "model"
@@ -126,37 +129,28 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         judged = read_rows(out / "rollouts", ["turn_rewards"])
         metrics["rl/mean_turn_reward"] = mean_reward([x for r in judged for x in r["turn_rewards"]])
         metrics.update(rewarder.metrics())
+    metrics.update(player.metrics())  # vllm: the server starts of this run (1 for a LoRA run not interrupted)
     return StageResult(metrics=metrics, outputs=[str(final)])
 
 
 def play_and_clone(params: Params, ctx: StageContext, r: int, current: Path, round_dir: Path,
                    rollouts: ChunkedDataset, checkpoints: Path, jobs, games, sampling, curriculum,
-                   rewarder: TurnRewards | None, lora) -> Path:
+                   rewarder: TurnRewards | None, lora, player: PolicyPlayer) -> Path:
     """Round ``r``: play (unless its rollouts are on disk), clone the best so far, save; returns the round's model."""
     cfg = params.rl_text
     with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
         model, tokenizer = load_policy(current, params.policy.device)
         seed = chunk_seed(params.seed, NAME, r)
         if r not in rollouts.finished():
-            if params.policy.backend == "vllm":  # a server of the round's saved weights plays it
-                policy = load_policy_backend(params, str(current))
-            else:
-                policy = HFBackend(current, batch_size=params.rollout_text.batch_size, model_obj=model,
-                                   tokenizer=tokenizer, drop_finished=params.policy.drop_finished,
-                                   dtype=params.policy.dtype)  # plays a copy in that dtype; ``model`` trains
-            try:
-                episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
-                rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
-                                     max_format_retries=params.rollout_text.max_format_retries)
-                schema = EPISODE_SCHEMA
-                if rewarder is not None:
-                    rewards = rewarder(policy, tokenizer, games, rows, chunk_seed(params.seed, f"{NAME}/judge", r),
-                                       r)
-                    rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
-                    schema = JUDGED_SCHEMA
-            finally:
-                if params.policy.backend == "vllm":
-                    policy.close()
+            policy = player.backend(current, model, tokenizer)  # on vLLM: the run's server, the round's weights
+            episodes = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
+            rows = play_episodes(policy, episodes, sampling, seed=seed, policy_name=f"rl-round-{r}",
+                                 max_format_retries=params.rollout_text.max_format_retries)
+            schema = EPISODE_SCHEMA
+            if rewarder is not None:
+                rewards = rewarder(policy, tokenizer, games, rows, chunk_seed(params.seed, f"{NAME}/judge", r), r)
+                rows = [{**row, "turn_rewards": got} for row, got in zip(rows, rewards, strict=True)]
+                schema = JUDGED_SCHEMA
             rollouts.write_part(r, rows, schema)
             point.text += " (its episodes played)"  # kept: the rerun clones them
             interrupt.check()

@@ -50,7 +50,8 @@ from pipeline.core.artifacts import (
 from pipeline.core.checkpoints import keyed_dir, run_key
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.llm import sampling_from_config
-from pipeline.llm.hf import HFBackend, load_policy
+from pipeline.llm.base import ChatBackend
+from pipeline.llm.hf import load_policy
 from pipeline.llm.sampler import sampling_warpers
 from pipeline.models import tiny
 from pipeline.params import Params
@@ -63,6 +64,7 @@ from pipeline.rl_text.rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.rl_text.serving import PolicyPlayer
 from pipeline.text.grpo import Packed, Steps, pack_episode, reply_logps, rollout_weights, round_advantages, token_loss
 from pipeline.text.play import EPISODE_SCHEMA, REPLY_FIELDS, play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
@@ -262,20 +264,11 @@ def val_jobs_of(params: Params, games: list) -> list:
     return [(g, t) for g in games for t in game_tasks(params, g, "val", cap=cap)]
 
 
-def hf_policy(params: Params, path: Path, model, tokenizer) -> HFBackend:
-    """The hf backend the policy plays with, as ``policy`` configures it (a float32 policy plays ``model`` itself;
-    another dtype plays a copy, so ``model`` keeps training in float32)."""
-    return HFBackend(path, batch_size=params.rollout_text.batch_size, model_obj=model, tokenizer=tokenizer,
-                     drop_finished=params.policy.drop_finished, dtype=params.policy.dtype,
-                     cpu_linear=params.policy.cpu_linear)
-
-
-def val_success(params: Params, model, tokenizer, path: Path, val_jobs) -> float | None:
+def val_success(params: Params, policy: ChatBackend, val_jobs) -> float | None:
     """Success rate of the policy on the val tasks (the same seed every round: rounds compare paired)."""
     cfg = params.rl_text.grpo
     if not val_jobs or cfg.val_trajectories == 0:
         return None
-    policy = hf_policy(params, path, model, tokenizer)
     jobs = [(g, t, s) for g, t in val_jobs for s in range(cfg.val_trajectories)]
     sampling = sampling_from_config(params.rollout_text, temperature=params.evaluate_text.temperature)
     rows = play_episodes(policy, jobs, sampling, seed=chunk_seed(params.seed, f"{NAME}/val", 0),
@@ -298,20 +291,21 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
     history: list[dict] = []
+    player = PolicyPlayer(params)  # the configured backend; on vLLM, the run's one server
     start = rounds_dir / "round-start"  # the DPO policy's own val result: round 0 of the early stopping
-    if not (start / "val.json").exists():
-        model, tokenizer = load_policy(init, params.policy.device)
-        start.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(start / "val.json", {"val_success": val_success(params, model, tokenizer, Path(init),
-                                                                          val_jobs)})
-    candidates = [(json.loads((start / "val.json").read_text())["val_success"], -1, Path(init))]
     current, episodes = Path(init), 0
     try:
+        if not (start / "val.json").exists():
+            model, tokenizer = load_policy(init, params.policy.device)
+            start.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(start / "val.json", {
+                "val_success": val_success(params, player.backend(current, model, tokenizer), val_jobs)})
+        candidates = [(json.loads((start / "val.json").read_text())["val_success"], -1, Path(init))]
         for r in range(cfg.rounds):
             round_dir = rounds_dir / f"round-{r:03d}"
             if not ((round_dir / "DONE").exists() and r in rollouts.finished()):
                 play_and_update(params, ctx, r, current, round_dir, rollouts, jobs, val_jobs, games, sampling,
-                                curriculum, rewarder)
+                                curriculum, rewarder, player)
             current = round_dir
             result = json.loads((round_dir / "val.json").read_text())
             part = read_part(rollouts.path, r)
@@ -322,6 +316,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             if r + 1 < cfg.rounds:
                 interrupt.check()  # the round is saved: the next one starts the rerun
     finally:
+        player.close()
         if rewarder is not None:
             rewarder.close()
     rollouts.mark_complete(cfg.rounds)
@@ -343,18 +338,20 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         metrics["grpo/val_success_chosen"] = best[0]
     if rewarder is not None:
         metrics.update(rewarder.metrics())
+    metrics.update(player.metrics())  # vllm: the server starts of this run (1 for a run not interrupted)
     return StageResult(metrics=metrics, outputs=[str(final)])
 
 
 def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, round_dir: Path,
-                    rollouts: ChunkedDataset, jobs, val_jobs, games: dict, sampling, curriculum, rewarder) -> None:
+                    rollouts: ChunkedDataset, jobs, val_jobs, games: dict, sampling, curriculum, rewarder,
+                    player: PolicyPlayer) -> None:
     """Round ``r``: play (unless its rollouts are on disk), update, save the model and its val result."""
     cfg = params.rl_text
     with interrupt.at(f"round {r + 1} of {cfg.rounds}") as point:
         model, tokenizer = load_policy(current, params.policy.device)
         seed = chunk_seed(params.seed, NAME, r)
         if r not in rollouts.finished():
-            policy = hf_policy(params, current, model, tokenizer)
+            policy = player.backend(current, model, tokenizer)
             played = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
             rows = play_episodes(policy, played, sampling, seed=seed, policy_name=f"rl-round-{r}",
                                  max_format_retries=params.rollout_text.max_format_retries, token_ids=True)
@@ -374,17 +371,17 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
 
             model = get_peft_model(model, adapters)
         stats = update(model, tokenizer, read_part(rollouts.path, r), games, params, seed, ref,
-                       exact_sampler=params.policy.dtype == "float32")
+                       exact_sampler=player.exact_sampler)
         if adapters is not None:
             model = model.merge_and_unload()
         model.eval()
-        result = {"val_success": val_success(params, model, tokenizer, current, val_jobs), "stats": stats}
+        tiny.save(model, tokenizer, round_dir)  # before its val pass: a vLLM server loads the round from here
+        result = {"val_success": val_success(params, player.backend(round_dir, model, tokenizer), val_jobs),
+                  "stats": stats}
         ctx.tracker.log_metrics({k: v for k, v in {**stats, "rl/val_success": result["val_success"]}.items()
                                  if v is not None}, step=r)
-        tiny.save(model, tokenizer, round_dir)
         atomic_write_json(round_dir / "val.json", result)
         atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
-
 
 
 def read_rows_all(ds: ChunkedDataset, rounds: int) -> list[dict]:

@@ -1,12 +1,18 @@
 """A stand-in for vLLM's OpenAI-compatible server, for the fast tests of Curio's server lifecycle (standard
 library only). It takes the arguments Curio passes, answers ``/v1/models``, ``/v1/chat/completions`` (the last
-user message reversed, with ``token_ids``) and ``/v1/completions`` (``prompt_logprobs``: -0.01 x token id), and
-writes its pid to ``$FAKE_VLLM_PIDFILE``. ``$FAKE_VLLM_FAIL`` makes it exit 3 at start; ``$FAKE_VLLM_SEED_CRASH``
-makes a request with ``seed`` kill it, as the CPU engine does."""
+user message reversed, with ``token_ids``) and ``/v1/completions``: ``prompt_logprobs`` (-0.01 x token id), or, for
+a prompt of token ids, a reply of up to 4 ids drawn from the prompt then the request's first stop token, with
+``token_ids`` and a log-prob of -0.5 - 0.01 x the count of weight loads for each. In dev mode it answers
+``/collective_rpc`` (``reload_weights``: the weights path is appended to ``$FAKE_VLLM_LOADS``) and
+``/reset_prefix_cache``. It writes its pid to ``$FAKE_VLLM_PIDFILE``. ``$FAKE_VLLM_FAIL`` makes it exit 3 at
+start; ``$FAKE_VLLM_SEED_CRASH`` makes a request with ``seed`` kill it, as the CPU engine does;
+``$FAKE_VLLM_LOAD_FAIL`` = N makes its Nth weight load fail (HTTP 500); ``$FAKE_VLLM_DIE_AFTER`` = N makes it exit
+after answering N token-id completions."""
 
 import argparse
 import json
 import os
+import random
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -19,6 +25,10 @@ args, _rest = ap.parse_known_args()
 if os.environ.get("FAKE_VLLM_FAIL"):
     print("RuntimeError: no CPU backend for this model", flush=True)
     sys.exit(3)
+
+
+LOADS: list[str] = []
+COMPLETIONS = [0]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -51,12 +61,37 @@ class Handler(BaseHTTPRequestHandler):
             if body.get("return_token_ids"):
                 choice["token_ids"] = ids
             self.reply({"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}})
-        elif self.path == "/v1/completions":
+        elif self.path == "/v1/completions" and body.get("prompt_logprobs") is not None:
             ids = body["prompt"]
             lps = [None] + [{str(t): {"logprob": -0.01 * t, "rank": 1}} for t in ids[1:]]
             self.reply({"choices": [{"text": "", "prompt_logprobs": lps}]})
+        elif self.path == "/v1/completions":
+            self.complete_ids(body)
+        elif self.path == "/collective_rpc" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            LOADS.append(body["kwargs"]["weights_path"])
+            if os.environ.get("FAKE_VLLM_LOADS"):
+                with open(os.environ["FAKE_VLLM_LOADS"], "a") as f:
+                    f.write(LOADS[-1] + "\n")
+            if str(len(LOADS)) == os.environ.get("FAKE_VLLM_LOAD_FAIL"):
+                self.send_error(500, "no such weights")
+                return
+            self.reply({"results": [None]})
+        elif self.path == "/reset_prefix_cache" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            self.reply({})
         else:
             self.send_error(404)
+
+    def complete_ids(self, body: dict) -> None:
+        ids = body["prompt"]
+        rng = random.Random(f"{ids}/{COMPLETIONS[0]}")
+        reply = [rng.choice(ids) for _ in range(min(4, body["max_tokens"] - 1))] + body["stop_token_ids"][:1]
+        COMPLETIONS[0] += 1
+        lp = -0.5 - 0.01 * len(LOADS)
+        choice = {"text": "", "token_ids": reply, "finish_reason": "stop",
+                  "logprobs": {"token_logprobs": [lp] * len(reply), "tokens": [], "top_logprobs": []}}
+        self.reply({"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(reply)}})
+        if str(COMPLETIONS[0]) == os.environ.get("FAKE_VLLM_DIE_AFTER"):
+            os._exit(1)
 
 
 server = ThreadingHTTPServer((args.host, args.port), Handler)
