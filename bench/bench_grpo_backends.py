@@ -1,0 +1,122 @@
+"""One GRPO round on the hf backend against one on vLLM's server, side by side, on the same tasks and episodes.
+
+    OMP_NUM_THREADS=2 python bench/bench_grpo_backends.py --run DIR [--tasks 8] [--val-tasks 16] [--repeats 1]
+
+``DIR`` is the checkout of a finished run of ``presets/smollm2-learn.yaml`` (its params.yaml and DPO policy;
+``make vllm`` first). In a fresh process per backend and repeat (alternating), the DPO policy plays the first
+``--tasks`` train tasks of the run (K episodes each, token in / token out, the preset's sampling) through
+``pipeline.rl_text.serving.PolicyPlayer``, GRPO updates on them (LoRA, as the preset trains), the round's weights
+are saved and served, and ``--val-tasks`` val tasks are played as the val pass plays them. Prints per backend: the
+server's start (vLLM), play, update and val seconds, episodes per second, and the sampler / trainer gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dict:
+    import torch
+    from peft import get_peft_model
+
+    from pipeline.core.artifacts import chunk_seed
+    from pipeline.llm import sampling_from_config
+    from pipeline.llm.hf import load_policy
+    from pipeline.models import tiny
+    from pipeline.models.training import peft_config
+    from pipeline.params import load_params
+    from pipeline.rl_text import grpo
+    from pipeline.rl_text.rounds import train_jobs
+    from pipeline.rl_text.serving import PolicyPlayer
+    from pipeline.text.play import play_episodes
+    from pipeline.text.policies import make_games
+
+    params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false",
+                                               f"policy.backend={backend}"])
+    games = make_games(params)
+    per_group = max(1, tasks // len(games))
+    jobs = [(g, t, s) for g in games for _, t in [j for j in train_jobs(params, games) if j[0] is g][:per_group]
+            for s in range(params.rl_text.trajectories_per_task)]
+    val = [(g, t) for g in games for _, t in [v for v in grpo.val_jobs_of(params, games) if v[0] is g][
+        :max(1, val_tasks // len(games))]]
+    dpo = params.data_path("train_policy", "dpo")
+    model, tokenizer = load_policy(dpo, params.policy.device)
+    player = PolicyPlayer(params)
+    times: dict[str, float] = {}
+    try:
+        start = time.perf_counter()
+        policy = player.backend(dpo, model, tokenizer)
+        times["start_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        rows = play_episodes(policy, jobs, sampling_from_config(params.rollout_text), token_ids=True,
+                             seed=chunk_seed(params.seed, "bench", 0),
+                             max_format_retries=params.rollout_text.max_format_retries)
+        times["play_s"] = time.perf_counter() - start
+        model = get_peft_model(model, peft_config(params.train_policy.lora, model))
+        start = time.perf_counter()
+        stats = grpo.update(model, tokenizer, [{**r, "turn_rewards": []} for r in rows],
+                            {g.name: g for g in games}, params, 0, exact_sampler=player.exact_sampler)
+        times["update_s"] = time.perf_counter() - start
+        model = model.merge_and_unload().eval()
+        tiny.save(model, tokenizer, out)
+        start = time.perf_counter()
+        success = grpo.val_success(params, player.backend(out, model, tokenizer), val)
+        times["val_s"] = time.perf_counter() - start
+    finally:
+        player.close()
+    return {**times, "episodes": len(rows), "val_episodes": len(val) * params.rl_text.grpo.val_trajectories,
+            "replies": stats["grpo/replies"], "val_success": success, "starts": player.starts,
+            "gap_mean": stats.get("grpo/mismatch/gap_mean"), "gap_max": stats.get("grpo/mismatch/gap_max"),
+            "corrected": stats.get("grpo/mismatch/corrected"), "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="checkout of a finished smollm2-learn run")
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--val-tasks", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    run = args.run.resolve()
+    if args.child:
+        with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
+            print(json.dumps(child(run, args.child, args.tasks, args.val_tasks, Path(tmp) / "round")))
+        return 0
+    results: dict[str, list[dict]] = {b: [] for b in args.backends}
+    for _ in range(args.repeats):
+        for backend in args.backends:
+            out = subprocess.run([sys.executable, __file__, "--run", str(run), "--child", backend, "--tasks",
+                                  str(args.tasks), "--val-tasks", str(args.val_tasks)],
+                                 env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+            if out.returncode:
+                print(out.stderr[-3000:], file=sys.stderr)
+                return out.returncode
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results[backend].append(r)
+            print(json.dumps({"backend": backend, **r}), flush=True)
+    print("| backend | server start s | play s (episodes/s) | update s | val s (episodes/s) | gap mean / max "
+          "| corrected |\n|---|---|---|---|---|---|---|")
+    for backend, rs in results.items():
+        def med(key: str, rows: list[dict] = rs) -> float:
+            return statistics.median(r[key] for r in rows)
+        r = rs[0]
+        print(f"| {backend} | {med('start_s'):.1f} | {med('play_s'):.1f} ({r['episodes'] / med('play_s'):.2f}) | "
+              f"{med('update_s'):.1f} | {med('val_s'):.1f} ({r['val_episodes'] / med('val_s'):.2f}) | "
+              f"{r['gap_mean'] or 0:.1e} / {r['gap_max'] or 0:.1e} | {r['corrected'] or 0:.3f} |")
+    print(f"cores {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}, CPU kernels "
+          f"{results[args.backends[0]][0]['capability']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
