@@ -275,3 +275,12 @@ def test_bench_holds_timings_only():
     """bench/ holds scripts that time something side by side; the tools a user runs are `curio` commands."""
     scripts = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
     assert scripts and all(name.startswith("bench_") for name in scripts), scripts
+
+
+def test_the_architecture_page_is_one_page_with_one_diagram_linked_from_the_readme():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert "](docs/architecture.md)" in (ROOT / "README.md").read_text()
+    assert page.count("```") == 2 and len(page.splitlines()) <= 120
+    diagram = page.split("```")[1]
+    for name in ("stages/<stage_name>.py", "curio generate", "dvc.yaml", "execute", "run(params slice, ctx)"):
+        assert name in diagram, name
