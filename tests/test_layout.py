@@ -256,3 +256,31 @@ def test_every_code_path_the_readme_and_docs_name_exists():
             if not NOT_IN_REPO.search(path) and not (ROOT / path).exists() and not (page.parent / path).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, "paths that are not in the tree: " + ", ".join(sorted(set(missing)))
+
+
+def test_no_function_in_pipeline_or_stages_is_over_80_lines():
+    """A function reads on one screen or two; a longer one is split into named steps."""
+    import ast
+
+    long = []
+    for path in sorted([*PIPELINE.rglob("*.py"), *(ROOT / "stages").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, "functions over 80 lines: " + ", ".join(long)
+
+
+def test_bench_holds_timings_only():
+    """bench/ holds scripts that time something side by side; the tools a user runs are `curio` commands."""
+    scripts = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    assert scripts and all(name.startswith("bench_") for name in scripts), scripts
+
+
+def test_the_architecture_page_is_one_page_with_one_diagram_linked_from_the_readme():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert "](docs/architecture.md)" in (ROOT / "README.md").read_text()
+    assert page.count("```") == 2 and len(page.splitlines()) <= 120
+    diagram = page.split("```")[1]
+    for name in ("stages/<stage_name>.py", "curio generate", "dvc.yaml", "execute", "run(params slice, ctx)"):
+        assert name in diagram, name

@@ -156,7 +156,7 @@ def test_rollout_and_evaluate_rows_are_identical_in_two_runs_and_on_any_date(tmp
 
 
 def test_the_bench_scripts_build_the_library_as_the_makefile_does(tmp_path):
-    """compile_library (bench/fresh_clone_run.py --venv, bench/bench_nethack_clock.py) uses the Makefile recipe's
+    """compile_library (`curio bench fresh-clone --venv`, bench/bench_nethack_clock.py) uses the Makefile recipe's
     flags, and what it builds exports the library's entry points."""
     recipe = [line for line in (REPO / "Makefile").read_text().splitlines() if "-shared" in line]
     assert len(recipe) == 1 and f"{{CC:-gcc}} {' '.join(clock.CFLAGS)} -o $@ $< -ldl" in recipe[0]

@@ -23,7 +23,7 @@ def test_default_nethack_track_end_to_end(tmp_path):
     assert (project / "metrics" / "plots" / "evaluate-nethack.png").exists()
 
     # A second run finds everything done: rollouts and annotations are kept, agents are not retrained (not one of
-    # their row files or checkpoints is written again). How long each stage takes is bench/fresh_clone_run.py's.
+    # their row files or checkpoints is written again). How long each stage takes is `curio bench fresh-clone`'s.
     kept = ("rollout_nethack", "annotate_nethack", "rl_nethack")
     before = {d: files(project / "data" / d) for d in kept}
     for name in ("rollout-nethack", "annotate-nethack", "rl-nethack"):

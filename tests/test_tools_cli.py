@@ -1,7 +1,7 @@
 """The tools beside the DAG, through the `curio` command (typer's CliRunner on ``pipeline.cli.app``): `curio table`,
 `curio choose hparams|tiers|format-prompt`, `curio compare runs|rollouts|rl-text`, `curio check-imports`,
-`curio params-hashes`. Each prints what it measured on small hand-made inputs; bad input is one `curio: ...` line
-and exit 2, before anything is played or trained."""
+`curio params-hashes`, `curio bench fresh-clone`, `curio soak`, `curio profile`. Each prints what it measured on small
+hand-made inputs; bad input is one `curio: ...` line and exit 2, before anything is played or trained."""
 
 import json
 from pathlib import Path
@@ -106,7 +106,7 @@ def finished_run(root: Path, md5: str, success: float, seconds: float) -> Path:
 
 def test_compare_runs_leaves_out_wall_clock_keys_and_names_what_differs(tmp_path):
     before = finished_run(tmp_path / "before", "aaa", 0.5, 10.0)
-    same = finished_run(tmp_path / "same" / "curio", "aaa", 0.5, 99.0)  # fresh_clone_run --keep DIR: DIR/curio
+    same = finished_run(tmp_path / "same" / "curio", "aaa", 0.5, 99.0)  # curio bench fresh-clone --keep DIR: DIR/curio
     res = run(["compare", "runs", str(before), str(tmp_path / "same")])
     assert res.exit_code == 0 and "rollout-text       1/1 the same" in res.stdout and "row-identical" in res.stdout
     other = finished_run(tmp_path / "other", "bbb", 0.25, 10.0)
@@ -306,3 +306,51 @@ def test_compare_rl_text_scores_pass_at_k_and_the_paired_difference_from_dpo_by_
     assert "| grpo/outcome | rl_text.grpo.lr=0.0001 | 50.0 (+25.0 ± 14.4) | 96 | all | 50.0 ± 14.4 | 100.0 | " \
            "+25.0 ± 14.4 (3) |" in table
     assert "Chosen on val: **grpo/outcome**" in table
+
+
+def test_fresh_clone_results_give_the_headline_in_pipeline_order_and_each_stage_longest_first():
+    from pipeline.tools.fresh_clone import Options, Run, printed, results_markdown
+
+    run = Run(commit="abc1234", stages={"bootstrap": 60.0, "report": 5.5, "rollout-text": 30.25}, dag_s=95.75,
+              build_s=70.0, summaries={"text_success": {"text": {"base": 0.41, "dpo": 0.47, "rl": 0.46, "sft": 0.44}},
+                                       "nethack_return": {"nethack": {"motif": 24.9, "random": 9.1}}},
+              headline="Path  text.base\nmetrics/text_success.json  0.41\n")
+    options = Options(budget_min=3.0)
+    page = results_markdown(run, options, "curio bench fresh-clone --results FILE")
+    assert "`curio bench fresh-clone --results FILE`" in page and "commit `abc1234`" in page
+    text = page[page.index("| text (success) |"):]
+    assert [line.split(" | ")[0] for line in text.splitlines()[2:6]] == ["| base", "| sft", "| dpo", "| rl"]
+    assert "| random | 9.1 |\n| motif | 24.9 |" in page
+    timing = page[page.index("| stage | seconds |"):]
+    assert timing.splitlines()[2:5] == ["| bootstrap | 60.0 |", "| rollout-text | 30.2 |", "| report | 5.5 |"]
+    assert "| in all | 165.8 (2.8 min) |" in page
+    lines = printed(run, options)
+    assert lines[0].startswith("commit abc1234  one stage at a time, warm start, the CPU's own ISA")
+    assert lines[-1] == "total 2.8 min (venv build included) vs budget 3 min: within"
+
+
+def test_soak_summary_counts_interruptions_by_signal_and_stage_and_names_how_sigterms_stopped():
+    import signal
+
+    from pipeline.tools.soak import Interruption, stop_text, summary
+
+    done = [Interruption(signal.SIGKILL, "bootstrap", 3.0, 1.0),
+            Interruption(signal.SIGTERM, "bootstrap", 5.0, 2.5, 143, "curio: stopped by SIGTERM: bootstrap at step 7"),
+            Interruption(signal.SIGTERM, "report", 1.0, 0.5, 0)]
+    lines = summary(done, 4, {"bootstrap": 60.0, "report": 5.0}, False, 20.0, 0, [], (300.0, 100.0), [],
+                    ["1 interruption(s) not sent"])
+    assert lines[0] == "\ninterruptions survived: 3 of 4 planned (1 SIGKILL, 2 SIGTERM)"
+    assert lines[2:4] == [f"{'bootstrap':<20} {1:>8} {1:>8}", f"{'report':<20} {0:>8} {1:>8}"]
+    assert any(line.startswith("SIGTERM, the stage's exit: {143: 1, 0: 1}") and "slowest stop 2.5 s" in line
+               for line in lines)
+    assert "rows lost: 0 (goal 0)" in lines and "time: 300 s interrupted vs 100 s uninterrupted (overhead +200 s, " \
+        "+200%)" in lines and lines[-1] == "problem: 1 interruption(s) not sent"
+    assert stop_text(done[1], {1: "curio stage bootstrap"}) == "stopped by SIGTERM: bootstrap at step 7"
+    assert stop_text(done[2], {1: "curio stage report"}) == "(the stage had finished its work: exit 0)"
+    assert stop_text(done[0], {}) == ""
+
+
+def test_profile_of_an_unknown_stage_is_one_line_exit_2():
+    res = run(["profile", "rollout-txt"])
+    line = assert_one_line(res, "unknown stage 'rollout-txt'")
+    assert "rollout-text" in line

@@ -3,7 +3,7 @@
 DVC rewrites ``dvc.lock`` in place (it opens the file for writing and dumps the YAML into it) after every stage it
 runs. A ``dvc repro`` killed in that moment (a preemption, the OOM killer, a supervisor's SIGKILL to the process
 group) leaves the file empty or cut short, and every later DVC command stops at "'./dvc.lock' validation failed".
-The 100-interruption soak (bench/soak.py) met it once: a SIGKILL 0.9 s into the run, as DVC recorded its first stage.
+The 100-interruption soak (``curio soak``) met it once: a SIGKILL 0.9 s into the run, as DVC recorded its first stage.
 
 - :func:`keep` runs as each ``curio stage`` starts under ``dvc repro``: the ``dvc.lock`` DVC has just read and
   validated is copied (atomically) to ``.dvc/tmp/curio/dvc.lock``.

@@ -6,6 +6,10 @@
                                      on held-out (compare_*.py)
     curio check-imports              the import graph's cycles and upward imports (import_graph.py)
     curio params-hashes              every stage's params hash, per preset (params_hashes.py)
+    curio bench fresh-clone          the default DAG from a fresh clone: each stage's seconds, the headline
+                                     (fresh_clone.py)
+    curio soak                       the DAG under random interruptions, against an uninterrupted run (soak.py)
+    curio profile STAGE              where a stage's CPU seconds go (profile_stage.py)
 
 They sit in the top layer, beside the other entry points: the ones that play or train import ``stages/``.
 """

@@ -1,5 +1,5 @@
 """Two finished runs of the DAG, stage by stage: are their rows, models and metrics the same? (``curio compare
-runs BEFORE AFTER``: two checkouts that ran the DAG, e.g. ``bench/fresh_clone_run.py --keep``)
+runs BEFORE AFTER``: two checkouts that ran the DAG, e.g. ``curio bench fresh-clone --keep DIR``)
 
 For each stage of AFTER's dvc.lock: every out's content hash (md5 of a file, or of a directory's listing, as DVC
 records it) against BEFORE's, and the stage's metrics file (``metrics/stages/NAME.json``) key by key, leaving out
@@ -29,7 +29,7 @@ TIMING = re.compile(r"(^|_|/)(seconds|secs|minutes|wall|per_s|per_sec|fps|elapse
 
 
 def checkout(path: Path) -> Path:
-    """The directory holding dvc.lock (bench/fresh_clone_run.py --keep DIR clones into DIR/curio)."""
+    """The directory holding dvc.lock (``curio bench fresh-clone --keep DIR`` clones into DIR/curio)."""
     for candidate in (path, path / "curio"):
         if (candidate / "dvc.lock").is_file():
             return candidate

@@ -1,11 +1,11 @@
-"""A soak: the default DAG (`dvc repro`) under N random interruptions, SIGKILL and SIGTERM mixed, each followed by a
-resume, compared with an uninterrupted run of the same budget.
+"""A soak (``curio soak``): the default DAG (`dvc repro`) under N random interruptions, SIGKILL and SIGTERM mixed,
+each followed by a resume, compared with an uninterrupted run of the same budget.
 
-    python bench/soak.py                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
-    python bench/soak.py -n 5 --seed 1          # a quick check
-    python bench/soak.py -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
-    python bench/soak.py -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
-    python bench/soak.py --make-run             # each run as `make run` runs the DAG: its warm start too
+    curio soak                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
+    curio soak -n 5 --seed 1          # a quick check
+    curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
+    curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
+    curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
@@ -37,7 +37,6 @@ the stage it resumes with waits for it (seconds, where most stages of the small 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import hashlib
@@ -54,15 +53,17 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from pipeline.core.config import RunnerConfig, _set_dotted, parse_override
 from pipeline.core.dag import commands
+from pipeline.tools import REPO
 from pipeline.tools.compare_runs import TIMING, metrics, outs
 
-REPO = Path(__file__).resolve().parents[1]
 # The small budget: every stage of both tracks runs for real, a few minutes each (as tests/conftest.py's SMALL and
 # NETHACK_TINY), sample-factory in its deterministic mode so that two uninterrupted runs agree.
 SMALL = [
@@ -95,9 +96,6 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def project(root: Path, overrides: list[str]) -> Path:
     """A fresh DVC project: this checkout's project files, params.yaml with ``overrides``."""
-    sys.path.insert(0, str(REPO))
-    from pipeline.core.config import _set_dotted, parse_override
-
     root.mkdir(parents=True)
     for name in ("dvc.yaml", "pipeline", "stages", ".gitignore"):
         src = REPO / name
@@ -115,7 +113,7 @@ def project(root: Path, overrides: list[str]) -> Path:
 
 
 def environment(root: Path) -> dict[str, str]:
-    vllm = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"  # this checkout's `make vllm`
+    vllm = REPO / ".venv-vllm" / "bin" / "python"  # this checkout's `make vllm`
     return {**({"CURIO_VLLM_PYTHON": str(vllm)} if vllm.exists() else {}), **os.environ, "TQDM_DISABLE": "1",
             "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root), "CURIO_WARM_VERBOSE": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -255,111 +253,145 @@ def window(duration: float, spent: float) -> float:
     return max(duration - spent, duration / 2)
 
 
-def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
-         log, repairs: list[str] | None = None, command: tuple[str, ...] = DVC_REPRO
-         ) -> tuple[list[Interruption], float, list[str]]:
-    """`dvc repro` (or ``command``) until it completes, interrupted as planned; the interruptions, the wall time,
-    problems seen. A dvc.lock left unreadable (DVC killed while it rewrote the file) is repaired as a user would, with
-    `curio repair-lock` (what `make run` does by itself: with ``MAKE_RUN`` its line is read instead), and noted in
-    ``repairs``."""
-    done: list[Interruption] = []
-    problems: list[str] = []
-    carried: list[signal.Signals] = []  # planned on a stage that finished first
-    total = sum(len(v) for v in planned.values())
-    t0 = time.monotonic()
-    failures = 0
-    spent: Counter[str] = Counter()  # seconds each stage ran before its interruptions, so far
-    cmds = commands(root / "dvc.yaml")
-    last, force, forced = list(durations)[-1], False, 0
-    while True:
-        run = Repro(root, log, *(("--force", "--single-item", last) if force else ()), command=command)
-        force = False
-        current, started, moment, fired, in_copy, waiting = None, 0.0, None, None, False, False
-        while fired is None:
+@dataclass
+class Soak:
+    """`dvc repro` (or ``command``) until it completes, interrupted as planned (:meth:`run`)."""
+
+    root: Path
+    durations: dict[str, float]
+    planned: dict[str, list]
+    rng: random.Random
+    grace_s: float
+    log: Any
+    repairs: list[str] | None = None
+    command: tuple[str, ...] = DVC_REPRO
+    done: list[Interruption] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    carried: list[signal.Signals] = field(default_factory=list)  # planned on a stage that finished first
+    spent: Counter[str] = field(default_factory=Counter)  # seconds each stage ran before its interruptions, so far
+    failures: int = 0
+    forced: int = 0
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        self.total = sum(len(v) for v in self.planned.values())
+        self.cmds = commands(self.root / "dvc.yaml")
+        self.last = list(self.durations)[-1]
+
+    def run(self) -> tuple[list[Interruption], float, list[str]]:
+        """The interruptions, the wall time, problems seen. A dvc.lock left unreadable (DVC killed while it rewrote
+        the file) is repaired as a user would, with `curio repair-lock` (what `make run` does by itself: with
+        ``MAKE_RUN`` its line is read instead), and noted in ``repairs``."""
+        t0 = time.monotonic()
+        while True:
+            run = Repro(self.root, self.log, *(("--force", "--single-item", self.last) if self.force else ()),
+                        command=self.command)
+            self.force = False
+            fired, stages, started = self.watch(run)
+            if fired is None:  # the run ended by itself
+                if self.ended(run):
+                    return self.done, time.monotonic() - t0, self.problems
+                continue
+            self.failures = 0
+            self.settle(run, fired, stages, started)
+            self.done.append(fired)
+            print(f"  [{len(self.done)}/{self.total}] {fired.signal.name} {fired.stage}"
+                  f"{' (in a copy)' if fired.in_copy else ''} at {fired.after_s:.1f} s: all ended in "
+                  f"{fired.stopped_s:.1f} s {stop_text(fired, stages)}", flush=True)
+
+    def note_repair(self, line: str) -> None:
+        last_one = self.done[-1] if self.done else None
+        self.repairs.append((f"after {last_one.signal.name} {last_one.stage} at {last_one.after_s:.1f} s: "
+                             if last_one else "") + line)
+        print(f"  ! {line}", flush=True)
+
+    def watch(self, run: Repro) -> tuple[Interruption | None, dict[int, str], float]:
+        """Follow the run's lines, sending the planned signal at its moment; the interruption (None: the run
+        ended first), the stage's processes when it was sent, and when that stage (re)started."""
+        current, started, moment, in_copy, waiting = None, 0.0, None, False, False
+        while True:
             line = run.next_line(0.05)
             if line is None:
-                break
+                return None, {}, started
             now = time.monotonic()
-            if line and repairs is not None and (m := REPAIRED.match(line)):
-                last_one = done[-1] if done else None
-                repairs.append((f"after {last_one.signal.name} {last_one.stage} at {last_one.after_s:.1f} s: "
-                                if last_one else "") + m[1])
-                print(f"  ! {m[1]}", flush=True)
-            if line and current and (m := IN_COPY.match(line)) and m[1] == cmds[current]:
+            if line and self.repairs is not None and (m := REPAIRED.match(line)):
+                self.note_repair(m[1])
+            if line and current and (m := IN_COPY.match(line)) and m[1] == self.cmds[current]:
                 # the stage's clock starts with its copy: a command waits while a resumed run's server loads
                 in_copy, waiting, started = True, False, now
             if line and NOT_IN_COPY.match(line):
                 waiting = False
             if line and (m := STAGE_LINE.match(line)):
-                in_copy, waiting = False, command == MAKE_RUN and cmds[m[1]].startswith("curio ")
-                if current and planned.get(current):
-                    carried.extend(planned.pop(current))
+                in_copy, waiting = False, self.command == MAKE_RUN and self.cmds[m[1]].startswith("curio ")
+                if current and self.planned.get(current):
+                    self.carried.extend(self.planned.pop(current))
                 current, started = m[1], now
-                if carried:
-                    planned.setdefault(current, [])[:0] = carried
-                    carried = []
-                moment = rng.uniform(0.0, window(durations.get(current, 10.0), spent[current])) \
-                    if planned.get(current) else None
+                if self.carried:
+                    self.planned.setdefault(current, [])[:0] = self.carried
+                    self.carried = []
+                moment = self.rng.uniform(0.0, window(self.durations.get(current, 10.0), self.spent[current])) \
+                    if self.planned.get(current) else None
             if current and moment is not None and not waiting and now - started >= moment:
-                sig = planned[current].pop(0)
-                fired = Interruption(sig, current, now - started, in_copy=in_copy)
-                spent[current] += fired.after_s
-                stages = {pid: cmd for pid, cmd in run.members().items() if cmds[current] in cmd}
-                os.killpg(run.proc.pid, sig)
-        if fired is None:  # the run ended by itself
-            rc = run.proc.wait()
-            reap()
-            if rc == 0:
-                left = [*carried, *(sig for sigs in planned.values() for sig in sigs)]  # the last stage's too
-                carried, planned = [], {}
-                if left and forced < 50:
-                    # the DAG's last stages finished before their moments: the last stage runs again for them
-                    # (`dvc repro --force --single-item`, as a job is resubmitted), and a plain `dvc repro` resumes it
-                    planned[last], force = left, True
-                    forced += 1
-                    continue
-                if left:
-                    problems.append(f"{len(left)} interruption(s) not sent: the DAG's last stage finished before "
-                                    "their moments")
-                if "--force" in run.proc.args:
-                    continue  # then a plain `dvc repro`, which must find the DAG complete
-                return done, time.monotonic() - t0, problems
-            if any(LOCK_BROKEN.search(line) for line in run.output[-20:]) and repairs is not None:
-                # DVC rewrites dvc.lock in place: a kill in that moment leaves it unreadable; the user's repair
-                fixed = subprocess.run([sys.executable, "-m", "pipeline.cli", "repair-lock"], cwd=root,
-                                       env=environment(root), capture_output=True, text=True)
-                line = fixed.stdout.strip()
-                if fixed.returncode == 0 and "unreadable" in line:
-                    last_one = done[-1] if done else None
-                    repairs.append((f"after {last_one.signal.name} {last_one.stage} at {last_one.after_s:.1f} s: "
-                                    if last_one else "") + line)
-                    print(f"  ! {line}", flush=True)
-                    continue
-            failures += 1
-            problems.append(f"dvc repro failed (exit {rc}) after interruption {len(done)}: "
-                            + "".join(run.output[-5:]).strip().replace("\n", " | "))
-            print(f"  ! dvc repro failed (exit {rc}); rerunning", flush=True)
-            if failures >= 3:
-                problems.append("three failed reruns in a row: the soak stopped")
-                return done, time.monotonic() - t0, problems
-            continue
-        failures = 0
+                fired = Interruption(self.planned[current].pop(0), current, now - started, in_copy=in_copy)
+                self.spent[current] += fired.after_s
+                stages = {pid: cmd for pid, cmd in run.members().items() if self.cmds[current] in cmd}
+                os.killpg(run.proc.pid, fired.signal)
+                return fired, stages, started
+
+    def ended(self, run: Repro) -> bool:
+        """A run that ended by itself: True when the soak is over, False to run `dvc repro` again."""
+        rc = run.proc.wait()
+        reap()
+        if rc == 0:
+            left = [*self.carried, *(sig for sigs in self.planned.values() for sig in sigs)]  # the last stage's too
+            self.carried, self.planned = [], {}
+            if left and self.forced < 50:
+                # the DAG's last stages finished before their moments: the last stage runs again for them
+                # (`dvc repro --force --single-item`, as a job is resubmitted), and a plain `dvc repro` resumes it
+                self.planned[self.last], self.force = left, True
+                self.forced += 1
+                return False
+            if left:
+                self.problems.append(f"{len(left)} interruption(s) not sent: the DAG's last stage finished before "
+                                     "their moments")
+            return "--force" not in run.proc.args  # after a forced run, a plain `dvc repro` must find it complete
+        if any(LOCK_BROKEN.search(line) for line in run.output[-20:]) and self.repairs is not None:
+            # DVC rewrites dvc.lock in place: a kill in that moment leaves it unreadable; the user's repair
+            fixed = subprocess.run([sys.executable, "-m", "pipeline.cli", "repair-lock"], cwd=self.root,
+                                   env=environment(self.root), capture_output=True, text=True)
+            line = fixed.stdout.strip()
+            if fixed.returncode == 0 and "unreadable" in line:
+                self.note_repair(line)
+                return False
+        self.failures += 1
+        self.problems.append(f"dvc repro failed (exit {rc}) after interruption {len(self.done)}: "
+                             + "".join(run.output[-5:]).strip().replace("\n", " | "))
+        print(f"  ! dvc repro failed (exit {rc}); rerunning", flush=True)
+        if self.failures >= 3:
+            self.problems.append("three failed reruns in a row: the soak stopped")
+            return True
+        return False
+
+    def settle(self, run: Repro, fired: Interruption, stages: dict[int, str], started: float) -> None:
+        """After an interruption: wait for every process of the group (and every vLLM server) to end, and check
+        how a SIGTERMed stage stopped."""
         codes: dict[int, int] = {}
-        deadline = time.monotonic() + grace_s + 60
+        deadline = time.monotonic() + self.grace_s + 60
         while run.members() and time.monotonic() < deadline:
             codes.update(reap())
             time.sleep(0.05)
         fired.stopped_s = time.monotonic() - started - fired.after_s
         if run.members():
-            problems.append(f"{fired.signal.name} {fired.stage}: processes still running {grace_s + 60:.0f} s later: "
-                            f"{sorted(run.members().values())}; killed")
+            self.problems.append(f"{fired.signal.name} {fired.stage}: processes still running "
+                                 f"{self.grace_s + 60:.0f} s later: {sorted(run.members().values())}; killed")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.proc.pid, signal.SIGKILL)
         while run.next_line(5) is not None:  # the rest of the output (the stop's line)
             pass
         left = servers(60.0)  # a vLLM server runs in a group of its own: its supervisor must stop it too
         if left:
-            problems.append(f"{fired.signal.name} {fired.stage}: vLLM server(s) still running 60 s later: {left}")
+            self.problems.append(f"{fired.signal.name} {fired.stage}: vLLM server(s) still running 60 s later: "
+                                 f"{left}")
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -375,21 +407,29 @@ def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng:
             # None: the stage process had ended and DVC, still running, took its exit status (DVC prints nothing
             # when it is signalled itself)
             traceback = "Traceback" in "".join(run.output)
-            if fired.stage_exit not in (143, 0, -15, None) or fired.stopped_s > grace_s or traceback:
-                problems.append(f"SIGTERM {fired.stage} at {fired.after_s:.1f} s: stage exit {fired.stage_exit}, "
-                                f"everything ended after {fired.stopped_s:.1f} s")
-        done.append(fired)
-        what = ""
-        if fired.signal == signal.SIGTERM:
-            what = fired.line.removeprefix("curio: ") or {0: "(the stage had finished its work: exit 0)",
-                                                         -15: "(ended by the default handler: Python was starting "
-                                                              "or exiting)",
-                                                         None: "(no stage process: DVC was between stages)"
-                                                         if not stages else "(the stage had ended: DVC took its "
-                                                         "exit status)"}.get(
-                fired.stage_exit, f"(the stage exited {fired.stage_exit})")
-        print(f"  [{len(done)}/{total}] {fired.signal.name} {fired.stage}{' (in a copy)' if fired.in_copy else ''} "
-              f"at {fired.after_s:.1f} s: all ended in {fired.stopped_s:.1f} s {what}", flush=True)
+            if fired.stage_exit not in (143, 0, -15, None) or fired.stopped_s > self.grace_s or traceback:
+                self.problems.append(f"SIGTERM {fired.stage} at {fired.after_s:.1f} s: stage exit {fired.stage_exit}, "
+                                     f"everything ended after {fired.stopped_s:.1f} s")
+
+
+def stop_text(fired: Interruption, stages: dict[int, str]) -> str:
+    """How a SIGTERMed stage stopped, in words (nothing for a SIGKILL)."""
+    if fired.signal != signal.SIGTERM:
+        return ""
+    return fired.line.removeprefix("curio: ") or {
+        0: "(the stage had finished its work: exit 0)",
+        -15: "(ended by the default handler: Python was starting or exiting)",
+        None: "(no stage process: DVC was between stages)" if not stages else
+              "(the stage had ended: DVC took its exit status)",
+    }.get(fired.stage_exit, f"(the stage exited {fired.stage_exit})")
+
+
+def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
+         log, repairs: list[str] | None = None, command: tuple[str, ...] = DVC_REPRO
+         ) -> tuple[list[Interruption], float, list[str]]:
+    """`dvc repro` (or ``command``) until it completes, interrupted as planned; the interruptions, the wall time,
+    problems seen (:class:`Soak`)."""
+    return Soak(root, durations, planned, rng, grace_s, log, repairs, command).run()
 
 
 def dataset_rows(root: Path) -> dict[str, int]:
@@ -444,31 +484,21 @@ def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
     return lost, report
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", "--interruptions", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kill-share", type=float, default=0.5, help="share of SIGKILLs (the rest: SIGTERM)")
-    ap.add_argument("-S", "--set", action="append", default=[], help="params override on top of the budget")
-    ap.add_argument("--keep", type=Path, help="leave both projects in this directory")
-    ap.add_argument("--make-run", action="store_true",
-                    help="run the DAG as `make run` does (python -m pipeline.run_dvc: its warm start too)")
-    args = ap.parse_args()
-    rng = random.Random(args.seed)
-    overrides = [*SMALL, *args.set]
-    sys.path.insert(0, str(REPO))
-    from pipeline.core.config import RunnerConfig
-
+def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, overrides: list[str] = (),
+             keep: Path | None = None, make_run: bool = False) -> int:
+    """The soak, then what it found (:func:`summary`); exit code 1 when a row was lost or a problem seen."""
+    rng = random.Random(seed)
+    overrides = [*SMALL, *overrides]
     grace_s = RunnerConfig().grace_s
     for o in overrides:
         if o.startswith("runner.grace_s="):
             grace_s = float(o.split("=", 1)[1])
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
-    base = args.keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
+    base = keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
     base.mkdir(parents=True, exist_ok=True)
-    command = MAKE_RUN if args.make_run else DVC_REPRO
-    how = "python -m pipeline.run_dvc" if args.make_run else "dvc repro"
-    print(f"soak: {args.interruptions} interruptions, seed {args.seed}, each run `{how}`, in {base}", flush=True)
+    command = MAKE_RUN if make_run else DVC_REPRO
+    how = "python -m pipeline.run_dvc" if make_run else "dvc repro"
+    print(f"soak: {interruptions} interruptions, seed {seed}, each run `{how}`, in {base}", flush=True)
     try:
         # both runs in the same directory, one after the other: paths written into outputs (a Trainer's saved
         # arguments) are the same
@@ -479,47 +509,49 @@ def main() -> int:
         soaked = project(base / "run", overrides)
         print(f"uninterrupted run: {straight_s:.0f} s; " + ", ".join(f"{s} {d:.0f} s" for s, d in durations.items()),
               flush=True)
-        planned = plan(durations, args.interruptions, rng, args.kill_share)
+        planned = plan(durations, interruptions, rng, kill_share)
         print("interrupted run:", flush=True)
         with open(base / "interrupted.log", "w") as log:
             repairs: list[str] = []
             done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs, command)
         lost, differences = compare(straight, soaked)
     finally:
-        if args.keep is None:
+        if keep is None:
             print(f"(removing {base}; --keep DIR keeps both projects)", flush=True)
             shutil.rmtree(base, ignore_errors=True)
-
-    by = Counter((i.signal.name, i.stage) for i in done)
-    print(f"\ninterruptions survived: {len(done)} of {args.interruptions} planned "
-          f"({sum(1 for i in done if i.signal == signal.SIGKILL)} SIGKILL, "
-          f"{sum(1 for i in done if i.signal == signal.SIGTERM)} SIGTERM)")
-    print(f"{'stage':<20} {'SIGKILL':>8} {'SIGTERM':>8}")
-    for stage in durations:
-        print(f"{stage:<20} {by[('SIGKILL', stage)]:>8} {by[('SIGTERM', stage)]:>8}")
-    if args.make_run:
-        copies = Counter(i.signal.name for i in done if i.in_copy)
-        print(f"in a warm start's copy when interrupted: {sum(copies.values())} of {len(done)} "
-              f"({copies['SIGKILL']} SIGKILL, {copies['SIGTERM']} SIGTERM); the others ran in their own process "
-              "(not a `curio` command, declined by the server, or its server had died)")
-    terms = [i for i in done if i.signal == signal.SIGTERM]
-    if terms:
-        exits = Counter(i.stage_exit for i in terms)
-        print(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 Python starting or "
-              f"exiting; None no stage process, or one DVC had reaped); slowest stop "
-              f"{max(i.stopped_s for i in terms):.1f} s (grace {grace_s:.0f} s)")
-    print(f"rows lost: {lost} (goal 0)")
-    print("outputs: identical to the uninterrupted run" if not differences else "outputs that differ:")
-    for line in differences:
+    for line in summary(done, interruptions, durations, make_run, grace_s, lost, differences, (soak_s, straight_s),
+                        repairs, problems):
         print(line)
-    print(f"time: {soak_s:.0f} s interrupted vs {straight_s:.0f} s uninterrupted "
-          f"(overhead {soak_s - straight_s:+.0f} s, {soak_s / straight_s - 1:+.0%})")
-    for r in repairs:
-        print(f"dvc.lock repaired (DVC rewrites it in place; `make run` repairs it itself): {r}")
-    for p in problems:
-        print(f"problem: {p}")
     return 1 if lost or problems else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def summary(done: list[Interruption], interruptions: int, durations: dict[str, float], make_run: bool,
+            grace_s: float, lost: int, differences: list[str], times: tuple[float, float], repairs: list[str],
+            problems: list[str]) -> list[str]:
+    """What the soak prints at its end: the interruptions by signal and stage, how SIGTERMed stages stopped, rows
+    lost, the outputs that differ, the time against the uninterrupted run's, repairs and problems."""
+    by = Counter((i.signal.name, i.stage) for i in done)
+    lines = [f"\ninterruptions survived: {len(done)} of {interruptions} planned "
+             f"({sum(1 for i in done if i.signal == signal.SIGKILL)} SIGKILL, "
+             f"{sum(1 for i in done if i.signal == signal.SIGTERM)} SIGTERM)",
+             f"{'stage':<20} {'SIGKILL':>8} {'SIGTERM':>8}"]
+    lines += [f"{stage:<20} {by[('SIGKILL', stage)]:>8} {by[('SIGTERM', stage)]:>8}" for stage in durations]
+    if make_run:
+        copies = Counter(i.signal.name for i in done if i.in_copy)
+        lines.append(f"in a warm start's copy when interrupted: {sum(copies.values())} of {len(done)} "
+                     f"({copies['SIGKILL']} SIGKILL, {copies['SIGTERM']} SIGTERM); the others ran in their own process "
+                     "(not a `curio` command, declined by the server, or its server had died)")
+    terms = [i for i in done if i.signal == signal.SIGTERM]
+    if terms:
+        exits = Counter(i.stage_exit for i in terms)
+        lines.append(f"SIGTERM, the stage's exit: {dict(exits)} (143 stopped; 0 its work was done; -15 Python starting "
+                     f"or exiting; None no stage process, or one DVC had reaped); slowest stop "
+                     f"{max(i.stopped_s for i in terms):.1f} s (grace {grace_s:.0f} s)")
+    lines.append(f"rows lost: {lost} (goal 0)")
+    lines.append("outputs: identical to the uninterrupted run" if not differences else "outputs that differ:")
+    lines += differences
+    soak_s, straight_s = times
+    lines.append(f"time: {soak_s:.0f} s interrupted vs {straight_s:.0f} s uninterrupted "
+                 f"(overhead {soak_s - straight_s:+.0f} s, {soak_s / straight_s - 1:+.0%})")
+    lines += [f"dvc.lock repaired (DVC rewrites it in place; `make run` repairs it itself): {r}" for r in repairs]
+    return lines + [f"problem: {p}" for p in problems]

@@ -1,16 +1,16 @@
-"""Where a stage's CPU seconds go: one stage under cProfile (CPU time, so a shared machine skews it little).
+"""Where a stage's CPU seconds go (``curio profile``): one stage under cProfile (CPU time, so a shared machine skews
+it little).
 
-    python bench/profile_stage.py STAGE [-S key=value ...] [--top 25]
+    curio profile STAGE [-S key=value ...] [--top 25]
 
-Runs ``curio stage STAGE`` in this process and prints the CPU seconds of the buckets that matter for Curio's
-stages — model forward passes, the rest of ``generate`` (sampling, stopping, cache bookkeeping), chat-template
-tokenization and decoding, the games' steps, the trainer's backward / optimizer steps / batching — then the top
-functions by own time. Subprocesses (sample-factory's workers) are not seen; their parent's wait shows instead.
+Runs the stage in this process, as ``curio stage STAGE`` runs it, and prints the CPU seconds of the buckets that
+matter for Curio's stages — model forward passes, the rest of ``generate`` (sampling, stopping, cache bookkeeping),
+chat-template tokenization and decoding, the games' steps, the trainer's backward / optimizer steps / batching — then
+the top functions by own time. Subprocesses (sample-factory's workers) are not seen; their parent's wait shows instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import sys
@@ -39,31 +39,23 @@ BUCKETS = [
 ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("stage")
-    ap.add_argument("-S", "--set", action="append", default=[])
-    ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args()
-    from pipeline.cli import app
+def profile(name: str, params, top: int = 25) -> None:
+    """Run stage ``name`` on ``params`` under cProfile; print the buckets' CPU seconds, then the ``top`` functions by
+    their own time (to stderr and stdout, as pstats prints)."""
+    from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     prof = cProfile.Profile(time.process_time)
     t0, c0 = time.perf_counter(), time.process_time()
-    argv = ["stage", args.stage, *[x for s in args.set for x in ("-S", s)]]
     prof.enable()
     try:
-        app(argv, standalone_mode=False)
+        execute(name, params)
     finally:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     stats = pstats.Stats(prof)
-    print(f"\n{args.stage}: {cpu:.1f} CPU s in {wall:.1f} wall s ({' '.join(argv)})", file=sys.stderr)
+    print(f"\n{name}: {cpu:.1f} CPU s in {wall:.1f} wall s", file=sys.stderr)
     for label, (frag, fn) in BUCKETS:
-        total = sum(v[3] for (path, _, name), v in stats.stats.items() if name == fn and frag in path)
+        total = sum(v[3] for (path, _, func), v in stats.stats.items() if func == fn and frag in path)
         if total >= 0.05:
             print(f"  {label:<32} {total:8.1f} s  {100 * total / cpu:5.1f} %", file=sys.stderr)
-    stats.sort_stats("tottime").print_stats(args.top)
-
-
-if __name__ == "__main__":
-    main()
+    stats.sort_stats("tottime").print_stats(top)
