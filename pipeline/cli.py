@@ -587,12 +587,16 @@ def soak(interruptions: Annotated[int, typer.Option("-n", "--interruptions", min
          set_: SetOpt = None,
          keep: Annotated[Path | None, typer.Option(help="leave both projects in this directory")] = None,
          make_run: Annotated[bool, typer.Option(help="each run as `make run` runs the DAG (python -m "
-                                                     "pipeline.run_dvc: its warm start too)")] = False) -> None:
+                                                     "pipeline.run_dvc: its warm start too)")] = False,
+         stages: Annotated[str | None, typer.Option(help="STAGE[,STAGE...]: interrupt these stages only")] = None,
+         target: Annotated[str | None, typer.Option(help="run the DAG up to this stage (dvc repro TARGET)")] = None,
+         ) -> None:
     """The default DAG at a small budget under N random interruptions, SIGKILL and SIGTERM mixed, each followed by a
     resume; then rows lost, outputs and metrics against an uninterrupted run. Exit 1 on a lost row or a problem."""
     from pipeline.tools.soak import run_soak
 
-    raise typer.Exit(run_soak(interruptions, seed, kill_share, set_ or [], keep, make_run))
+    raise typer.Exit(run_soak(interruptions, seed, kill_share, set_ or [], keep, make_run,
+                              stages.split(",") if stages else None, target))
 
 
 @app.command()

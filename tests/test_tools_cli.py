@@ -350,6 +350,23 @@ def test_soak_summary_counts_interruptions_by_signal_and_stage_and_names_how_sig
     assert stop_text(done[0], {}) == ""
 
 
+def test_soak_plans_its_interruptions_on_the_stages_asked_for():
+    """`curio soak --stages`: every interruption goes to those stages (in turn), none to the others."""
+    import random
+
+    from pipeline.tools.soak import plan
+
+    durations = {"rollout-text": 30.0, "train-dpo": 20.0, "rl-text": 60.0, "evaluate-text": 10.0}
+    planned = plan(durations, 20, random.Random(0), 0.5, ["rl-text"])
+    assert list(planned) == list(durations) and len(planned["rl-text"]) == 20
+    assert not any(planned[s] for s in durations if s != "rl-text")
+    both = plan(durations, 20, random.Random(0), 0.5, ["rl-text", "train-dpo"])
+    assert len(both["rl-text"]) == len(both["train-dpo"]) == 10
+    assert sum(map(len, plan(durations, 20, random.Random(0), 0.5).values())) == 20
+    with pytest.raises(SystemExit, match="none of them runs"):
+        plan(durations, 5, random.Random(0), 0.5, ["nope"])
+
+
 def test_profile_of_an_unknown_stage_is_one_line_exit_2():
     res = run(["profile", "rollout-txt"])
     line = assert_one_line(res, "unknown stage 'rollout-txt'")

@@ -5,6 +5,8 @@ each followed by a resume, compared with an uninterrupted run of the same budget
     curio soak -n 5 --seed 1          # a quick check
     curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
     curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
+    curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2.yaml presets/vllm.yaml) \
+        -S rl_text.algorithm=grpo -S rl_text.lora=true -S rl_text.rounds=3   # GRPO on vLLM's server, interrupted
     curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
@@ -232,11 +234,15 @@ def uninterrupted(root: Path, log, command: tuple[str, ...] = DVC_REPRO) -> tupl
     return durations, time.monotonic() - t0
 
 
-def plan(durations: dict[str, float], n: int, rng: random.Random, kill_share: float) -> dict[str, list]:
-    """``n`` interruptions over the stages in turn (DAG order, starting at a random stage), each a signal."""
-    stages = list(durations)
+def plan(durations: dict[str, float], n: int, rng: random.Random, kill_share: float,
+         only: list[str] | None = None) -> dict[str, list]:
+    """``n`` interruptions over the stages in turn (DAG order, starting at a random stage; ``only``: those stages
+    alone), each a signal."""
+    stages = [s for s in durations if not only or s in only]
+    if not stages:
+        sys.exit(f"--stages {','.join(only or [])}: none of them runs in this DAG ({', '.join(durations)})")
     first = rng.randrange(len(stages))
-    planned: dict[str, list] = {s: [] for s in stages}
+    planned: dict[str, list] = {s: [] for s in durations}
     for i in range(n):
         sig = signal.SIGKILL if rng.random() < kill_share else signal.SIGTERM
         planned[stages[(first + i) % len(stages)]].append(sig)
@@ -272,11 +278,12 @@ class Soak:
     failures: int = 0
     forced: int = 0
     force: bool = False
+    only: list[str] | None = None  # the stages interruptions go to (None: every stage)
 
     def __post_init__(self) -> None:
         self.total = sum(len(v) for v in self.planned.values())
         self.cmds = commands(self.root / "dvc.yaml")
-        self.last = list(self.durations)[-1]
+        self.last = [s for s in self.durations if not self.only or s in self.only][-1]
 
     def run(self) -> tuple[list[Interruption], float, list[str]]:
         """The interruptions, the wall time, problems seen. A dvc.lock left unreadable (DVC killed while it rewrote
@@ -326,7 +333,7 @@ class Soak:
                 if current and self.planned.get(current):
                     self.carried.extend(self.planned.pop(current))
                 current, started = m[1], now
-                if self.carried:
+                if self.carried and (not self.only or current in self.only):
                     self.planned.setdefault(current, [])[:0] = self.carried
                     self.carried = []
                 moment = self.rng.uniform(0.0, window(self.durations.get(current, 10.0), self.spent[current])) \
@@ -425,11 +432,11 @@ def stop_text(fired: Interruption, stages: dict[int, str]) -> str:
 
 
 def soak(root: Path, durations: dict[str, float], planned: dict[str, list], rng: random.Random, grace_s: float,
-         log, repairs: list[str] | None = None, command: tuple[str, ...] = DVC_REPRO
+         log, repairs: list[str] | None = None, command: tuple[str, ...] = DVC_REPRO, only: list[str] | None = None
          ) -> tuple[list[Interruption], float, list[str]]:
     """`dvc repro` (or ``command``) until it completes, interrupted as planned; the interruptions, the wall time,
     problems seen (:class:`Soak`)."""
-    return Soak(root, durations, planned, rng, grace_s, log, repairs, command).run()
+    return Soak(root, durations, planned, rng, grace_s, log, repairs, command, only=only).run()
 
 
 def dataset_rows(root: Path) -> dict[str, int]:
@@ -485,8 +492,10 @@ def compare(straight: Path, soaked: Path) -> tuple[int, list[str]]:
 
 
 def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, overrides: list[str] = (),
-             keep: Path | None = None, make_run: bool = False) -> int:
-    """The soak, then what it found (:func:`summary`); exit code 1 when a row was lost or a problem seen."""
+             keep: Path | None = None, make_run: bool = False, stages: list[str] | None = None,
+             target: str | None = None) -> int:
+    """The soak, then what it found (:func:`summary`); exit code 1 when a row was lost or a problem seen. ``stages``:
+    the interruptions go to these stages only; ``target``: the DAG up to this stage (`dvc repro TARGET`)."""
     rng = random.Random(seed)
     overrides = [*SMALL, *overrides]
     grace_s = RunnerConfig().grace_s
@@ -496,7 +505,7 @@ def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, o
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     base = keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
     base.mkdir(parents=True, exist_ok=True)
-    command = MAKE_RUN if make_run else DVC_REPRO
+    command = (*(MAKE_RUN if make_run else DVC_REPRO), *((target,) if target else ()))
     how = "python -m pipeline.run_dvc" if make_run else "dvc repro"
     print(f"soak: {interruptions} interruptions, seed {seed}, each run `{how}`, in {base}", flush=True)
     try:
@@ -509,11 +518,11 @@ def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, o
         soaked = project(base / "run", overrides)
         print(f"uninterrupted run: {straight_s:.0f} s; " + ", ".join(f"{s} {d:.0f} s" for s, d in durations.items()),
               flush=True)
-        planned = plan(durations, interruptions, rng, kill_share)
+        planned = plan(durations, interruptions, rng, kill_share, stages)
         print("interrupted run:", flush=True)
         with open(base / "interrupted.log", "w") as log:
             repairs: list[str] = []
-            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs, command)
+            done, soak_s, problems = soak(soaked, durations, planned, rng, grace_s, log, repairs, command, stages)
         lost, differences = compare(straight, soaked)
     finally:
         if keep is None:
