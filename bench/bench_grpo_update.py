@@ -12,7 +12,9 @@ process per side and repeat (alternating), each side times:
   trained reply. Both sides train on the same played ids (``REF``'s code re-renders each prompt from the text, as
   it did);
 - **val**: ``--val-tasks`` val tasks × ``rl_text.grpo.val_trajectories`` played as the stage's val pass plays them
-  (``pipeline.rl_text.grpo.val_success``): seconds per episode.
+  (``pipeline.rl_text.grpo.val_success``): seconds per episode;
+- **evaluate-text**: the DPO policy on ``--eval-tasks`` held-out tasks × ``evaluate_text.trajectories_per_task``,
+  as evaluate-text plays each policy (its ``evaluate_policy``, the policy loaded as it loads it): seconds per episode.
 
 Prints each side's medians and before ÷ after.
 """
@@ -42,7 +44,17 @@ def grpo_module():
         return importlib.import_module("stages.rl.grpo")
 
 
-def child(run: Path, rows_file: Path, val_tasks: int) -> dict:
+def evaluate_module():
+    """evaluate-text's stage module of the code on ``sys.path`` (stages/evaluate.py before the stage renames)."""
+    import importlib
+
+    try:
+        return importlib.import_module("stages.evaluate_text")
+    except ModuleNotFoundError:
+        return importlib.import_module("stages.evaluate")
+
+
+def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     """One side's timings, with the code on ``sys.path`` (this checkout or the other revision's)."""
     import pyarrow.parquet as pq
     import torch
@@ -80,9 +92,16 @@ def child(run: Path, rows_file: Path, val_tasks: int) -> dict:
         success = grpo.val_success(params, model, tokenizer, dpo, val)
     val_s = time.perf_counter() - start
     episodes = len(val) * params.rl_text.grpo.val_trajectories
+    evaluate = evaluate_module()
+    held_out = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false",
+                                                 f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"])
+    start = time.perf_counter()
+    rows = evaluate.evaluate_policy(held_out, "dpo", "eval", 0, held_out.evaluate_text.trajectories_per_task,
+                                    held_out.evaluate_text.temperature)
+    eval_s = time.perf_counter() - start
     return {"update_s": update_s, "replies": stats["grpo/replies"], "val_s": val_s, "val_episodes": episodes,
-            "val_success": success, "capability": torch.backends.cpu.get_cpu_capability(),
-            "gap_mean": stats.get("grpo/mismatch/gap_mean")}
+            "val_success": success, "eval_s": eval_s, "eval_episodes": len(rows),
+            "capability": torch.backends.cpu.get_cpu_capability(), "gap_mean": stats.get("grpo/mismatch/gap_mean")}
 
 
 def play(run: Path, tasks: int, out: Path) -> int:
@@ -124,12 +143,13 @@ def main() -> int:
     ap.add_argument("--before", default="HEAD~1", help="the revision to compare with (default HEAD~1)")
     ap.add_argument("--tasks", type=int, default=8, help="train tasks played once, K episodes each")
     ap.add_argument("--val-tasks", type=int, default=24, help="val tasks of the val pass timed")
+    ap.add_argument("--eval-tasks", type=int, default=12, help="held-out tasks evaluate-text's DPO policy plays")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     run = args.run.resolve()
     if args.child:
-        print(json.dumps(child(run, args.child, args.val_tasks)))
+        print(json.dumps(child(run, args.child, args.val_tasks, args.eval_tasks)))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
         before = Path(tmp) / "before"
@@ -144,8 +164,8 @@ def main() -> int:
                 for name, code in sides.items():
                     env = {**os.environ, "PYTHONPATH": str(code), "TQDM_DISABLE": "1"}
                     out = subprocess.run([sys.executable, __file__, "--run", str(run), "--child", str(rows),
-                                          "--val-tasks", str(args.val_tasks)], env=env, capture_output=True,
-                                         text=True, cwd=code)
+                                          "--val-tasks", str(args.val_tasks), "--eval-tasks", str(args.eval_tasks)],
+                                         env=env, capture_output=True, text=True, cwd=code)
                     if out.returncode:
                         print(out.stderr[-3000:], file=sys.stderr)
                         return out.returncode
@@ -153,7 +173,8 @@ def main() -> int:
                     results[name].append(r)
                     print(f"{name:<6} update {r['update_s']:.1f} s ({r['replies']} replies), val "
                           f"{r['val_s']:.1f} s ({r['val_episodes']} episodes, success {r['val_success']:.3f}), "
-                          f"{r['capability']}", flush=True)
+                          f"evaluate-text {r['eval_s']:.1f} s ({r['eval_episodes']} episodes), {r['capability']}",
+                          flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False)
 
@@ -161,7 +182,8 @@ def main() -> int:
         return statistics.median(r[key] / r[per] for r in results[name])
 
     print("| work | before | after | before / after |\n|---|---|---|---|")
-    for key, per, unit in (("update_s", "replies", "s per reply"), ("val_s", "val_episodes", "s per episode")):
+    for key, per, unit in (("update_s", "replies", "s per reply"), ("val_s", "val_episodes", "s per episode"),
+                           ("eval_s", "eval_episodes", "s per episode")):
         b, a = med("before", key, per), med("after", key, per)
         print(f"| {key[:-2]} ({unit}) | {b:.3f} | {a:.3f} | {b / a:.2f}x |")
     print(f"cores {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}, "

@@ -24,6 +24,20 @@ def test_retraining_dpo_remakes_its_margins_and_links_only_what_comes_before(tmp
         assert not (scratch / d).exists(), d  # the stage writes them anew, never into the finished run
 
 
+def test_the_scratch_tree_takes_output_locks_of_its_own(tmp_path):
+    """A stage still writing in the finished run (its lock held there) never blocks the scratch tree's stages."""
+    from pipeline.core.locks import hold
+
+    run = tmp_path / "run"
+    (run / "train_policy" / "dpo").mkdir(parents=True)
+    scratch = tmp_path / "scratch"
+    with hold(run, ["rl_text"], "rl-text"):
+        link_upstream(run, scratch, remade("rl-text"))
+        assert not (scratch / ".locks").exists()
+        with hold(scratch, ["rl_text"], "rl-text", wait=False):  # refused (Busy) if the run's lock were shared
+            pass
+
+
 def test_what_each_stage_remakes_follows_dvc_yaml():
     assert set(remade("train-sft")) >= {"train_policy/sft", "reflogprobs", "train_policy/dpo",
                                    "train_policy/dpo_margins", "rl_text", "evaluate_text"}

@@ -25,6 +25,7 @@ import yaml
 from pipeline.core.artifacts import chunk_seed
 from pipeline.core.config import preset_overrides
 from pipeline.core.dag import ancestors, stage_parents
+from pipeline.core.locks import LOCK_DIR
 from pipeline.params import load_params
 from pipeline.text.policies import eval_groups
 from pipeline.tools import REPO, ToolError, require_val_split
@@ -59,11 +60,12 @@ def chain(stage: str, through: str, dvc_yaml: Path = REPO / "dvc.yaml") -> list[
 
 def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") -> None:
     """Symlink every entry of ``src`` into ``dst`` except the paths ``redo`` names (their parents become real
-    directories, so the stage writes its outputs into the scratch tree, never into ``src``)."""
+    directories, so the stage writes its outputs into the scratch tree, never into ``src``) and the run's output
+    locks (the scratch tree's stages take locks of their own: a stage still running in ``src`` never blocks them)."""
     dst.mkdir(parents=True, exist_ok=True)
     for entry in sorted(src.iterdir()):
         path = f"{rel}{entry.name}"
-        if path in redo:
+        if path in redo or path == LOCK_DIR:
             continue
         if any(r.startswith(path + "/") for r in redo):
             link_upstream(entry, dst / entry.name, redo, path + "/")
