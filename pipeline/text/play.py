@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipeline.envs.base import Game, Task, extract_answer
 from pipeline.llm.base import ChatBackend, Sampling
+from pipeline.models.chat import continue_prompt, encode_prompt
 
 PROMPT_MESSAGES = 2  # a game's conversation opens with a system and a user message; the agent's turns follow
 #: What token-in / token-out play keeps of every reply the policy sampled, in play order (``play_episodes(...,
@@ -145,13 +146,9 @@ class TokenPrompts:
         self.max_new = max_new_tokens
 
     def first(self, conversation: list[dict]) -> list[int]:
-        from pipeline.models.chat import encode_prompt
-
         return encode_prompt(self.tokenizer, conversation, self.max_positions, self.max_new)
 
     def after(self, conversation: list[dict], reply_at: int, prompt: list[int], sampled: list[int]) -> list[int]:
-        from pipeline.models.chat import continue_prompt
-
         ids = continue_prompt(self.tokenizer, conversation, reply_at, prompt, sampled)
         budget = self.max_positions - self.max_new if self.max_positions else 0
         if ids is None or (budget > 0 and len(ids) > budget):
