@@ -43,13 +43,20 @@ _LINE_END = re.compile(rb"[\r\n]")
 SIDE_NICE = 19
 
 
-def _lower_priority(pid: int) -> None:
-    """Run ``pid`` (and the processes it starts: they inherit it) only on otherwise idle CPU time."""
-    try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, pid, SIDE_NICE)
+# The command's shell is started by a Python that lowers its own priority and then becomes the shell (exec), so
+# every process the command starts inherits it: lowering it from here after Popen raced the shell, whose first
+# children could start before it landed.
+_IDLE_SHELL = ("import os, sys\n"
+               "try:\n"
+               "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+               "except (AttributeError, OSError):\n"
+               f"    os.setpriority(os.PRIO_PROCESS, 0, {SIDE_NICE})\n"
+               "os.execv('/bin/sh', ['/bin/sh', '-c', sys.argv[1]])\n")
+
+
+def idle_command(cmd: str) -> list[str]:
+    """``cmd`` as a shell command that runs, with everything it starts, only on otherwise idle CPU time."""
+    return [sys.executable, "-c", _IDLE_SHELL, cmd]
 
 
 class Branch(threading.Thread):
@@ -74,9 +81,8 @@ class Branch(threading.Thread):
             t0 = time.perf_counter()
             # tqdm redraws a bar with \r; beside dvc repro's output each redraw becomes a prefixed line: draw fewer
             env = {**os.environ, "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "10")}
-            self.proc = subprocess.Popen(self.cmds[name], shell=True, env=env, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(idle_command(self.cmds[name]), env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT)
-            _lower_priority(self.proc.pid)
             assert self.proc.stdout is not None
             buf = b""
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
