@@ -60,7 +60,11 @@ from pipeline.text.config import (
 
 
 class Params(Section, Locations):
-    seed: int = Field(0, description="global seed; every chunk derives its own from (seed, stage, index)")
+    seed: int = Field(0, description="the training seed: every chunk derives its own from (seed, stage, index): data "
+                      "order, initialisation, LoRA adapters, sampling in play, NetHack's training games")
+    eval_seed: int = Field(0, description="the seed of every evaluation (evaluate-text, evaluate-nethack, rl-text's "
+                           "val rounds, the tools that play val): a sweep over `seed` leaves it, so every training "
+                           "seed's policies play the same held-out episodes")
     data_dir: str = DATA_DIR
     metrics_dir: str | None = METRICS_DIR
     policy: PolicyConfig = Field(default_factory=PolicyConfig,

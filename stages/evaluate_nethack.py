@@ -1,8 +1,9 @@
 """evaluate-nethack: trained agents against a random policy on the task they trained on.
 
-Every policy plays the same ``episodes`` seeds (paired comparison) on ``rl_nethack.task`` with
-``evaluate_nethack.max_episode_steps`` as the step cap; none is a game an evaluated agent trained on
-(:func:`evaluation_seeds`, from the games its training envs recorded). Reported per policy: mean task return,
+Every policy plays the same ``episodes`` seeds (paired comparison), drawn from ``eval_seed`` (so the agents of every
+training ``seed`` play the same games), on ``rl_nethack.task`` with ``evaluate_nethack.max_episode_steps`` as the step
+cap; none is a game an evaluated agent trained on (:func:`evaluation_seeds`, from the games its training envs
+recorded). Reported per policy: mean task return,
 in-game score, deepest dungeon level, episode length and success rate (goal tasks), with standard errors. A
 trained policy acts on ``parallel_envs`` envs at once (one batched network call per step) and samples its actions
 with a seeded torch RNG, so the numbers are reproducible.
@@ -43,7 +44,7 @@ def _needs(params: Params) -> list[str]:
 
 STAGE = Stage(
     NAME,
-    params=["seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
+    params=["eval_seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
             "evaluate_nethack"],
     code=["pipeline/nethack/play.py", "pipeline/nethack/sf.py", "pipeline/nethack/env.py", "pipeline/nethack/clock.py",
           "pipeline/nethack/clock.c"],
@@ -112,7 +113,7 @@ def evaluate_policy(params: Params, index: int, name: str, seeds: list[int]) -> 
 
         from pipeline.nethack.sf import TrainedPolicy  # sample-factory: only for a trained agent
 
-        torch.manual_seed(chunk_seed(params.seed, NAME, -1 - index))
+        torch.manual_seed(chunk_seed(params.eval_seed, NAME, -1 - index))
         policy = TrainedPolicy(params.data_path("rl_nethack", name), deterministic=cfg.deterministic)
         summaries = play_policy(spec, policy, episodes, seeds, parallel_envs=cfg.parallel_envs, on_step=record)
     steps = recorder.table()
@@ -241,7 +242,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     if unrecorded:
         print(f"evaluate-nethack: warning: {', '.join(unrecorded)} kept no record of its training seeds (trained "
               "before records were kept): unseen seeds are checked against the other agents' only", flush=True)
-    seeds, passed_over = evaluation_seeds(params.seed, cfg.episodes, trained)
+    seeds, passed_over = evaluation_seeds(params.eval_seed, cfg.episodes, trained)
     out = params.data_path("evaluate_nethack")
     run_chunked(
         out,

@@ -31,7 +31,7 @@ def _needs(params: Params) -> list[str]:
 STAGE = Stage(
     NAME,
     params=[
-        "seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
+        "eval_seed", "policy", "games", "rollout_text.top_p", "rollout_text.min_p", "rollout_text.max_new_tokens",
         "rollout_text.max_format_retries", "rollout_text.batch_size", "rollout_text.environment", "evaluate_text",
     ],
     code=["pipeline/text/play.py", "pipeline/text/policies.py", "pipeline/text/critic.py", "pipeline/envs"],
@@ -68,9 +68,10 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
 
 
 def evaluate_chunk(params: Params, _state: None, _index: int, policy: str) -> list[dict]:
-    """One chunk of evaluate-text: one policy's episodes (the same seed for every policy)."""
+    """One chunk of evaluate-text: one policy's episodes (the same seed for every policy, and for every training
+    seed: ``eval_seed``)."""
     cfg = params.evaluate_text
-    return evaluate_policy(params, policy, "eval", chunk_seed(params.seed, NAME, 0), cfg.trajectories_per_task,
+    return evaluate_policy(params, policy, "eval", chunk_seed(params.eval_seed, NAME, 0), cfg.trajectories_per_task,
                            cfg.temperature)
 
 

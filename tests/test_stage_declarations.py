@@ -221,6 +221,7 @@ OTHER_BRANCH = {("pairs-text", key): "pairs_text.strategy=multiturn (samples can
 OTHER_BRANCH[("rl-text", "train_policy.lora")] = "rl_text.lora=true (filtered BC clones into LoRA adapters)"
 OTHER_BRANCH[("rl-text", "evaluate_text.temperature")] = ("rl_text.algorithm=grpo with games.val_fraction > 0 (its "
                                                           "val rounds; tests/test_grpo.py runs them on the slice)")
+OTHER_BRANCH[("rl-text", "eval_seed")] = OTHER_BRANCH[("rl-text", "evaluate_text.temperature")]
 OTHER_BRANCH.update({(stage, key): "rl_text.reward=motif (the stage is idle for the other rewards)" for stage, key in [
     ("annotate-utterances", "seed"), ("annotate-utterances", "annotate_utterances"),
     ("annotate-utterances", "policy.free_answers"), ("train-reward-text", "seed"),

@@ -45,7 +45,7 @@ class LLMConfig(Section):
     )
     seed: int | None = Field(
         0, description="sampling seed; part of the cache key, so sampled (temperature > 0) answers are cached "
-        "too; null = a fresh draw every time (never cached)"
+        "too; null = a fresh draw every time (never cached). The role's own: the training `seed` does not move it"
     )
     cache: bool = Field(True, description="use the content-addressed response cache")
     max_attempts: int = Field(

@@ -265,13 +265,14 @@ def val_jobs_of(params: Params, games: list) -> list:
 
 
 def val_success(params: Params, policy: ChatBackend, val_jobs) -> float | None:
-    """Success rate of the policy on the val tasks (the same seed every round: rounds compare paired)."""
+    """Success rate of the policy on the val tasks (the same seed every round, and for every training seed:
+    rounds and runs compare paired)."""
     cfg = params.rl_text.grpo
     if not val_jobs or cfg.val_trajectories == 0:
         return None
     jobs = [(g, t, s) for g, t in val_jobs for s in range(cfg.val_trajectories)]
     sampling = sampling_from_config(params.rollout_text, temperature=params.evaluate_text.temperature)
-    rows = play_episodes(policy, jobs, sampling, seed=chunk_seed(params.seed, f"{NAME}/val", 0),
+    rows = play_episodes(policy, jobs, sampling, seed=chunk_seed(params.eval_seed, f"{NAME}/val", 0),
                          max_format_retries=params.rollout_text.max_format_retries, policy_name="val")
     return summarize(rows)["success_rate"]
 
@@ -369,6 +370,9 @@ def play_and_update(params: Params, ctx: StageContext, r: int, current: Path, ro
         if adapters is not None:  # train_policy.lora's adapters, merged after the update, as filtered_bc clones
             from peft import get_peft_model
 
+            # the adapters' random init from the round's seed, not from what torch drew before (a resumed round
+            # whose episodes are on disk has drawn nothing)
+            torch.manual_seed(chunk_seed(params.seed, f"{NAME}/lora", r))
             model = get_peft_model(model, adapters)
         stats = update(model, tokenizer, read_part(rollouts.path, r), games, params, seed, ref,
                        exact_sampler=player.exact_sampler)

@@ -23,7 +23,7 @@ NAME = "rl-text"
 PARAMS = [
     "seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text", "rl_text",
     "train_policy.lora",  # filtered_bc's adapters with rl_text.lora
-    "evaluate_text.temperature",  # grpo's val rounds sample as evaluation does
+    "evaluate_text.temperature", "eval_seed",  # grpo's val rounds sample as evaluation does
 ]
 
 

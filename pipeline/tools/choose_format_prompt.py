@@ -52,7 +52,7 @@ def choose_format_prompt(preset: str | None, overrides: list[str], k: int, candi
                                                     f"policy.free_answers={str(free == 'free').lower()}"])
         require_val_split(params)
         t0 = time.perf_counter()
-        rows = evaluate_policy(params, "base", "val", seed=params.seed, k=k,
+        rows = evaluate_policy(params, "base", "val", seed=params.eval_seed, k=k,
                                temperature=params.evaluate_text.temperature)
         results[cand] = {**score(rows), "seconds": time.perf_counter() - t0}
         r = results[cand]

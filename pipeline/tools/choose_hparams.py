@@ -76,7 +76,7 @@ def link_upstream(src: Path, dst: Path, redo: tuple[str, ...], rel: str = "") ->
 def val_rows(params, policy: str, k: int) -> list[dict]:
     from stages.evaluate_text import evaluate_policy  # the policy backends (torch): only to play
 
-    seed = chunk_seed(params.seed, "choose-hparams", 0)  # one seed for every value: common random numbers
+    seed = chunk_seed(params.eval_seed, "choose-hparams", 0)  # one seed for every value: common random numbers
     return evaluate_policy(params, policy, "val", seed, k, params.evaluate_text.temperature)
 
 

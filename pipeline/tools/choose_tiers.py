@@ -61,7 +61,7 @@ def choose_tiers(preset: str | None, overrides: list[str], k: int, candidates: l
                                                 "games.eval_groups=null"])
     require_val_split(params)
     t0 = time.perf_counter()
-    rows = evaluate_policy(params, "base", "val", seed=params.seed, k=k,
+    rows = evaluate_policy(params, "base", "val", seed=params.eval_seed, k=k,
                            temperature=params.evaluate_text.temperature, groups=candidates)
     seconds = time.perf_counter() - t0
     results = {c: score([r for r in rows if r["group"] == c]) for c in candidates}

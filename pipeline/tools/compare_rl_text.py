@@ -131,7 +131,7 @@ def evaluate(proj: Path, data_dir: Path, split: str, k: int, temperature: float,
     from stages.evaluate_text import evaluate_policy  # the policy backends (torch): only to play
 
     params = load_params(proj / "params.yaml", [f"data_dir={data_dir}"])
-    rows = evaluate_policy(params, policy, split, seed=params.seed + 1, k=k, temperature=temperature,
+    rows = evaluate_policy(params, policy, split, seed=params.eval_seed + 1, k=k, temperature=temperature,
                            groups=params.games.groups)
     out = {g: score([r for r in rows if r["group"] == g], k) for g in params.games.groups}
     out["all"] = score(rows, k)
