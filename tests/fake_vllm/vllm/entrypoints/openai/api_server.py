@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ap = argparse.ArgumentParser()
@@ -29,6 +30,7 @@ if os.environ.get("FAKE_VLLM_FAIL"):
 
 LOADS: list[str] = []
 COMPLETIONS = [0]
+COUNTING = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -83,14 +85,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def complete_ids(self, body: dict) -> None:
         ids = body["prompt"]
-        rng = random.Random(f"{ids}/{COMPLETIONS[0]}")
+        with COUNTING:  # requests come on threads of their own: each gets its own number
+            COMPLETIONS[0] += 1
+            number = COMPLETIONS[0]
+        rng = random.Random(f"{ids}/{number - 1}")
         reply = [rng.choice(ids) for _ in range(min(4, body["max_tokens"] - 1))] + body["stop_token_ids"][:1]
-        COMPLETIONS[0] += 1
         lp = -0.5 - 0.01 * len(LOADS)
         choice = {"text": "", "token_ids": reply, "finish_reason": "stop",
                   "logprobs": {"token_logprobs": [lp] * len(reply), "tokens": [], "top_logprobs": []}}
         self.reply({"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": len(reply)}})
-        if str(COMPLETIONS[0]) == os.environ.get("FAKE_VLLM_DIE_AFTER"):
+        if str(number) == os.environ.get("FAKE_VLLM_DIE_AFTER"):
             os._exit(1)
 
 
