@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.nethack import clock
+from pipeline.tools.soak import TEXT_SMALL
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -16,13 +17,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 # A small but complete configuration of the text track: every stage runs for real, in seconds.
 # The default bootstrap (~2 min on 2 cores): smaller ones fall below the point where the tiny model learns to
 # win at all (1,000 episodes x 4 epochs: 0 % train success), and pairs-text then has nothing to pair.
-SMALL = [
-    "games.max_train_tasks=12", "games.max_eval_tasks=6",
-    "rollout_text.trajectories_per_task=4", "rollout_text.tasks_per_chunk=4",
-    "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "train_policy.save_steps=2",
-    "rl_text.rounds=2", "rl_text.tasks_per_round=4", "rl_text.trajectories_per_task=2", "rl_text.epochs=1",
-    "evaluate_text.trajectories_per_task=1",
-]
+SMALL = TEXT_SMALL  # pipeline/tools/soak.py's, which the soak extends with NetHack's
 
 
 def pytest_configure(config):

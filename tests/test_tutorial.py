@@ -96,7 +96,8 @@ def test_the_report_metrics_show_and_table_print_what_the_tutorial_quotes(finish
     assert all(set(values) <= {"-"} for name, values in rows.items() if name != "metrics/text_success.json")
     assert all(0 <= float(v) <= 1 for v in headline(shown).values())
 
-    table = curio(["table"], cwd=finished).stdout
+    # in a checkout `curio table` reads the checkout's data/; this copy has no code of its own, so it is named
+    table = curio(["table", "--data", str(finished / "data")], cwd=finished).stdout
     expected = quoted("paired over the same tasks").splitlines()
     assert table.splitlines()[0] == expected[0]  # the same columns: the default run's one group, pass@4
     assert [line.split()[0] for line in table.splitlines()[1:5]] == ["base", "sft", "dpo", "rl"]  # pipeline order

@@ -66,14 +66,18 @@ from pipeline.core.dag import commands
 from pipeline.tools import REPO
 from pipeline.tools.compare_runs import TIMING, metrics, outs
 
-# The small budget: every stage of both tracks runs for real, a few minutes each (as tests/conftest.py's SMALL and
-# NETHACK_TINY), sample-factory in its deterministic mode so that two uninterrupted runs agree.
-SMALL = [
+# The text track's small budget: every stage runs for real, in seconds (the test suite's shared run too).
+TEXT_SMALL = [
     "games.max_train_tasks=12", "games.max_eval_tasks=6",
     "rollout_text.trajectories_per_task=4", "rollout_text.tasks_per_chunk=4",
     "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1", "train_policy.save_steps=2",
     "rl_text.rounds=2", "rl_text.tasks_per_round=4", "rl_text.trajectories_per_task=2", "rl_text.epochs=1",
     "evaluate_text.trajectories_per_task=1",
+]
+# The soak's small budget: both tracks, a few minutes each stage (NetHack's as tests/conftest.py's NETHACK_TINY),
+# sample-factory in its deterministic mode so that two uninterrupted runs agree.
+SMALL = [
+    *TEXT_SMALL,
     "rollout_nethack.episodes=4", "rollout_nethack.episodes_per_chunk=2", "rollout_nethack.max_episode_steps=300",
     "annotate_nethack.num_pairs=600", "annotate_nethack.pairs_per_chunk=200",
     "train_reward.epochs=4", "train_reward.batch_size=128",
