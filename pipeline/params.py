@@ -26,6 +26,7 @@ from pipeline.core.config import (
     read_params,
     set_schema,
 )
+from pipeline.core.kernels import REPRODUCIBLE, THREADS, Mode
 from pipeline.envs.base import game_class
 from pipeline.llm.config import LLMConfig, llm_roles
 from pipeline.llm.embedding import is_packaged_model
@@ -67,6 +68,8 @@ class Params(Section, Locations):
                            "seed's policies play the same held-out episodes")
     data_dir: str = DATA_DIR
     metrics_dir: str | None = METRICS_DIR
+    reproducible: Mode = REPRODUCIBLE
+    threads: int | None = THREADS
     policy: PolicyConfig = Field(default_factory=PolicyConfig,
         description="the text policy: which model plays and trains, on which backend and device")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,

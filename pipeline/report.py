@@ -208,15 +208,19 @@ def section(title: str, body: str) -> str:
 
 
 def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]], title: str,
-           episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None, run: str = "") -> str:
+           episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None, run: str = "",
+           sweeps: dict[str, dict[str, Any]] | None = None) -> str:
     """``episodes``: evaluate-text's rows (the deeper tables); ``datasets``: [stage, dataset, rows, page href];
-    ``run``: the "Run" section's HTML (:func:`pipeline.report_meta.run_section`), first."""
+    ``run``: the "Run" section's HTML (:func:`pipeline.report_meta.run_section`), first; ``sweeps``: the seed
+    sweeps' tables (``seeds.json`` of ``curio sweep seeds``, by sweep name), after the headline."""
     parts = [run] if run else []
     heads = summaries(stages)
     for track, sections in heads.items():
         names = list(dict.fromkeys(n for values in sections.values() for n in values))
         parts.append(section(f"Headline: {track} track", _table(
             ["policy", *sections], [[n, *(sections[s].get(n, "") for s in sections)] for n in names])))
+    parts += [section(f"Across seeds: the {name} sweep", _seed_tables(summary)) for name, summary in
+              (sweeps or {}).items()]
     if datasets:
         parts.append(section("Datasets: read the rows", _dataset_table(datasets)))
 
@@ -394,6 +398,46 @@ def _deeper_tables(episodes: list[dict]) -> str:
     return "".join(out)
 
 
+def _seed_tables(summary: dict[str, Any]) -> str:
+    """A sweep's tables (pipeline/seeds.py's ``seed_summary``): a column per seed, then mean ± s.e. over seeds, the
+    s.d. across seeds beside the mean evaluation s.e., and for a comparison how many seeds agree in sign."""
+    seeds = [f"seed {r['seed']}" for r in summary["runs"]]
+    body = ""
+    for title, lines, scale, paired in (
+            ("held-out success, %", summary["text"]["policies"], 100, False),
+            ("paired over the same tasks, points", summary["text"]["comparisons"], 100, True),
+            ("NetHack mean return", summary["nethack"]["agents"], 1, False),
+            ("NetHack, paired over the same games", summary["nethack"]["comparisons"], 1, True)):
+        if not lines:
+            continue
+        def num(x: Any, scale: float = scale) -> str:
+            return "—" if x is None or not math.isfinite(x) else f"{scale * x:.1f}" if scale == 100 else f"{x:.3g}"
+
+        rows = [[x["label"], *(f"{num(v)} ± {num(e)}" for v, e in zip(x["values"], x["eval_se"], strict=True)),
+                 f"{num(x['mean'])} ± {num(x['se'])}", num(x["sd"]), num(x["mean_eval_se"]),
+                 *([x["agreeing"]] if paired else [])] for x in lines]
+        body += _table([title, *seeds, "mean ± s.e. over seeds", "s.d. across seeds", "mean evaluation s.e.",
+                        *(["seeds agreeing"] if paired else [])], rows)
+    spent = summary["cost"]
+    ledger = spent["ledger"]
+    body += (f"<p class='note'>Cost: {spent['total_seconds'] / 60:.1f} min of stages in all; the LLM ledger over "
+             f"every stage and seed: {ledger['requests']} requests, {ledger['sent']} sent, {ledger['tokens_in']} "
+             f"tokens in, {ledger['tokens_out']} tokens out. Written by <code>curio sweep seeds</code> / "
+             "<code>curio table --seeds</code>.</p>")
+    return body
+
+
+def seed_sweeps(root: Path) -> dict[str, dict[str, Any]]:
+    """The seed sweeps' tables written under ``root`` (``data/seeds/NAME/seeds.json``), by name."""
+    found = {}
+    for path in sorted(root.glob("*/seeds.json")):
+        try:
+            found[path.parent.name] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _evaluation_rows(params: Any) -> list[dict]:
     from pipeline.core.artifacts import read_manifest, read_table
 
@@ -418,5 +462,6 @@ def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | Non
                 for stage, (page, ds, rows) in pages.items()]
     atomic_write_bytes(out, render(root, dvc_yaml, stages, f"Curio run report ({params.tracking.experiment})",
                                    episodes=_evaluation_rows(params), datasets=datasets,
-                                   run=run_section(params)).encode())
+                                   run=run_section(params),
+                                   sweeps=seed_sweeps(params.data_path("seeds"))).encode())
     return out

@@ -31,6 +31,7 @@ import yaml
 from pipeline.core import dvcrepo
 from pipeline.core.config import ConfigError
 from pipeline.core.dag import branches, commands, stage_parents
+from pipeline.core.kernels import settle
 from pipeline.core.tracking import pipeline_run
 from pipeline.core.warm import ENABLE_ENV, SOCKET_ENV, start_server
 from pipeline.params import load_params
@@ -192,6 +193,8 @@ def warm_start() -> Iterator[None]:
 def main(argv: list[str]) -> int:
     try:
         params = load_params("params.yaml")
+        # the kernels reproducible / threads ask for, in the environment the warm start and every stage start with
+        settle(params.reproducible, params.threads)
     except ConfigError as e:
         print(f"curio: {e}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ from pipeline.core.cards import write_cards
 from pipeline.core.config import SHARED_KEYS, ParamsSlice, slice_model, take_slice
 from pipeline.core.errors import InputError
 from pipeline.core.interrupt import stopping
+from pipeline.core.kernels import KERNEL_KEYS, require
 from pipeline.core.locks import hold
 from pipeline.core.processes import use_processes
 from pipeline.core.registry import STAGES
@@ -83,7 +84,8 @@ class Stage:
     """One node of the DAG, declared in its module (``STAGE = Stage(...)``)."""
 
     name: str
-    params: list[str]  # dotted params.yaml keys run() reads: dvc.yaml params, the slice, the params hash
+    # dotted params.yaml keys run() reads: dvc.yaml params, the slice, the params hash (KERNEL_KEYS added)
+    params: list[str]
     code: list[str] = field(default_factory=list)  # source deps besides the module itself (dirs allowed)
     data: list[str] = field(default_factory=list)  # data deps: other stages' outs
     outs: list[Out] = field(default_factory=list)
@@ -106,6 +108,8 @@ class Stage:
     def __post_init__(self) -> None:
         if not self.module:  # frames: __post_init__ <- the dataclass __init__ <- the declaring module
             self.module = sys._getframe(2).f_globals.get("__name__", "")
+        # every stage computes with the kernels these keys pin (``execute`` sets them before the stage loads torch)
+        self.params = [*self.params, *(k for k in KERNEL_KEYS if k not in self.params)]
 
     @property
     def command(self) -> str:
@@ -251,6 +255,7 @@ def execute(name: str, params: Any) -> StageResult:
     input with its content digest (``mlflow.log_input``), every output's digest (tags ``curio.output.*`` and
     ``lineage.json``), and each trained model (``Stage.models``) with a ``MODEL_CARD.md``.
     """
+    require(params.reproducible, params.threads)  # the kernels, before the stage's module loads torch
     # SIGTERM / SIGINT: the stage saves its progress and stops within runner.grace_s (pipeline.core.interrupt);
     # one writer per output (pipeline.core.locks): the stage's name first, so a second run of it is refused at
     # once, then its outputs once its declaration is loaded

@@ -1,0 +1,159 @@
+"""A seed sweep: its tables on numbers worked by hand (pipeline/seeds.py), and ``curio sweep seeds`` on DVC's
+experiment queue, stopped and resumed."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_project, run_in_project
+
+from pipeline.seeds import SeedRun, cost, nethack_lines, seed_tables, text_lines
+
+
+def rows(policy: str, a: int, b: int) -> list[dict]:
+    """One episode on each of two held-out tasks, won (1) or lost (0)."""
+    return [{"policy": policy, "group": "g", "task_id": t, "success": bool(s)} for t, s in (("a", a), ("b", b))]
+
+
+# three seeds: base wins (a, b) = (0, 0), (1, 0), (1, 1); RL wins (1, 0), (1, 1), (0, 1)
+RUNS = [SeedRun(f"seed-{k}", k, {}, rows("base", *base) + rows("rl", *rl))
+        for k, (base, rl) in enumerate([((0, 0), (1, 0)), ((1, 0), (1, 1)), ((1, 1), (0, 1))])]
+
+
+def test_per_policy_mean_over_seeds_with_its_spread_beside_the_evaluation_se():
+    (base, rl), _ = text_lines(RUNS)
+    assert (base.label, base.values) == ("base", [0.0, 0.5, 1.0])
+    assert base.mean == 0.5
+    assert base.sd == pytest.approx(0.5)  # deviations -0.5, 0, 0.5: sqrt(0.5 / 2)
+    assert base.se == pytest.approx(0.5 / math.sqrt(3))
+    # the binomial s.e. of each seed's 2 episodes: sqrt(p (1 - p) / 2) = 0, sqrt(1/8), 0
+    assert base.eval_se == pytest.approx([0.0, math.sqrt(1 / 8), 0.0])
+    assert base.mean_eval_se == pytest.approx(math.sqrt(1 / 8) / 3)
+    assert rl.values == [0.5, 1.0, 0.5]
+
+
+def test_a_comparison_is_paired_per_task_in_each_seed_then_summarised_across_seeds():
+    _, (diff,) = text_lines(RUNS)
+    assert diff.label == "rl − base"
+    # per task: seed 0 (1, 0), seed 1 (0, 1), seed 2 (-1, 0); each seed's s.e. sqrt(sum (d - d̄)² / (T (T - 1)))
+    assert diff.values == [0.5, 0.5, -0.5]
+    assert diff.eval_se == pytest.approx([0.5, 0.5, 0.5])
+    assert diff.mean == pytest.approx(1 / 6)
+    assert diff.sd == pytest.approx(math.sqrt(1 / 3))  # deviations 1/3, 1/3, -2/3: sqrt((6/9) / 2)
+    assert diff.se == pytest.approx(1 / 3)
+    assert diff.agreeing() == "2/3 > 0"
+
+
+def test_the_table_has_a_column_per_seed_and_the_cost_of_the_sweep():
+    runs = [SeedRun(r.name, r.seed, {"train-sft": {"seconds": 10.0 * (k + 1)},
+                                     "annotate-text": {"seconds": 5.0, "judge_requests": 4, "judge_sent": 3,
+                                                       "judge_tokens_in": 100, "judge_tokens_out": 7,
+                                                       "judge_unique_requests": 2}}, r.rows)
+            for k, r in enumerate(RUNS)]
+    spent = cost(runs)
+    assert spent["seconds"] == {"seed-0": 15.0, "seed-1": 25.0, "seed-2": 35.0} and spent["total_seconds"] == 75.0
+    assert spent["ledger"] == {"requests": 12, "sent": 9, "tokens_in": 300, "tokens_out": 21}
+    lines = seed_tables(runs, markdown=True)
+    assert lines[0] == "3 seeds: seed-0 (seed 0), seed-1 (seed 1), seed-2 (seed 2)"
+    row = next(x for x in lines if x.startswith("| rl − base |"))
+    assert row == "| rl − base | 50.0 ± 50.0 | 50.0 ± 50.0 | -50.0 ± 50.0 | 16.7 ± 33.3 | 57.7 | 50.0 | 2/3 > 0 |"
+    assert lines[-1].startswith("cost: stages' seconds seed-0 15, seed-1 25, seed-2 35; 75 s in all (1.2 min)")
+    assert "12 requests, 9 sent, 300 tokens in, 21 tokens out" in lines[-1]
+
+
+def test_nethack_claims_are_evaluate_nethacks_paired_differences_per_seed():
+    stages = [{"evaluate-nethack": {"extrinsic/return": 1.0, "motif/return": 2.0 + k, "oni/return": 4.0,
+                                    "motif/return_sem": 0.5, "motif/return_vs_extrinsic": 1.0 + k,
+                                    "motif/return_vs_extrinsic_sem": 0.25, "oni/return_vs_motif": 2.0 - k,
+                                    "oni/return_vs_motif_sem": 1.0}} for k in range(2)]
+    runs = [SeedRun(f"seed-{k}", k, s) for k, s in enumerate(stages)]
+    agents, claims = nethack_lines(runs)
+    assert [(a.label, a.values) for a in agents] == [("extrinsic", [1.0, 1.0]), ("motif", [2.0, 3.0]),
+                                                    ("oni", [4.0, 4.0])]
+    assert [(c.label, c.values, c.eval_se) for c in claims] == [("motif − extrinsic", [1.0, 2.0], [0.25, 0.25]),
+                                                                ("oni − motif", [2.0, 1.0], [1.0, 1.0])]
+    assert claims[0].mean == 1.5 and claims[0].se == pytest.approx(0.5) and claims[0].agreeing() == "2/2 > 0"
+
+
+TINY = """tracking: {enabled: false}
+games: {groups: [wordle]}
+bootstrap: {episodes: 200, n_layer: 2, n_embd: 64, n_head: 2, vocab_size: 300, epochs: 1}
+"""
+
+
+def sweep_env(proj: Path) -> dict[str, str]:
+    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def descendants_alive(proj: Path) -> list[str]:
+    """Processes still running in the project or in the queue's copies of it (their cwd under it)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and cwd.startswith(str(proj)):
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+    return found
+
+
+def test_a_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished(tmp_path):
+    proj = make_project(tmp_path, [])
+    (proj / "tiny.yaml").write_text(TINY)
+    for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                 ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p"]):
+        run_in_project(args, proj)
+    command = [sys.executable, "-m", "pipeline.cli", "sweep", "seeds", "2", "tiny.yaml", "--target", "bootstrap"]
+    sweep = subprocess.Popen(command, cwd=proj, env=sweep_env(proj), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    said = []
+    for line in sweep.stdout:  # seed 0 runs to the end, then seed 1 starts: stop the sweep there
+        said.append(line)
+        if "tiny-seed-1 running" in line:
+            sweep.send_signal(signal.SIGTERM)
+            break
+    out = "".join(said) + sweep.stdout.read()
+    assert sweep.wait(timeout=120) == 128 + signal.SIGTERM, out
+    assert "curio sweep: tiny-seed-0: queued" in out and "sweep stopped (SIGTERM)" in out
+    deadline = time.time() + 30
+    while descendants_alive(proj) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not descendants_alive(proj)  # the seed that ran and the queue's worker are gone
+
+    again = subprocess.run(command, cwd=proj, env=sweep_env(proj), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "curio sweep: tiny-seed-0: finished" in again.stdout  # not run again
+    assert "curio sweep: tiny-seed-1: queued again" in again.stdout
+    assert "2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)" in again.stdout
+    shown = run_in_project(["dvc", "exp", "show", "--csv"], proj)
+    assert "tiny-seed-0" in shown and "tiny-seed-1" in shown  # each seed is an experiment of its own
+    table = run_in_project([sys.executable, "-m", "pipeline.cli", "table", "--seeds", "--preset", "tiny.yaml"], proj)
+    assert "2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)" in table and "cost: stages' seconds" in table
+
+
+def test_the_report_shows_a_sweeps_tables(tmp_path):
+    import json
+
+    from conftest import REPO
+
+    from pipeline.report import render, seed_sweeps
+    from pipeline.seeds import seed_summary
+
+    (tmp_path / "seeds" / "default").mkdir(parents=True)
+    (tmp_path / "seeds" / "default" / "seeds.json").write_text(json.dumps(seed_summary(RUNS)))
+    page = render(tmp_path / "metrics", REPO / "dvc.yaml", {}, "t", sweeps=seed_sweeps(tmp_path / "seeds"))
+    assert "<h2>Across seeds: the default sweep</h2>" in page
+    assert "<td>rl − base</td><td>50.0 ± 50.0</td><td>50.0 ± 50.0</td><td>-50.0 ± 50.0</td><td>16.7 ± 33.3</td>" in page
+    assert "<td>2/3 &gt; 0</td>" in page
