@@ -89,8 +89,11 @@ bootstrap: {episodes: 200, n_layer: 2, n_embd: 64, n_head: 2, vocab_size: 300, e
 
 
 def sweep_env(proj: Path) -> dict[str, str]:
-    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    """The environment of a user who runs `.venv/bin/curio sweep` without activating the venv: its dvc and curio
+    are not on PATH."""
+    venv = Path(sys.executable).parent
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != venv)
+    return {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(proj), "PATH": path}
 
 
 def descendants_alive(proj: Path) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ FINISHED = "success"  # an experiment's state once it has run to the end
 
 
 def dvc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run(["dvc", *args], capture_output=True, text=True)
+    """``dvc ARGS`` of this environment (beside its interpreter, where a venv's is not on PATH)."""
+    here = Path(sys.executable).parent / "dvc"
+    res = subprocess.run([str(here) if here.exists() else "dvc", *args], capture_output=True, text=True)
     if check and res.returncode != 0:
         message = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()
         raise ToolError(f"dvc {' '.join(args[:3])}: {message[0] if message else 'failed'}")

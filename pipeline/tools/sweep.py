@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +151,8 @@ def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) 
 
     if not Path("dvc.yaml").is_file():
         raise ToolError("no dvc.yaml here: run `curio sweep` in the project's checkout")
+    # dvc, and the stages' curio, from this environment (`.venv/bin/curio sweep` without an activated venv)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     prefix = sweep_prefix(presets)
     names = {seed: experiment_name(prefix, seed) for seed in range(first, first + count)}
     try:
