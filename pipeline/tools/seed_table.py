@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,23 @@ def dvc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return res
 
 
+def exp_show(tries: int = 5, wait_s: float = 3.0) -> str:
+    """``dvc exp show --json``, tried again where it fails while the queue's worker sets up or cleans a seed's copy
+    (it reads the copies under .dvc/tmp/exps, one of which may be half made)."""
+    for attempt in range(tries):
+        res = dvc("exp", "show", "--json", check=attempt == tries - 1)
+        if res.returncode == 0:
+            return res.stdout
+        time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
 def experiments() -> dict[str, dict[str, Any]]:
     """The experiments of the checkout's commit (``dvc exp show --json``), by name: state (queued, running,
     success, failed), the experiment's commit and its queue task."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     found: dict[str, dict[str, Any]] = {}
-    for baseline in json.loads(dvc("exp", "show", "--json").stdout):
+    for baseline in json.loads(exp_show()):
         if baseline.get("rev") != head:
             continue
         for exp in baseline.get("experiments") or []:
