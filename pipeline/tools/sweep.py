@@ -92,15 +92,19 @@ def follow(names: list[str]) -> dict[str, str]:
     final states."""
     shown: set[str] = set()
     while True:
-        states = {n: e["state"] for n, e in experiments().items() if n in names}
+        found = {n: e for n, e in experiments().items() if n in names}
+        states = {n: e["state"] for n, e in found.items()}
         pending = [n for n in names if states.get(n) in ("queued", "running")]
         if not pending:
             return states
         running = [n for n in pending if states[n] == "running"]
         if running and running[0] not in shown:
-            shown.add(running[0])
-            print(f"curio sweep: {running[0]} running (`dvc queue logs {running[0]}`)", flush=True)
-            subprocess.run(["dvc", "queue", "logs", "-f", running[0]])  # returns when it ends
+            name = running[0]
+            shown.add(name)
+            # by its queue task: a name is the same on every commit a sweep ran on, and DVC's logs pick the first
+            task = str(found[name].get("task") or name)[:7]
+            print(f"curio sweep: {name} running (`dvc queue logs {task}`)", flush=True)
+            subprocess.run(["dvc", "queue", "logs", "-f", task])  # returns when it ends
             continue
         if not running:
             start_worker()  # a worker, unless one runs (it exits once the queue is empty)
