@@ -9,8 +9,10 @@ output. The command follows each seed's output until every seed has finished, th
 
 Resumable: a seed whose experiment finished is not run again; one that is queued or running is followed; one that
 failed (or was killed) is removed from the queue and queued again. Stopped (SIGINT / SIGTERM), the command kills the
-seed that is running and stops the queue's worker, so nothing keeps running; the same command then resumes. Inside
-an experiment DVC's run cache restores the stages a killed seed had finished.
+seed that is running and stops the queue's worker, so nothing keeps running; the same command then resumes. The unit
+of resume is the seed: a seed stopped midway runs again from its start (its copy of the checkout is gone, and the
+stages' outputs are ``persist``, which DVC's run cache does not keep). Seeds are experiments of the checkout's
+commit: after a new commit the same command runs a new sweep.
 
 The seeds' stages log to this checkout's MLflow store and share its LLM response cache (``MLFLOW_TRACKING_URI``,
 ``CURIO_CACHE_DIR``, unless set), with the kernels the sweep's params ask for (``reproducible``, ``threads``). Each
