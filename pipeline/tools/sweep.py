@@ -129,9 +129,13 @@ def stop_on_signal(names: list[str]) -> Iterator[None]:
     def stop(signum: int, _frame: object) -> None:
         signal.signal(signum, signal.SIG_IGN)  # one stop at a time
         dvc("queue", "stop", check=False)  # the worker takes no other seed
-        running = [n for n, e in experiments().items() if n in names and e["state"] == "running"]
-        if running:
-            dvc("queue", "kill", *running, check=False)
+        running = {n: e for n, e in experiments().items() if n in names and e["state"] == "running"}
+        if running:  # by queue task, as follow() does; then until DVC no longer calls them running
+            dvc("queue", "kill", *(str(e["task"] or n)[:7] for n, e in running.items()), check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(
+                    e["state"] == "running" for n, e in experiments().items() if n in running):
+                time.sleep(1.0)
         raise SweepStopped(signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
