@@ -399,25 +399,20 @@ def _deeper_tables(episodes: list[dict]) -> str:
 
 
 def _seed_tables(summary: dict[str, Any]) -> str:
-    """A sweep's tables (pipeline/seeds.py's ``seed_summary``): a column per seed, then mean ± s.e. over seeds, the
-    s.d. across seeds beside the mean evaluation s.e., and for a comparison how many seeds agree in sign."""
-    seeds = [f"seed {r['seed']}" for r in summary["runs"]]
+    """A sweep's tables from its ``seeds.json`` (pipeline/seeds.py's ``seed_summary``), as the text tables lay them
+    out (``table_cells``)."""
+    from pipeline.seeds import Line, table_cells
+
+    seeds = [r["seed"] for r in summary["runs"]]
     body = ""
     for title, lines, scale, paired in (
             ("held-out success, %", summary["text"]["policies"], 100, False),
             ("paired over the same tasks, points", summary["text"]["comparisons"], 100, True),
             ("NetHack mean return", summary["nethack"]["agents"], 1, False),
             ("NetHack, paired over the same games", summary["nethack"]["comparisons"], 1, True)):
-        if not lines:
-            continue
-        def num(x: Any, scale: float = scale) -> str:
-            return "—" if x is None or not math.isfinite(x) else f"{scale * x:.1f}" if scale == 100 else f"{x:.3g}"
-
-        rows = [[x["label"], *(f"{num(v)} ± {num(e)}" for v, e in zip(x["values"], x["eval_se"], strict=True)),
-                 f"{num(x['mean'])} ± {num(x['se'])}", num(x["sd"]), num(x["mean_eval_se"]),
-                 *([x["agreeing"]] if paired else [])] for x in lines]
-        body += _table([title, *seeds, "mean ± s.e. over seeds", "s.d. across seeds", "mean evaluation s.e.",
-                        *(["seeds agreeing"] if paired else [])], rows)
+        if lines:
+            body += _table(*table_cells(title, [Line(x["label"], x["values"], x["eval_se"]) for x in lines], seeds,
+                                        scale, paired))
     spent = summary["cost"]
     ledger = spent["ledger"]
     body += (f"<p class='note'>Cost: {spent['total_seconds'] / 60:.1f} min of stages in all; the LLM ledger over "

@@ -136,23 +136,30 @@ def _points(x: float, scale: float) -> str:
     return "—" if not math.isfinite(x) else f"{scale * x:.1f}" if scale == 100 else f"{x:.3g}"
 
 
+def table_cells(title: str, lines: list[Line], seeds: list[int], scale: float, paired: bool
+                ) -> tuple[list[str], list[list[str]]]:
+    """One table's header and rows: a column per seed (value ± its evaluation s.e.), then mean ± s.e. across seeds,
+    the s.d. across seeds beside the mean evaluation s.e., and for a comparison how many seeds agree in sign (the
+    text tables and the report's)."""
+    header = [title, *(f"seed {seed}" for seed in seeds), "mean ± s.e. over seeds", "s.d. across seeds",
+              "mean evaluation s.e.", *(["seeds agreeing"] if paired else [])]
+    rows = [[line.label, *(f"{_points(v, scale)} ± {_points(s, scale)}"
+                           for v, s in zip(line.values, line.eval_se, strict=True)),
+             f"{_points(line.mean, scale)} ± {_points(line.se, scale)}", _points(line.sd, scale),
+             _points(line.mean_eval_se, scale), *([line.agreeing()] if paired else [])] for line in lines]
+    return header, rows
+
+
 def table_lines(title: str, lines: list[Line], runs: list[SeedRun], scale: float, paired: bool,
                 markdown: bool) -> list[str]:
-    """One table: a column per seed (value ± its evaluation s.e.), then mean ± s.e. across seeds, the s.d. across
-    seeds beside the mean evaluation s.e., and for a comparison how many seeds agree in sign."""
+    """One table (:func:`table_cells`) as text lines, markdown or plain."""
     if not lines:
         return []
-    header = [title, *(f"seed {run.seed}" for run in runs), "mean ± s.e. over seeds", "s.d. across seeds",
-              "mean evaluation s.e.", *(["seeds agreeing"] if paired else [])]
+    header, rows = table_cells(title, lines, [run.seed for run in runs], scale, paired)
     out = [_row(header, markdown)]
     if markdown:
         out.append("|" + "---|" * len(header))
-    for line in lines:
-        cells = [f"{_points(v, scale)} ± {_points(s, scale)}" for v, s in zip(line.values, line.eval_se, strict=True)]
-        out.append(_row([line.label, *cells, f"{_points(line.mean, scale)} ± {_points(line.se, scale)}",
-                         _points(line.sd, scale), _points(line.mean_eval_se, scale),
-                         *([line.agreeing()] if paired else [])], markdown))
-    return out
+    return out + [_row(r, markdown) for r in rows]
 
 
 def _row(cells: list[str], markdown: bool) -> str:
