@@ -1,6 +1,12 @@
 """One GRPO round on the hf backend against one on vLLM's server, side by side, on the same tasks and episodes.
 
     OMP_NUM_THREADS=2 python bench/bench_grpo_backends.py --run DIR [--tasks 8] [--val-tasks 16] [--repeats 1]
+    OMP_NUM_THREADS=2 python bench/bench_grpo_backends.py --run DIR \
+        --backends hf vllm vllm:VLLM_CPU_NUM_OF_RESERVED_CPU=0
+
+A backend may name environment variables for its server after a colon (``vllm:KEY=VALUE,KEY=VALUE``): vLLM's CPU
+engine is configured by them (``VLLM_CPU_NUM_OF_RESERVED_CPU``, ``VLLM_CPU_OMP_THREADS_BIND``), and each such
+backend is a row of its own.
 
 ``DIR`` is the checkout of a finished run of ``presets/smollm2-learn.yaml`` (its params.yaml and DPO policy;
 ``make vllm`` first). In a fresh process per backend and repeat (alternating), the DPO policy plays the first
@@ -21,6 +27,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every process, /proc/stat), for what a server takes while the
+    trainer runs."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
 
 
 def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dict:
@@ -61,10 +74,12 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
                              max_format_retries=params.rollout_text.max_format_retries)
         times["play_s"] = time.perf_counter() - start
         model = get_peft_model(model, peft_config(params.train_policy.lora, model))
-        start = time.perf_counter()
+        start, cpu, busy = time.perf_counter(), time.process_time(), busy_cpu_s()
         stats = grpo.update(model, tokenizer, [{**r, "turn_rewards": []} for r in rows],
                             {g.name: g for g in games}, params, 0, exact_sampler=player.exact_sampler)
         times["update_s"] = time.perf_counter() - start
+        times["update_cpu_s"] = time.process_time() - cpu  # the trainer's own
+        times["update_other_cpu_s"] = busy_cpu_s() - busy - times["update_cpu_s"]  # the rest: an idle server's
         model = model.merge_and_unload().eval()
         tiny.save(model, tokenizer, out)
         start = time.perf_counter()
@@ -78,13 +93,21 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
             "corrected": stats.get("grpo/mismatch/corrected"), "capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def backend_spec(text: str) -> str:
+    name, _, env = text.partition(":")
+    if name not in ("hf", "vllm") or (env and (name != "vllm" or not all("=" in kv for kv in env.split(",")))):
+        raise argparse.ArgumentTypeError(f"{text!r}: hf, vllm, or vllm:KEY=VALUE[,KEY=VALUE]")
+    return text
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="checkout of a finished smollm2-learn run")
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--val-tasks", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    ap.add_argument("--backends", nargs="+", default=["hf", "vllm"], type=backend_spec,
+                    help="hf, vllm, or vllm:KEY=VALUE[,KEY=VALUE] (the server's environment)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     run = args.run.resolve()
@@ -95,23 +118,26 @@ def main() -> int:
     results: dict[str, list[dict]] = {b: [] for b in args.backends}
     for _ in range(args.repeats):
         for backend in args.backends:
-            out = subprocess.run([sys.executable, __file__, "--run", str(run), "--child", backend, "--tasks",
+            name, _, server_env = backend.partition(":")
+            env = dict(kv.split("=", 1) for kv in server_env.split(",")) if server_env else {}
+            out = subprocess.run([sys.executable, __file__, "--run", str(run), "--child", name, "--tasks",
                                   str(args.tasks), "--val-tasks", str(args.val_tasks)],
-                                 env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+                                 env={**os.environ, "TQDM_DISABLE": "1", **env}, capture_output=True, text=True)
             if out.returncode:
                 print(out.stderr[-3000:], file=sys.stderr)
                 return out.returncode
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[backend].append(r)
             print(json.dumps({"backend": backend, **r}), flush=True)
-    print("| backend | server start s | play s (episodes/s) | update s | val s (episodes/s) | gap mean / max "
-          "| corrected |\n|---|---|---|---|---|---|---|")
+    print("| backend | server start s | play s (episodes/s) | update s (its CPU s / the rest's) | val s (episodes/s) "
+          "| gap mean / max | corrected |\n|---|---|---|---|---|---|---|")
     for backend, rs in results.items():
         def med(key: str, rows: list[dict] = rs) -> float:
             return statistics.median(r[key] for r in rows)
         r = rs[0]
         print(f"| {backend} | {med('start_s'):.1f} | {med('play_s'):.1f} ({r['episodes'] / med('play_s'):.2f}) | "
-              f"{med('update_s'):.1f} | {med('val_s'):.1f} ({r['val_episodes'] / med('val_s'):.2f}) | "
+              f"{med('update_s'):.1f} ({med('update_cpu_s'):.0f} / {med('update_other_cpu_s'):.0f}) | "
+              f"{med('val_s'):.1f} ({r['val_episodes'] / med('val_s'):.2f}) | "
               f"{r['gap_mean'] or 0:.1e} / {r['gap_max'] or 0:.1e} | {r['corrected'] or 0:.3f} |")
     print(f"cores {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}, CPU kernels "
           f"{results[args.backends[0]][0]['capability']}")

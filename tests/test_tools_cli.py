@@ -329,6 +329,34 @@ def test_fresh_clone_results_give_the_headline_in_pipeline_order_and_each_stage_
     assert lines[-1] == "total 2.8 min (venv build included) vs budget 3 min: within"
 
 
+def test_soak_waits_for_and_stops_only_the_vllm_servers_its_own_project_started(tmp_path):
+    """A soak beside a user's run on vLLM: the servers it waits for (and kills when they outlive their stage) are those
+    whose working directory is its project, never the other run's."""
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.tools.soak import servers
+
+    ours, theirs = tmp_path / "soak" / "project", tmp_path / "run"
+    (ours / "data").mkdir(parents=True)
+    theirs.mkdir()
+    # a stand-in with a vLLM server's command line, started in each project (a stage's server runs where it does)
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "vllm.entrypoints.openai.api_server"]
+    procs = [subprocess.Popen(cmd, cwd=ours / "data"), subprocess.Popen(cmd, cwd=theirs)]
+    try:
+        deadline = time.monotonic() + 30  # until both have exec'd (a fork's command line is still pytest's)
+        while len(servers(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servers(ours) == [procs[0].pid]
+        assert servers(theirs) == [procs[1].pid]
+        assert servers(tmp_path / "elsewhere") == []
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def test_soak_summary_counts_interruptions_by_signal_and_stage_and_names_how_sigterms_stopped():
     import signal
 

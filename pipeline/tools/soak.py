@@ -4,7 +4,7 @@ each followed by a resume, compared with an uninterrupted run of the same budget
     curio soak                        # 100 interruptions, seed 0, the small budget (hours: the machine alone)
     curio soak -n 5 --seed 1          # a quick check
     curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
-    curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml presets/vllm-judge.yaml)  # the text track on vLLM
+    curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml presets/vllm-judge.yaml)  # all on vLLM
     curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2.yaml presets/vllm.yaml) \
         -S rl_text.algorithm=grpo -S rl_text.lora=true -S rl_text.rounds=3   # GRPO on vLLM's server, interrupted
     curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
@@ -174,14 +174,18 @@ class Repro:
         return found
 
 
-def servers(wait_s: float = 0.0) -> list[int]:
-    """Pids of the vLLM servers still running after up to ``wait_s`` (a stage with ``backend: vllm`` starts one)."""
+def servers(root: Path, wait_s: float = 0.0) -> list[int]:
+    """Pids of the vLLM servers of the project at ``root`` (started there: their working directory is in it) still
+    running after up to ``wait_s`` (a stage with ``backend: vllm`` starts one). Another project's servers, a user's
+    run beside the soak, are not the soak's to wait for or to kill."""
     deadline = time.monotonic() + wait_s
+    root = root.resolve()
     while True:
         found = []
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
-                if entry.name.isdigit() and b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes():
+                if (entry.name.isdigit() and b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes()
+                        and (entry / "cwd").resolve().is_relative_to(root)):
                     found.append(int(entry.name))
         if not found or time.monotonic() > deadline:
             return found
@@ -399,7 +403,7 @@ class Soak:
                 os.killpg(run.proc.pid, signal.SIGKILL)
         while run.next_line(5) is not None:  # the rest of the output (the stop's line)
             pass
-        left = servers(60.0)  # a vLLM server runs in a group of its own: its supervisor must stop it too
+        left = servers(self.root, 60.0)  # a vLLM server runs in a group of its own: its supervisor must stop it too
         if left:
             self.problems.append(f"{fired.signal.name} {fired.stage}: vLLM server(s) still running 60 s later: "
                                  f"{left}")
