@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pipeline.core.artifacts import chunk_seed, dataset_hash, dir_hash, read_rows
 from pipeline.core.config import ConfigError
+from pipeline.core.errors import CurioError
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
@@ -160,7 +161,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         judge_metrics = build_multiturn(params, rows, out / "preferences", upstream, h, stats)
         pairs = read_rows(out / "preferences")
         if not pairs:
-            raise RuntimeError("pairs-text: no state gave two candidates with different rewards; raise "
+            raise CurioError("pairs-text: no state gave two candidates with different rewards; raise "
                                "pairs_text.states_per_task / num_candidates or rollout_text.temperature")
         metrics: dict[str, float | int | str] = {
             "tasks": tasks,
@@ -175,8 +176,8 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         }
     else:
         if not pairs:
-            raise RuntimeError("pairs-text: no task has both a chosen and a rejected trajectory; "
-                               "raise rollout_text.trajectories_per_task or the temperature")
+            raise CurioError("pairs-text: no task has both a chosen and a rejected trajectory; "
+                             "raise rollout_text.trajectories_per_task or the temperature")
         run_chunked(out / "preferences", num_chunks=1, make_chunk=lambda _: pairs, params_hash=h,
                     upstream=upstream, desc="pairs")
         metrics = {

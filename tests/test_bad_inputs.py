@@ -216,6 +216,23 @@ def test_openai_backend_without_base_url_never_reaches_a_default_endpoint():
 
 
 # -- the error boundary --------------------------------------------------------------------------------------
+def test_rollouts_that_give_no_pair_are_one_line_exit_2_and_nothing_written(project):
+    """Every game lost, twice a task: no task has a chosen and a rejected game. That is the budget's doing (too few
+    games a task, a too-hard tier), not a bug: one line naming what to raise."""
+    shutil.rmtree(project / "data")
+    lost = [{**row, "task_id": f"t{i // 2}", "secret": json.dumps(f"object{i // 2}"), "sample": i % 2,
+             "success": False, "invalid": False, "turns": 1, "final_action": "Is it a kettle?"}
+            for i, row in enumerate(rollout_rows(8))]
+    write_dataset(project / "data" / "rollout_text", lost)
+    assert run(["stage", "annotate-text"]).exit_code == 0
+    result = run(["stage", "pairs-text"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "curio: pairs-text: no task has both a chosen and a rejected trajectory; raise "
+        "rollout_text.trajectories_per_task or the temperature"]
+    assert not (project / "data" / "pairs_text" / "preferences").exists()
+
+
 def test_a_bug_is_a_traceback_with_a_hint_and_exit_1(project, monkeypatch):
     import stages.annotate_text
 
