@@ -4,6 +4,7 @@
 hand-made inputs; bad input is one `curio: ...` line and exit 2, before anything is played or trained."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,35 @@ def test_soak_waits_for_and_stops_only_the_vllm_servers_its_own_project_started(
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_stopped_soak_stops_the_run_it_started_and_leaves_no_process(tmp_path):
+    """`curio soak` runs each `dvc repro` in a process group of its own (its interruptions go to that group), which a
+    SIGTERM to the soak does not reach: the soak stops it itself before it exits 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "soak.py"
+    script.write_text(
+        "import sys, time\nfrom pathlib import Path\nfrom pipeline.tools.soak import Repro, stop_on_signals\n"
+        "stop_on_signals(5.0)\n"
+        f"run = Repro(Path({str(tmp_path)!r}), sys.stderr, command=('sh', '-c', 'sleep 60 & sleep 60'))\n"
+        "print(run.proc.pid, flush=True)\ntime.sleep(60)\n")
+    soak = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    group = int(soak.stdout.readline())
+    soak.send_signal(signal.SIGTERM)
+    assert soak.wait(30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the soak's run outlived it")
 
 
 def test_soak_summary_counts_interruptions_by_signal_and_stage_and_names_how_sigterms_stopped():

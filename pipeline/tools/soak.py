@@ -5,14 +5,15 @@ each followed by a resume, compared with an uninterrupted run of the same budget
     curio soak -n 5 --seed 1          # a quick check
     curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
     curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml presets/vllm-judge.yaml)  # all on vLLM
-    curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2.yaml presets/vllm.yaml) \
-        -S rl_text.algorithm=grpo -S rl_text.lora=true -S rl_text.rounds=3   # GRPO on vLLM's server, interrupted
+    curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2-learn.yaml presets/vllm.yaml) \
+        -S games.max_train_tasks=6 -S rl_text.rounds=2 -S rl_text.tasks_per_round=3   # GRPO on vLLM, interrupted
     curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
 interruptions. A second fresh copy, in the same place (paths written into outputs agree), runs `dvc repro` again and
-again: each interruption is planned on a stage (the stages in turn, so all of them get some), at a random moment of
+again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a short stage; a SIGTERM or
+Ctrl-C to the soak stops the run it started, and no process outlives it): each interruption is planned on a stage (the stages in turn, so all of them get some), at a random moment of
 what that stage has left after it (re)starts (its uninterrupted wall time less the time it ran before its earlier
 interruptions, half of it at least), with SIGKILL or SIGTERM (seeded); it goes to the whole process group, as a
 supervisor, Prefect or the OOM killer sends it: DVC, the stage and every process they started. After each one the
@@ -132,13 +133,46 @@ NOT_IN_COPY = re.compile(r"^curio: the warm start (declined|was still loading|di
 REPAIRED = re.compile(r"^curio: (.*dvc\.lock was unreadable.*)")  # make run's repair, at its start
 
 
+#: The runs started and not yet waited for (:class:`Repro`): what a stopped soak stops with it.
+RUNS: list[subprocess.Popen] = []
+
+
+def stop_runs(grace_s: float) -> None:
+    """Stop every run the soak started, as a supervisor stops a job: SIGTERM to each run's process group (DVC, the
+    stage and what it started), SIGKILL to what is left after ``grace_s``. A stage's vLLM server, in a group of its
+    own, is stopped by its supervisor once the stage is gone."""
+    for proc in RUNS:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in RUNS:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group's stragglers, the leader ended or not
+        proc.wait()
+
+
+def stop_on_signals(grace_s: float) -> None:
+    """A soak that gets SIGTERM, SIGINT or SIGHUP stops the run it started before it exits (128 + the signal): its
+    runs are in process groups of their own, which a signal to the soak's group does not reach."""
+    def handler(signum: int, _frame) -> None:
+        stop_runs(grace_s)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 class Repro:
     """One `dvc repro` (or ``command``: `make run`'s) in its own process group; its output lines (all the group's) as
     they come."""
 
     def __init__(self, root: Path, log, *args: str, command: tuple[str, ...] = DVC_REPRO) -> None:
+        RUNS[:] = [proc for proc in RUNS if proc.poll() is None]
         self.proc = subprocess.Popen([*command, *args], cwd=root, env=environment(root), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        RUNS.append(self.proc)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.log = log
         self.output: list[str] = []
@@ -511,6 +545,7 @@ def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, o
         if o.startswith("runner.grace_s="):
             grace_s = float(o.split("=", 1)[1])
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    stop_on_signals(grace_s + 10)
     base = keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
     base.mkdir(parents=True, exist_ok=True)
     command = (*(MAKE_RUN if make_run else DVC_REPRO), *((target,) if target else ()))
