@@ -13,19 +13,20 @@ Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the bu
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
 interruptions. A second fresh copy, in the same place (paths written into outputs agree), runs `dvc repro` again and
 again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a short stage; a SIGTERM or
-Ctrl-C to the soak stops the run it started, and no process outlives it): each interruption is planned on a stage (the stages in turn, so all of them get some), at a random moment of
-what that stage has left after it (re)starts (its uninterrupted wall time less the time it ran before its earlier
-interruptions, half of it at least), with SIGKILL or SIGTERM (seeded); it goes to the whole process group, as a
-supervisor, Prefect or the OOM killer sends it: DVC, the stage and every process they started. After each one the
-soak waits for every process of the group to end (this process is their subreaper), checks a SIGTERMed stage exited
-143 within ``runner.grace_s`` with its one line, and reruns `dvc repro`. An interruption whose stage finishes first
-moves on to the next stage; those left when the DAG completes go to its last stage, run again (`dvc repro --force
---single-item`) until each is sent, then resumed by a plain `dvc repro`. At the end it prints the interruptions by
-signal and stage, the rows of every dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's
-outs (dvc.lock's hashes, then the files that differ) and metrics (`curio compare runs`' comparison, leaving out
-wall-clock keys and where a trainer resumed from), and the wall time against the uninterrupted run's. A stage with
-``backend: vllm`` runs its server in a process group of its own, under a supervisor that stops it when the stage
-dies: after each interruption the soak also waits for every vLLM server to end (60 s at most, else a problem).
+Ctrl-C to the soak stops the run it started, and no process outlives it): each interruption is planned on a stage
+(the stages in turn, so all of them get some), at a random moment of what that stage has left after it (re)starts
+(its uninterrupted wall time less the time it ran before its earlier interruptions, half of it at least), with
+SIGKILL or SIGTERM (seeded); it goes to the whole process group, as a supervisor, Prefect or the OOM killer sends
+it: DVC, the stage and every process they started. After each one the soak waits for every process of the group to
+end (this process is their subreaper), checks a SIGTERMed stage exited 143 within ``runner.grace_s`` with its one
+line, and reruns `dvc repro`. An interruption whose stage finishes first moves on to the next stage; those left when
+the DAG completes go to its last stage, run again (`dvc repro --force --single-item`) until each is sent, then
+resumed by a plain `dvc repro`. At the end it prints the interruptions by signal and stage, the rows of every
+dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's outs (dvc.lock's hashes, then the
+files that differ) and metrics (`curio compare runs`' comparison, leaving out wall-clock keys and where a trainer
+resumed from), and the wall time against the uninterrupted run's. A stage with ``backend: vllm`` runs its server in
+a process group of its own, under a supervisor that stops it when the stage dies: after each interruption the soak
+also waits for every vLLM server to end (60 s at most, else a problem).
 
 sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
 valid continuation, not the same bits; the soak says so beside those stages.
