@@ -15,6 +15,8 @@ process per side and repeat (alternating), each side times:
   (``pipeline.rl_text.grpo.val_success``): seconds per episode;
 - **evaluate-text**: the DPO policy on ``--eval-tasks`` held-out tasks × ``evaluate_text.trajectories_per_task``,
   as evaluate-text plays each policy (its ``evaluate_policy``, the policy loaded as it loads it): seconds per episode.
+  The preset's full val pass and evaluation (``--val-tasks 116 --eval-tasks 129``) keep more conversations in play
+  than smaller ones, so they also time the KV cache under its budget (``policy.kv_cache_gib``).
 
 Prints each side's medians and before ÷ after.
 """
@@ -101,6 +103,7 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     eval_s = time.perf_counter() - start
     return {"update_s": update_s, "replies": stats["grpo/replies"], "val_s": val_s, "val_episodes": episodes,
             "val_success": success, "eval_s": eval_s, "eval_episodes": len(rows),
+            "eval_success": sum(r["success"] for r in rows) / max(1, len(rows)),
             "capability": torch.backends.cpu.get_cpu_capability(), "gap_mean": stats.get("grpo/mismatch/gap_mean")}
 
 
@@ -173,7 +176,8 @@ def main() -> int:
                     results[name].append(r)
                     print(f"{name:<6} update {r['update_s']:.1f} s ({r['replies']} replies), val "
                           f"{r['val_s']:.1f} s ({r['val_episodes']} episodes, success {r['val_success']:.3f}), "
-                          f"evaluate-text {r['eval_s']:.1f} s ({r['eval_episodes']} episodes), {r['capability']}",
+                          f"evaluate-text {r['eval_s']:.1f} s ({r['eval_episodes']} episodes, success "
+                          f"{r['eval_success']:.3f}), {r['capability']}",
                           flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False)

@@ -264,3 +264,38 @@ def test_bfloat16_plays_a_model_it_loads_itself_as_it_plays_a_copy_of_a_given_on
     mine, theirs = dict(loaded.lm.named_parameters()), dict(given.lm.named_parameters())
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert mine["lm_head.weight"].dtype == torch.float32 and mine["transformer.wte.weight"].dtype == torch.bfloat16
+
+
+def test_a_budget_smaller_than_the_episodes_in_play_still_reuses_what_it_holds():
+    """Play steps every episode each turn, in batches. With room for 2 of 4 conversations, least-recently-used
+    eviction would drop each one before its next turn (batch 1 stores and evicts batch 2's entries, batch 2 then
+    evicts batch 1's: no reuse, ever). The cache instead keeps the entries it holds and refuses new ones while
+    every kept entry is in use, so each turn reuses 2 of 4; a finished episode's entry makes room."""
+    from pipeline.llm.kv_cache import ConversationKV, Entry
+
+    kv = ConversationKV(max_bytes=250)  # 2 entries of 100 bytes
+    convs = [[{"role": "system", "content": "play"}, {"role": "user", "content": f"game {i}"}] for i in range(4)]
+
+    def turn(convs):
+        kv.settle(convs)
+        hits = []
+        for batch in (convs[:2], convs[2:]):  # batch_size 2, as HFBackend.generate runs them
+            found = [kv.lookup(c, [1, 2, 3, 4]) for c in batch]
+            hits += [n for n, _ in found]
+            for c, (_, old) in zip(batch, found, strict=True):
+                kv.store(c, "reply", Entry([1, 2, 3], [], 100), replaces=old)
+        return hits, [[*c, {"role": "assistant", "content": "reply"}, {"role": "user", "content": "no"}]
+                      for c in convs]
+
+    hits, convs = turn(convs)
+    assert hits == [0, 0, 0, 0] and kv.refused == 2 and kv.nbytes == 200
+    for _ in range(3):
+        hits, convs = turn(convs)
+        assert hits == [3, 3, 0, 0]  # the first two conversations' 3 kept tokens, every turn
+    assert kv.nbytes == 200
+    # Episodes 0 and 1 finish: their entries are no longer in use, and the others' new entries take their place.
+    hits, _ = turn(convs[2:])
+    assert hits == [0, 0] and kv.nbytes == 200 and len(kv) == 4  # two entries, each under its two lookup keys
+    hits, _ = turn([[*c, {"role": "assistant", "content": "reply"}, {"role": "user", "content": "no"}]
+                    for c in convs[2:]])
+    assert hits == [3, 3]

@@ -78,9 +78,13 @@ class ConversationKV:
     own conversation minus the last message, and so does a re-sampled turn (a format retry). Reuse stops at the
     first token where the kept tokens and the new prompt's tokens differ (a re-tokenized reply, a truncated
     context), so what is reused is always exactly what a full re-encode would compute, up to floating point.
-    Least recently used conversations are dropped beyond ``max_bytes``, which counts each entry's own positions:
-    a turn's entries stay in that batch's cache until the next call, which reads the ones it reuses from there and
-    copies the others out (``settle``), so the last call's batch caches stay referenced in between.
+    Beyond ``max_bytes`` (which counts each entry's own positions) the least recently used entry that the current
+    call will not read is dropped (a finished episode's, another set's). When every kept entry is one the current
+    call reads or has just written for the next, a new entry is not kept instead: play steps all its episodes in
+    turn, so evicting the least recent would drop each conversation before its next turn (no reuse at all), while
+    keeping the older entries reuses ``max_bytes``' worth every turn. A turn's entries stay in that batch's cache
+    until the next call, which reads the ones it reuses from there and copies the others out (``settle``), so the
+    last call's batch caches stay referenced in between.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -88,6 +92,8 @@ class ConversationKV:
         self.nbytes = 0
         self._keys: OrderedDict[tuple, Entry] = OrderedDict()
         self._in_batch: dict[int, Entry] = {}  # entries still held in a batch's cache (``Entry.source``)
+        self._busy: set[int] = set()  # entries the current call reads, or has written for the next (never evicted)
+        self.refused = 0  # entries not kept: the budget was full of entries in use
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -116,20 +122,32 @@ class ConversationKV:
         if replaces is not None:
             for key in list(replaces.keys):
                 self._drop(key)
-        if entry.nbytes > self.max_bytes:
-            return
-        if entry.source is not None:
-            self._in_batch[id(entry)] = entry
-        self.nbytes += entry.nbytes
         keys = [_conversation_key([*conversation, {"role": "assistant", "content": reply}])]
         if len(conversation) > 2:  # past the opening messages, which other conversations may share
             keys.append(_conversation_key(conversation[:-1]))
         for key in keys:
             self._drop(key)
+        if not self._make_room(entry.nbytes):
+            self.refused += 1
+            return
+        if entry.source is not None:
+            self._in_batch[id(entry)] = entry
+        self.nbytes += entry.nbytes
+        self._busy.add(id(entry))
+        for key in keys:
             self._keys[key] = entry
             entry.keys.append(key)
-        while self.nbytes > self.max_bytes:
-            self._drop(next(iter(self._keys)))
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop least recently used entries not in use until ``nbytes`` more fit; False if they cannot."""
+        if nbytes > self.max_bytes:
+            return False
+        while self.nbytes + nbytes > self.max_bytes:
+            idle = next((k for k, e in self._keys.items() if id(e) not in self._busy), None)
+            if idle is None:
+                return False
+            self._drop(idle)
+        return True
 
     def _drop(self, key: tuple) -> None:
         entry = self._keys.pop(key, None)
@@ -138,13 +156,16 @@ class ConversationKV:
             if not entry.keys:
                 self.nbytes -= entry.nbytes
                 self._in_batch.pop(id(entry), None)
+                self._busy.discard(id(entry))
 
     def settle(self, conversations: list[Conversation]) -> None:
-        """Before a call generating for ``conversations``: copy out the entries still held in a batch's cache that
+        """Before a call generating for ``conversations``: mark the entries it reads as in use (not evicted while it
+        runs), and copy out the entries still held in a batch's cache that
         none of them looks up, so no batch cache stays referenced past the call after the one that made it."""
+        wanted = {id(self._keys.get(_conversation_key(c[:-1]))) for c in conversations if len(c) >= 2}
+        self._busy = wanted & {id(e) for e in self._keys.values()}
         if not self._in_batch:
             return
-        wanted = {id(self._keys.get(_conversation_key(c[:-1]))) for c in conversations if len(c) >= 2}
         for key, entry in list(self._in_batch.items()):
             if key not in wanted:
                 entry.materialize()

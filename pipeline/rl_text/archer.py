@@ -416,7 +416,8 @@ def start_loop(params: Params, actor: bool, acting: Callable[[HFBackend, DoubleC
     loop.rewarder = make_turn_rewards(params, params_key(params))
     load_models(loop)
     loop.backend = HFBackend(loop.init, batch_size=params.rollout_text.batch_size, model_obj=loop.policy,
-                             tokenizer=loop.tokenizer, device=device, drop_finished=params.policy.drop_finished)
+                             tokenizer=loop.tokenizer, device=device, drop_finished=params.policy.drop_finished,
+                             kv_cache_bytes=int(params.policy.kv_cache_gib * 2**30))
     # plays and samples a_π with the unwrapped models
     loop.player = acting(loop.backend, loop.critic) if acting else loop.backend
     loop.trained_critic, loop.trained_policy = loop.critic, loop.policy

@@ -61,7 +61,7 @@ class PolicyPlayer:
 
             return HFBackend(weights, batch_size=self.params.rollout_text.batch_size, model_obj=model,
                              tokenizer=tokenizer, drop_finished=policy.drop_finished, dtype=policy.dtype,
-                             cpu_linear=policy.cpu_linear)
+                             cpu_linear=policy.cpu_linear, kv_cache_bytes=int(policy.kv_cache_gib * 2**30))
         if policy.backend != "vllm":
             raise ConfigError(f"params: policy.backend: {policy.backend}: online RL trains the policy's weights, and "
                               "this backend has none Curio can update: set policy.backend to hf or vllm")

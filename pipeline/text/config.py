@@ -63,6 +63,12 @@ class PolicyConfig(Section):
         "log-probs and ArCHer (which plays the weights it trains) stay float32 on a CPU. bfloat16 plays faster "
         "on a CPU with AVX-512 bf16 (eager attention there), but its replies are not float32's distribution: "
         "speed, replies and held-out results in docs/real-models.md (bench/bench_real_speed.py --dtype)")
+    kv_cache_gib: float = Field(
+        4.0, ge=0.0, description="hf backend: GiB of keys / values kept across each conversation's turns, so a "
+        "turn runs only its new tokens (0 = off, every turn re-encodes its whole conversation). Play steps all its "
+        "episodes turn by turn: what does not fit is encoded again each turn (SmolLM2-135M keeps 45 KiB a token in "
+        "float32, so the SmolLM2 preset's 516 held-out episodes need about 2.5 GiB: docs/speed.md). The same replies "
+        "up to float rounding")
     cpu_linear: Literal["torch", "onednn"] = Field(
         "torch", description="hf backend on a CPU: the GEMM of the float32 linear layers when the policy plays. "
         "torch = torch's default (MKL on x86); onednn = oneDNN with the weights reordered once per weights "

@@ -74,7 +74,7 @@ def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int 
         backend = HFBackend(path, device=params.policy.device,
                             batch_size=batch_size or params.rollout_text.batch_size,
                             drop_finished=params.policy.drop_finished, dtype=params.policy.dtype,
-                            cpu_linear=params.policy.cpu_linear)
+                            cpu_linear=params.policy.cpu_linear, kv_cache_bytes=int(params.policy.kv_cache_gib * 2**30))
         from pipeline.text.critic import is_chai_model, load_reranked  # torch, as above
 
         return load_reranked(backend, path, params.policy.device) if is_chai_model(path) else backend
