@@ -111,7 +111,7 @@ class HFBackend(ChatBackend):
 
     ``kv_cache_bytes`` > 0 keeps each conversation's KV cache across its turns (``ConversationKV``), so a
     multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
-    the whole conversation every turn. Prompt tokens processed and reused are counted in ``prompt_tokens`` /
+    the whole conversation every turn (default 4 GiB: ``policy.kv_cache_gib``). Prompt tokens processed and reused are counted in ``prompt_tokens`` /
     ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
     Kept caches hold the weights' keys / values of the moment: a backend whose model is trained in place (ArCHer)
     drops them when any parameter has changed since (torch's in-place version counters).
@@ -132,7 +132,7 @@ class HFBackend(ChatBackend):
     name = "hf"
 
     def __init__(self, model: str | Path, device: str = "cpu", batch_size: int = 64, model_obj=None,
-                 tokenizer=None, kv_cache_bytes: int = 1 << 30, drop_finished: float = 0.0,
+                 tokenizer=None, kv_cache_bytes: int = 4 << 30, drop_finished: float = 0.0,
                  dtype: str | None = None, cpu_linear: str = "torch") -> None:
         super().__init__(str(model))
         weights = getattr(torch, dtype) if dtype else None
