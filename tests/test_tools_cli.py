@@ -425,6 +425,37 @@ def test_soak_plans_its_interruptions_on_the_stages_asked_for():
         plan(durations, 5, random.Random(0), 0.5, ["nope"])
 
 
+
+def test_a_soak_of_some_stages_reruns_them_from_the_uninterrupted_runs_inputs(tmp_path):
+    """`curio soak --stages B`: the interrupted project is the uninterrupted one less the outputs of B and of the
+    stages after it (what a vLLM-sampled upstream would not repeat); a forced rerun names its stage once (dvc repro
+    takes one run of targets: `dvc repro B --force --single-item B` is an argparse error)."""
+    from pipeline.tools.soak import forced_command, persistent_outs, reuse_upstream
+
+    straight = tmp_path / "uninterrupted"
+    stages = {
+        "a": {"cmd": "curio stage a", "outs": [{"data/a": {"persist": True}}], "metrics": ["metrics/a.json"]},
+        "b": {"cmd": "curio stage b", "deps": ["data/a"], "outs": [{"data/b": {"persist": True}}, "data/b2"],
+              "metrics": ["metrics/b.json"]},
+        "c": {"cmd": "curio stage c", "deps": ["data/b"], "outs": ["data/c"]},
+        "d": {"cmd": "curio stage d", "deps": ["data/a"], "outs": ["data/d"]},
+    }
+    (straight / "metrics").mkdir(parents=True)
+    (straight / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    for out in ("data/a", "data/b", "data/b2", "data/c", "data/d"):
+        (straight / out).mkdir(parents=True)
+        (straight / out / "part-0.parquet").write_text(out)
+    for m in ("a", "b"):
+        (straight / "metrics" / f"{m}.json").write_text("{}")
+    soaked = reuse_upstream(straight, tmp_path / "run", ["b"])
+    kept = sorted(str(p.relative_to(soaked)) for p in soaked.rglob("*") if p.is_file())
+    assert kept == ["data/a/part-0.parquet", "data/d/part-0.parquet", "dvc.yaml", "metrics/a.json"]
+    assert (straight / "data/b/part-0.parquet").exists()  # the uninterrupted run is left as it was
+    assert persistent_outs(straight / "dvc.yaml", "b") == ["data/b"]
+    assert forced_command(("dvc", "repro", "b"), stages, "b") == ("dvc", "repro", "--force", "--single-item", "b")
+    assert forced_command(("python", "-m", "pipeline.run_dvc"), stages, "c") == (
+        "python", "-m", "pipeline.run_dvc", "--force", "--single-item", "c")
+
 def test_profile_of_an_unknown_stage_is_one_line_exit_2():
     res = run(["profile", "rollout-txt"])
     line = assert_one_line(res, "unknown stage 'rollout-txt'")

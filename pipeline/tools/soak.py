@@ -12,8 +12,9 @@ each followed by a resume, compared with an uninterrupted run of the same budget
 
 Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the budget's values, pipeline/, stages/;
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
-interruptions. A second fresh copy, in the same place (paths written into outputs agree), runs `dvc repro` again and
-again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a short stage; a SIGTERM or
+interruptions. A second fresh copy (with ``--stages``: a copy of the first without the outputs of those stages and
+the ones after them, so they run from the same inputs), in the same place (paths written into outputs agree), runs
+`dvc repro` again and again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a short stage; a SIGTERM or
 Ctrl-C to the soak stops the run it started, and no process outlives it): each interruption is planned on a stage
 (the stages in turn, so all of them get some), at a random moment of what that stage has left after it (re)starts
 (its uninterrupted wall time less the time it ran before its earlier interruptions, half of it at least), with
@@ -21,7 +22,8 @@ SIGKILL or SIGTERM (seeded); it goes to the whole process group, as a supervisor
 it: DVC, the stage and every process they started. After each one the soak waits for every process of the group to
 end (this process is their subreaper), checks a SIGTERMed stage exited 143 within ``runner.grace_s`` with its one
 line, and reruns `dvc repro`. An interruption whose stage finishes first moves on to the next stage; those left when
-the DAG completes go to its last stage, run again (`dvc repro --force --single-item`) until each is sent, then
+the DAG completes go to its last stage, run again from scratch (its resumable outs removed, then `dvc repro --force
+--single-item`) until each is sent, then
 resumed by a plain `dvc repro`. At the end it prints the interruptions by signal and stage, the rows of every
 dataset against the uninterrupted run's (rows lost: the goal is 0), each stage's outs (dvc.lock's hashes, then the
 files that differ) and metrics (`curio compare runs`' comparison, leaving out wall-clock keys and where a trainer
@@ -303,6 +305,41 @@ def window(duration: float, spent: float) -> float:
     return max(duration - spent, duration / 2)
 
 
+def reuse_upstream(straight: Path, root: Path, stages: list[str]) -> Path:
+    """The interrupted project for ``--stages``: a copy of the uninterrupted one without the outputs of those stages
+    and of every stage after them, so only they (and what reads them) run again, from the same inputs. Stages the
+    soak never interrupts would only repeat (or, sampled on a vLLM server, which does not repeat its draws, not
+    repeat) the uninterrupted run."""
+    from pipeline.core.dag import stage_parents
+
+    parents = stage_parents(straight / "dvc.yaml")
+    rerun = set(stages)
+    for name in parents:  # dvc.yaml lists stages in DAG order: a stage after a rerun one reruns too
+        if parents[name] & rerun:
+            rerun.add(name)
+    shutil.copytree(straight, root, symlinks=True)
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for name in rerun & set(spec):
+        for o in spec[name].get("outs", []) + spec[name].get("metrics", []) + spec[name].get("plots", []):
+            out = root / (next(iter(o)) if isinstance(o, dict) else o)
+            shutil.rmtree(out, ignore_errors=True)
+            out.unlink(missing_ok=True)
+    return root
+
+
+def forced_command(command: tuple[str, ...], stages, last: str) -> tuple[str, ...]:
+    """``command`` run again for ``last`` alone: `dvc repro` takes its targets in one run, before its options, so
+    the soak's own target (a name in ``stages``) is dropped rather than repeated."""
+    return (*(c for c in command if c not in stages), "--force", "--single-item", last)
+
+
+def persistent_outs(dvc_yaml: Path, stage: str) -> list[str]:
+    """The ``persist: true`` outs of a stage (what DVC keeps across a rerun, so that the stage resumes)."""
+    spec = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
+    return [path for o in spec.get("outs", []) if isinstance(o, dict)
+            for path, opts in o.items() if (opts or {}).get("persist")]
+
+
 @dataclass
 class Soak:
     """`dvc repro` (or ``command``) until it completes, interrupted as planned (:meth:`run`)."""
@@ -335,8 +372,15 @@ class Soak:
         ``MAKE_RUN`` its line is read instead), and noted in ``repairs``."""
         t0 = time.monotonic()
         while True:
-            run = Repro(self.root, self.log, *(("--force", "--single-item", self.last) if self.force else ()),
-                        command=self.command)
+            command = self.command
+            if self.force:
+                # dvc repro takes its targets in one run: the forced run names the last stage only (the soak's
+                # --target dropped), which starts again from scratch, its resumable outs removed
+                command = forced_command(self.command, self.cmds, self.last)
+                for out in persistent_outs(self.root / "dvc.yaml", self.last):
+                    shutil.rmtree(self.root / out, ignore_errors=True)
+                    (self.root / out).unlink(missing_ok=True)
+            run = Repro(self.root, self.log, command=command)
             self.force = False
             fired, stages, started = self.watch(run)
             if fired is None:  # the run ended by itself
@@ -560,7 +604,7 @@ def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, o
             print("uninterrupted run:", flush=True)
             durations, straight_s = uninterrupted(project(base / "run", overrides), log, command)
         straight = (base / "run").rename(base / "uninterrupted")
-        soaked = project(base / "run", overrides)
+        soaked = project(base / "run", overrides) if not stages else reuse_upstream(straight, base / "run", stages)
         print(f"uninterrupted run: {straight_s:.0f} s; " + ", ".join(f"{s} {d:.0f} s" for s, d in durations.items()),
               flush=True)
         planned = plan(durations, interruptions, rng, kill_share, stages)
