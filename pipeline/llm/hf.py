@@ -111,7 +111,8 @@ class HFBackend(ChatBackend):
 
     ``kv_cache_bytes`` > 0 keeps each conversation's KV cache across its turns (``ConversationKV``), so a
     multi-turn game processes every token of its conversation about once instead of once per turn; 0 re-encodes
-    the whole conversation every turn (default 4 GiB: ``policy.kv_cache_gib``). Prompt tokens processed and reused are counted in ``prompt_tokens`` /
+    the whole conversation every turn (default 4 GiB: ``policy.kv_cache_gib``). Prompt tokens processed and reused
+    are counted in ``prompt_tokens`` /
     ``cached_tokens`` (and per generation in ``meta["cached_tokens"]``), generated ones in ``generated_tokens``.
     Kept caches hold the weights' keys / values of the moment: a backend whose model is trained in place (ArCHer)
     drops them when any parameter has changed since (torch's in-place version counters).

@@ -14,7 +14,8 @@ Makes a fresh copy of this checkout's project (dvc.yaml, params.yaml with the bu
 `git init`, `dvc init`) in a temp dir and runs `dvc repro` once, uninterrupted: its stages' wall times place the
 interruptions. A second fresh copy (with ``--stages``: a copy of the first without the outputs of those stages and
 the ones after them, so they run from the same inputs), in the same place (paths written into outputs agree), runs
-`dvc repro` again and again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a short stage; a SIGTERM or
+`dvc repro` again and again (a soak lasts about N x (half the interrupted stage's wall time + a restart): soak a
+short stage; a SIGTERM or
 Ctrl-C to the soak stops the run it started, and no process outlives it): each interruption is planned on a stage
 (the stages in turn, so all of them get some), at a random moment of what that stage has left after it (re)starts
 (its uninterrupted wall time less the time it ran before its earlier interruptions, half of it at least), with
