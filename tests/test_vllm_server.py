@@ -1,6 +1,7 @@
 """backend: vllm's server lifecycle, against a stand-in server (tests/fake_vllm: vLLM's module path and arguments,
 standard library only): start and health check, attach, a failed start (exit 2 with the log's tail), a port
-taken, no per-request seed on a CPU, prompt_logprobs sums, and no server left after the stage is SIGKILLed.
+taken, no per-request seed on a CPU, prompt_logprobs sums, and no server left after the stage is SIGKILLed, nor
+seconds after a stop that comes while the server is still starting.
 The same paths against the real vLLM server: tests/test_vllm_real.py (slow tier, `make vllm`)."""
 
 from __future__ import annotations
@@ -210,6 +211,46 @@ def test_sigkilled_stage_leaves_no_server(fake_vllm, tmp_path, whole_group):
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not alive(pid)
+    finally:
+        stage.kill()
+        for left in pids(fake_vllm):
+            if alive(left):
+                os.kill(left, signal.SIGKILL)
+
+
+def test_a_stage_stopped_while_its_server_starts_ends_at_once_with_no_server_left(fake_vllm, tmp_path,
+                                                                                    monkeypatch):
+    """vLLM loading its model ignores SIGTERM (~20 s on a CPU). A stage SIGTERMed then does not wait out the
+    supervisor's grace period (20 s): a server that never answered is killed at once."""
+    monkeypatch.setenv("FAKE_VLLM_SLOW_START", "60")
+    script = tmp_path / "stage.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from pipeline.core import interrupt
+        from pipeline.llm.vllm import VLLMBackend
+        try:
+            with interrupt.stopping("rl-text"):
+                VLLMBackend({str(tmp_path / "model")!r})
+        except interrupt.Stopped:
+            sys.exit(143)
+    """))
+    stage = subprocess.Popen([sys.executable, str(script)], env=os.environ)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids(fake_vllm) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (pid,) = pids(fake_vllm)
+        time.sleep(0.5)  # the stage is polling /v1/models
+        started = time.monotonic()
+        stage.send_signal(signal.SIGTERM)
+        assert stage.wait(30) == 143
+        took = time.monotonic() - started
+        deadline = time.monotonic() + 5
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid)
+        assert took < 10, f"the stop took {took:.1f} s: the supervisor waited out its grace period"
     finally:
         stage.kill()
         for left in pids(fake_vllm):

@@ -151,6 +151,7 @@ class VLLMServer:
         self.dtype = server_dtype(dtype, device)
         self.python = server_python()
         self.proc: subprocess.Popen | None = None
+        self.serving = False  # it answered /v1/models: a stop lets it finish; before that, it is killed at once
         self.log_dir = Path(log_dir or os.environ.get("CURIO_LOG_DIR") or Path.cwd() / ".cache" / "curio" / "logs")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = server_env(os.environ, device, weight_updates)
@@ -172,6 +173,7 @@ class VLLMServer:
                      self.log_path)
             try:
                 self._wait_healthy(start_timeout_s)
+                self.serving = True
                 return
             except interrupt.Stopped:
                 self.close()
@@ -226,12 +228,16 @@ class VLLMServer:
                                   f"({route}: {e}); rerun the stage: it resumes where it stopped") from None
 
     def close(self) -> None:
-        """Stop the server (the supervisor stops its whole process group); idempotent."""
+        """Stop the server (the supervisor stops its whole process group); idempotent. A server that never answered
+        is killed at once (a second SIGTERM to the supervisor): vLLM loading its model ignores SIGTERM for ~20 s."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+            if not self.serving:
+                time.sleep(0.05)  # two signals at once may be delivered as one
+                proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

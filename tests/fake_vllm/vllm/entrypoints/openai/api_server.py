@@ -7,14 +7,17 @@ a prompt of token ids, a reply of up to 4 ids drawn from the prompt then the req
 ``/reset_prefix_cache``. It writes its pid to ``$FAKE_VLLM_PIDFILE``. ``$FAKE_VLLM_FAIL`` makes it exit 3 at
 start; ``$FAKE_VLLM_SEED_CRASH`` makes a request with ``seed`` kill it, as the CPU engine does;
 ``$FAKE_VLLM_LOAD_FAIL`` = N makes its Nth weight load fail (HTTP 500); ``$FAKE_VLLM_DIE_AFTER`` = N makes it exit
-after answering N token-id completions."""
+after answering N token-id completions; ``$FAKE_VLLM_SLOW_START`` = S makes it ignore SIGTERM for its first S
+seconds before it serves, as vLLM does while it loads its model."""
 
 import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ap = argparse.ArgumentParser()
@@ -23,6 +26,12 @@ ap.add_argument("--served-model-name")
 ap.add_argument("--host")
 ap.add_argument("--port", type=int)
 args, _rest = ap.parse_known_args()
+if os.environ.get("FAKE_VLLM_SLOW_START"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.environ["FAKE_VLLM_PIDFILE"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(float(os.environ["FAKE_VLLM_SLOW_START"]))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 if os.environ.get("FAKE_VLLM_FAIL"):
     print("RuntimeError: no CPU backend for this model", flush=True)
     sys.exit(3)
@@ -99,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer((args.host, args.port), Handler)
-if os.environ.get("FAKE_VLLM_PIDFILE"):
+if os.environ.get("FAKE_VLLM_PIDFILE") and not os.environ.get("FAKE_VLLM_SLOW_START"):
     with open(os.environ["FAKE_VLLM_PIDFILE"], "a") as f:
         f.write(f"{os.getpid()}\n")
 print(f"serving {args.model} as {args.served_model_name} on {args.port}", flush=True)
