@@ -16,13 +16,26 @@ def commands(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, str]:
     return {name: spec["cmd"] for name, spec in _stages(dvc_yaml).items()}
 
 
+def outputs(spec: dict) -> dict[str, dict]:
+    """A stage's outs, metrics and plots, each path with its options (``persist``, ``cache``; {} when none)."""
+    found: dict[str, dict] = {}
+    for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []):
+        if isinstance(o, dict):
+            found.update({path: opts or {} for path, opts in o.items()})
+        else:
+            found[o] = {}
+    return found
+
+
+def stage_outputs(dvc_yaml: str | Path, stage: str) -> dict[str, dict]:
+    """:func:`outputs` of one stage of ``dvc_yaml``."""
+    return outputs(_stages(dvc_yaml)[stage])
+
+
 def stage_parents(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, set[str]]:
     """Each stage's direct parents: the stages owning an out that is one of its deps."""
     stages = _stages(dvc_yaml)
-    outs = {}
-    for name, spec in stages.items():
-        for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []):
-            outs[next(iter(o)) if isinstance(o, dict) else o] = name
+    outs = {path: name for name, spec in stages.items() for path in outputs(spec)}
 
     def parents(name: str) -> set[str]:
         found = set()

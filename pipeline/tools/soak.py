@@ -68,7 +68,7 @@ from typing import Any
 import yaml
 
 from pipeline.core.config import RunnerConfig, _set_dotted, parse_override
-from pipeline.core.dag import commands
+from pipeline.core.dag import commands, stage_outputs, stage_parents
 from pipeline.tools import REPO
 from pipeline.tools.compare_runs import TIMING, metrics, outs
 
@@ -311,18 +311,15 @@ def reuse_upstream(straight: Path, root: Path, stages: list[str]) -> Path:
     and of every stage after them, so only they (and what reads them) run again, from the same inputs. Stages the
     soak never interrupts would only repeat (or, sampled on a vLLM server, which does not repeat its draws, not
     repeat) the uninterrupted run."""
-    from pipeline.core.dag import stage_parents
-
     parents = stage_parents(straight / "dvc.yaml")
     rerun = set(stages)
     for name in parents:  # dvc.yaml lists stages in DAG order: a stage after a rerun one reruns too
         if parents[name] & rerun:
             rerun.add(name)
     shutil.copytree(straight, root, symlinks=True)
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    for name in rerun & set(spec):
-        for o in spec[name].get("outs", []) + spec[name].get("metrics", []) + spec[name].get("plots", []):
-            out = root / (next(iter(o)) if isinstance(o, dict) else o)
+    for name in rerun & set(parents):
+        for path in stage_outputs(root / "dvc.yaml", name):
+            out = root / path
             shutil.rmtree(out, ignore_errors=True)
             out.unlink(missing_ok=True)
     return root
@@ -336,9 +333,7 @@ def forced_command(command: tuple[str, ...], stages, last: str) -> tuple[str, ..
 
 def persistent_outs(dvc_yaml: Path, stage: str) -> list[str]:
     """The ``persist: true`` outs of a stage (what DVC keeps across a rerun, so that the stage resumes)."""
-    spec = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
-    return [path for o in spec.get("outs", []) if isinstance(o, dict)
-            for path, opts in o.items() if (opts or {}).get("persist")]
+    return [path for path, opts in stage_outputs(dvc_yaml, stage).items() if opts.get("persist")]
 
 
 @dataclass
