@@ -75,13 +75,18 @@ def test_vllm_plays_token_in_token_out_and_the_episode_packs_into_one_sequence(s
             rows = play_episodes(backend, jobs, sampling_from_config(params.rollout_text), seed=0, token_ids=True)
         finally:
             backend.close()
+        whole = 0
         for row in rows:
             replies = list(zip(row["reply_prompt_ids"], row["reply_token_ids"], strict=True))
-            assert len(replies) == row["turns"] >= 1
-            [packed] = pack_episode(replies)
-            assert [packed.ids[a:a + n] for a, n in packed.replies] == row["reply_token_ids"]
+            assert len(replies) == row["turns"] + row["format_retries"]
+            packs = pack_episode(replies)
+            # a reply that does not parse is sampled again from the same prompt: a sequence of its own starts there
+            assert len(packs) == 1 + sum(not parsed for parsed in row["reply_parsed"][:-1])
+            assert [p.ids[a:a + n] for p in packs for a, n in p.replies] == row["reply_token_ids"]
             assert all(lp == [-0.5] * len(ids) for lp, ids in zip(row["reply_logprobs"], row["reply_token_ids"],
                                                                     strict=True))
+            whole += len(packs) == 1 < len(replies)
+        assert whole, "no episode of several turns packed into one sequence"
 
 
 @pytest.mark.parametrize("fault", ["FAKE_VLLM_LOAD_FAIL=2", "FAKE_VLLM_DIE_AFTER=9"],
