@@ -258,6 +258,32 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
         assert a == b  # the resumed run kept the same model
 
 
+def test_a_stop_during_the_update_ends_it_before_the_next_optimizer_step(bootstrapped, tmp_path, monkeypatch):
+    """A SIGTERM while an optimizer step runs: the update stops before the next step (no log-prob pass after the
+    signal), rather than running to the grace period's drop, and the line names the round whose episodes are kept."""
+    import os
+    import signal
+
+    import pipeline.rl_text.grpo as grpo
+    from pipeline.core import interrupt
+
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
+    params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.grpo.batch_size=1"))
+    real, calls = grpo.reply_logps, []
+
+    def reply_logps(*args, **kwargs):
+        calls.append(interrupt.requested())
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands now, in the update's first step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "reply_logps", reply_logps)
+    with pytest.raises(interrupt.Stopped, match=r"round 1 of 2 \(its episodes played\)"):
+        with interrupt.stopping("rl-text", grace_s=None):  # no timers: the test process is not exited
+            stage_module("rl-text").run(params, StageContext())
+    assert calls == [None]  # the first step ran whole; no step after the signal
+
+
 def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_path, monkeypatch):
     """Early stopping on val: with val success 0.2 for the DPO start, 0.6 after round 1 and 0.4 after round 2, the
     stage's model is round 1's, byte for byte (not the last round's, not the start's)."""

@@ -206,6 +206,9 @@ def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed
     losses, clipped, kls = [], [], []
     for epoch in range(cfg.epochs):
         for step, batch in enumerate(optimizer_steps(episodes, cfg.batch_size, rng)):
+            # a stop drops the update now rather than a step later: the round's update is saved only whole, and
+            # its rerun starts from the round's episodes on disk
+            interrupt.check()
             ks = [index[id(e)] for e in batch]
             logp = reply_logps(model, [s for e in batch for s in e.sequences], warpers)
             if exact_sampler and epoch == 0 and step == 0:  # the weights that played: the sampler's own gap
