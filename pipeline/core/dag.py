@@ -16,8 +16,7 @@ def commands(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, str]:
     return {name: spec["cmd"] for name, spec in _stages(dvc_yaml).items()}
 
 
-def outputs(spec: dict) -> dict[str, dict]:
-    """A stage's outs, metrics and plots, each path with its options (``persist``, ``cache``; {} when none)."""
+def _outputs(spec: dict) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", []):
         if isinstance(o, dict):
@@ -27,15 +26,15 @@ def outputs(spec: dict) -> dict[str, dict]:
     return found
 
 
-def stage_outputs(dvc_yaml: str | Path, stage: str) -> dict[str, dict]:
-    """:func:`outputs` of one stage of ``dvc_yaml``."""
-    return outputs(_stages(dvc_yaml)[stage])
+def stage_outputs(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, dict[str, dict]]:
+    """Each stage's outs, metrics and plots, each path with its options (``persist``, ``cache``; {} when none)."""
+    return {name: _outputs(spec) for name, spec in _stages(dvc_yaml).items()}
 
 
 def stage_parents(dvc_yaml: str | Path = "dvc.yaml") -> dict[str, set[str]]:
     """Each stage's direct parents: the stages owning an out that is one of its deps."""
     stages = _stages(dvc_yaml)
-    outs = {path: name for name, spec in stages.items() for path in outputs(spec)}
+    outs = {path: name for name, spec in stages.items() for path in _outputs(spec)}
 
     def parents(name: str) -> set[str]:
         found = set()

@@ -229,15 +229,14 @@ class VLLMServer:
 
     def close(self) -> None:
         """Stop the server (the supervisor stops its whole process group); idempotent. A server that never answered
-        is killed at once (a second SIGTERM to the supervisor): vLLM loading its model ignores SIGTERM for ~20 s."""
+        is killed at once (a second signal to the supervisor): vLLM loading its model ignores SIGTERM for ~20 s."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            if not self.serving:
-                time.sleep(0.05)  # two signals at once may be delivered as one
-                proc.send_signal(signal.SIGTERM)
+            if not self.serving:  # a second signal: SIGINT, as two SIGTERMs sent at once may arrive as one
+                proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

@@ -317,8 +317,9 @@ def reuse_upstream(straight: Path, root: Path, stages: list[str]) -> Path:
         if parents[name] & rerun:
             rerun.add(name)
     shutil.copytree(straight, root, symlinks=True)
-    for name in rerun & set(parents):
-        for path in stage_outputs(root / "dvc.yaml", name):
+    outputs = stage_outputs(root / "dvc.yaml")
+    for name in rerun & set(outputs):
+        for path in outputs[name]:
             out = root / path
             shutil.rmtree(out, ignore_errors=True)
             out.unlink(missing_ok=True)
@@ -333,7 +334,7 @@ def forced_command(command: tuple[str, ...], stages, last: str) -> tuple[str, ..
 
 def persistent_outs(dvc_yaml: Path, stage: str) -> list[str]:
     """The ``persist: true`` outs of a stage (what DVC keeps across a rerun, so that the stage resumes)."""
-    return [path for path, opts in stage_outputs(dvc_yaml, stage).items() if opts.get("persist")]
+    return [path for path, opts in stage_outputs(dvc_yaml)[stage].items() if opts.get("persist")]
 
 
 @dataclass
