@@ -18,6 +18,9 @@ process per side and repeat (alternating), each side times:
   The preset's full val pass and evaluation (``--val-tasks 116 --eval-tasks 129``) keep more conversations in play
   than smaller ones, so they also time the KV cache under its budget (``policy.kv_cache_gib``).
 
+A key of the run's params.yaml that ``REF``'s code does not know (one added since) is left out of ``REF``'s side, which
+then runs with what that code has instead; the keys left out are printed.
+
 Prints each side's medians and before ÷ after.
 """
 
@@ -56,6 +59,35 @@ def evaluate_module():
         return importlib.import_module("stages.evaluate")
 
 
+def run_params(run: Path, overrides: list[str], dropped: list[str]):
+    """The run's params as the code on ``sys.path`` reads them, leaving out (and appending to ``dropped``) each key
+    that code refuses as unknown: a key added after ``REF``."""
+    import re
+
+    import yaml
+
+    from pipeline.core.config import ConfigError
+    from pipeline.params import load_params
+
+    path = run / "params.yaml"
+    raw = yaml.safe_load(path.read_text())
+    while True:
+        try:
+            return load_params(path, overrides)
+        except ConfigError as e:
+            unknown = re.match(r"params: ([\w.]+): unknown key", str(e))
+            if not unknown or len(dropped) > 20:
+                raise
+            *parents, leaf = unknown.group(1).split(".")
+            section = raw
+            for key in parents:
+                section = section[key]
+            del section[leaf]
+            dropped.append(unknown.group(1))
+            path = Path(tempfile.mkdtemp(prefix="bench-params-")) / "params.yaml"
+            path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
 def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     """One side's timings, with the code on ``sys.path`` (this checkout or the other revision's)."""
     import pyarrow.parquet as pq
@@ -64,11 +96,11 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
 
     from pipeline.llm.hf import load_policy
     from pipeline.models.training import peft_config
-    from pipeline.params import load_params
     from pipeline.text.policies import make_games
     grpo = grpo_module()
 
-    params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false"])
+    dropped: list[str] = []
+    params = run_params(run, [f"data_dir={run / 'data'}", "tracking.enabled=false"], dropped)
     rows = pq.read_table(rows_file).to_pylist()
     if "reply_token_ids" not in grpo.GRPO_SCHEMA.names:  # the code before token-in / token-out play
         rows = [{**r, "turn_token_ids": [ids for ids, ok in zip(r["reply_token_ids"], r["reply_parsed"], strict=True)
@@ -95,8 +127,8 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     val_s = time.perf_counter() - start
     episodes = len(val) * params.rl_text.grpo.val_trajectories
     evaluate = evaluate_module()
-    held_out = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false",
-                                                 f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"])
+    held_out = run_params(run, [f"data_dir={run / 'data'}", "tracking.enabled=false",
+                                f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"], [])
     start = time.perf_counter()
     rows = evaluate.evaluate_policy(held_out, "dpo", "eval", 0, held_out.evaluate_text.trajectories_per_task,
                                     held_out.evaluate_text.temperature)
@@ -104,7 +136,8 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     return {"update_s": update_s, "replies": stats["grpo/replies"], "val_s": val_s, "val_episodes": episodes,
             "val_success": success, "eval_s": eval_s, "eval_episodes": len(rows),
             "eval_success": sum(r["success"] for r in rows) / max(1, len(rows)),
-            "capability": torch.backends.cpu.get_cpu_capability(), "gap_mean": stats.get("grpo/mismatch/gap_mean")}
+            "capability": torch.backends.cpu.get_cpu_capability(), "gap_mean": stats.get("grpo/mismatch/gap_mean"),
+            "dropped": dropped}
 
 
 def play(run: Path, tasks: int, out: Path) -> int:
@@ -177,8 +210,9 @@ def main() -> int:
                     print(f"{name:<6} update {r['update_s']:.1f} s ({r['replies']} replies), val "
                           f"{r['val_s']:.1f} s ({r['val_episodes']} episodes, success {r['val_success']:.3f}), "
                           f"evaluate-text {r['eval_s']:.1f} s ({r['eval_episodes']} episodes, success "
-                          f"{r['eval_success']:.3f}), {r['capability']}",
-                          flush=True)
+                          f"{r['eval_success']:.3f}), {r['capability']}"
+                          + (f"; params left out (unknown to its code): {', '.join(r['dropped'])}"
+                             if r.get("dropped") else ""), flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False)
 
