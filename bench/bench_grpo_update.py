@@ -59,9 +59,9 @@ def evaluate_module():
         return importlib.import_module("stages.evaluate")
 
 
-def run_params(run: Path, overrides: list[str], dropped: list[str]):
-    """The run's params as the code on ``sys.path`` reads them, leaving out (and appending to ``dropped``) each key
-    that code refuses as unknown: a key added after ``REF``."""
+def accepted_params(run: Path, scratch: Path) -> tuple[Path, list[str]]:
+    """A params file the code on ``sys.path`` reads: the run's params.yaml, less each key that code refuses as
+    unknown (a key added after ``REF``), written into ``scratch``; and those keys."""
     import re
 
     import yaml
@@ -69,22 +69,23 @@ def run_params(run: Path, overrides: list[str], dropped: list[str]):
     from pipeline.core.config import ConfigError
     from pipeline.params import load_params
 
-    path = run / "params.yaml"
-    raw = yaml.safe_load(path.read_text())
+    path, raw, dropped = run / "params.yaml", None, []
     while True:
         try:
-            return load_params(path, overrides)
+            load_params(path)
+            return path, dropped
         except ConfigError as e:
             unknown = re.match(r"params: ([\w.]+): unknown key", str(e))
-            if not unknown or len(dropped) > 20:
+            if not unknown:
                 raise
+            raw = raw or yaml.safe_load(path.read_text())
             *parents, leaf = unknown.group(1).split(".")
             section = raw
             for key in parents:
                 section = section[key]
             del section[leaf]
             dropped.append(unknown.group(1))
-            path = Path(tempfile.mkdtemp(prefix="bench-params-")) / "params.yaml"
+            path = scratch / f"params-{os.getpid()}.yaml"
             path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -96,11 +97,12 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
 
     from pipeline.llm.hf import load_policy
     from pipeline.models.training import peft_config
+    from pipeline.params import load_params
     from pipeline.text.policies import make_games
     grpo = grpo_module()
 
-    dropped: list[str] = []
-    params = run_params(run, [f"data_dir={run / 'data'}", "tracking.enabled=false"], dropped)
+    path, dropped = accepted_params(run, rows_file.parent)  # the bench's temporary directory
+    params = load_params(path, [f"data_dir={run / 'data'}", "tracking.enabled=false"])
     rows = pq.read_table(rows_file).to_pylist()
     if "reply_token_ids" not in grpo.GRPO_SCHEMA.names:  # the code before token-in / token-out play
         rows = [{**r, "turn_token_ids": [ids for ids, ok in zip(r["reply_token_ids"], r["reply_parsed"], strict=True)
@@ -127,8 +129,8 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     val_s = time.perf_counter() - start
     episodes = len(val) * params.rl_text.grpo.val_trajectories
     evaluate = evaluate_module()
-    held_out = run_params(run, [f"data_dir={run / 'data'}", "tracking.enabled=false",
-                                f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"], [])
+    held_out = load_params(path, [f"data_dir={run / 'data'}", "tracking.enabled=false",
+                                  f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"])
     start = time.perf_counter()
     rows = evaluate.evaluate_policy(held_out, "dpo", "eval", 0, held_out.evaluate_text.trajectories_per_task,
                                     held_out.evaluate_text.temperature)
