@@ -401,7 +401,7 @@ def _deeper_tables(episodes: list[dict]) -> str:
 def _seed_tables(summary: dict[str, Any]) -> str:
     """A sweep's tables from its ``seeds.json`` (pipeline/seeds.py's ``seed_summary``), as the text tables lay them
     out (``table_cells``)."""
-    from pipeline.seeds import Line, table_cells
+    from pipeline.seeds import Lag, Line, lag_cells, table_cells
 
     seeds = [r["seed"] for r in summary["runs"]]
     body = ""
@@ -413,6 +413,8 @@ def _seed_tables(summary: dict[str, Any]) -> str:
         if lines:
             body += _table(*table_cells(title, [Line(x["label"], x["values"], x["eval_se"]) for x in lines], seeds,
                                         scale, paired))
+    if lags := summary["nethack"].get("labellers"):
+        body += _table(*lag_cells([Lag(x["agent"], x["pending"], x["seen"]) for x in lags], seeds))
     spent = summary["cost"]
     ledger = spent["ledger"]
     body += (f"<p class='note'>Cost: {spent['total_seconds'] / 60:.1f} min of stages in all; the LLM ledger over "

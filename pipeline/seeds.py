@@ -10,6 +10,9 @@ policies played the same held-out episodes. From each run's evaluate-text rows a
   paired difference in every seed (over the same held-out tasks, pipeline.breakdown.paired_difference; NetHack: over
   the same games) with its evaluation s.e., the mean over seeds ± the s.e. across seeds, how many seeds agree with
   the mean's sign, and the s.d. across seeds beside the mean evaluation s.e.;
+- for each ONI agent (an online reward, labelled while it trains), its labeller's lag: the share of the distinct
+  messages the agent saw that were still queued, unlabelled, when training ended (rl-nethack's ``NAME/oni_pending``
+  of ``NAME/oni_labels`` + ``NAME/oni_pending``), per seed, beside its return;
 - what the sweep cost: the stages' seconds per seed, and the LLM ledger's requests, sends and tokens summed over
   every stage of every seed.
 """
@@ -116,6 +119,43 @@ def nethack_lines(runs: list[SeedRun]) -> tuple[list[Line], list[Line]]:
     return per_agent, per_claim
 
 
+@dataclass
+class Lag:
+    """One ONI agent's labeller at the end of training, per seed: messages still queued, and messages seen."""
+
+    agent: str
+    pending: list[int]
+    seen: list[int]
+
+    @property
+    def shares(self) -> list[float]:
+        return [p / s if s else 0.0 for p, s in zip(self.pending, self.seen, strict=True)]
+
+
+def labeller_lags(runs: list[SeedRun]) -> list[Lag]:
+    """Each online agent's queue at the end of training in every seed (rl-nethack's ``NAME/oni_pending`` and
+    ``NAME/oni_labels``; seen = labelled + still queued)."""
+    stages = [run.stages.get("rl-nethack", {}) for run in runs]
+    agents = [k.removesuffix("/oni_pending") for k in stages[0] if k.endswith("/oni_pending")] if stages else []
+    lags = []
+    for a in agents:
+        if all(f"{a}/oni_pending" in s and f"{a}/oni_labels" in s for s in stages):
+            pending = [int(s[f"{a}/oni_pending"]) for s in stages]
+            lags.append(Lag(a, pending, [p + int(s[f"{a}/oni_labels"]) for p, s in zip(pending, stages, strict=True)]))
+    return lags
+
+
+def lag_cells(lags: list[Lag], seeds: list[int]) -> tuple[list[str], list[list[str]]]:
+    """The labellers' table: per agent and seed the share of its messages still queued at the end (queued of
+    seen), then the mean share over seeds and the largest."""
+    header = ["ONI labeller: messages still queued when training ended", *(f"seed {seed}" for seed in seeds),
+              "mean over seeds", "largest"]
+    rows = [[lag.agent, *(f"{100 * x:.1f} % ({p} of {s})" for x, p, s in zip(lag.shares, lag.pending, lag.seen,
+                                                                           strict=True)),
+             f"{100 * statistics.fmean(lag.shares):.1f} %", f"{100 * max(lag.shares):.1f} %"] for lag in lags]
+    return header, rows
+
+
 def cost(runs: list[SeedRun]) -> dict[str, Any]:
     """The stages' seconds per seed and in all, and the LLM ledger summed over every stage of every seed (each
     role's ``PREFIX_requests``, ``PREFIX_sent``, ``PREFIX_tokens_in``, ``PREFIX_tokens_out``)."""
@@ -178,6 +218,10 @@ def seed_tables(runs: list[SeedRun], markdown: bool = False) -> list[str]:
             ("NetHack, paired over the same games", claims, 1, True)):
         if lines:
             out += ["", *table_lines(title, lines, runs, scale, paired, markdown)]
+    if lags := labeller_lags(runs):
+        header, rows = lag_cells(lags, [run.seed for run in runs])
+        out += ["", _row(header, markdown), *(["|" + "---|" * len(header)] if markdown else []),
+                *(_row(r, markdown) for r in rows)]
     spent = cost(runs)
     ledger = spent["ledger"]
     out += ["", "cost: stages' seconds " + ", ".join(f"{name} {s:.0f}" for name, s in spent["seconds"].items())
@@ -197,4 +241,7 @@ def seed_summary(runs: list[SeedRun]) -> dict[str, Any]:
     agents, claims = nethack_lines(runs)
     return {"runs": [{"name": run.name, "seed": run.seed} for run in runs],
             "text": {"policies": dump(text_policy), "comparisons": dump(text_pair)},
-            "nethack": {"agents": dump(agents), "comparisons": dump(claims)}, "cost": cost(runs)}
+            "nethack": {"agents": dump(agents), "comparisons": dump(claims),
+                        "labellers": [{"agent": x.agent, "pending": x.pending, "seen": x.seen, "shares": x.shares}
+                                      for x in labeller_lags(runs)]},
+            "cost": cost(runs)}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import make_project, run_in_project
 
-from pipeline.seeds import SeedRun, cost, nethack_lines, seed_tables, text_lines
+from pipeline.seeds import SeedRun, cost, labeller_lags, nethack_lines, seed_tables, text_lines
 
 
 def rows(policy: str, a: int, b: int) -> list[dict]:
@@ -80,6 +80,24 @@ def test_nethack_claims_are_evaluate_nethacks_paired_differences_per_seed():
     assert [(c.label, c.values, c.eval_se) for c in claims] == [("motif − extrinsic", [1.0, 2.0], [0.25, 0.25]),
                                                                 ("oni − motif", [2.0, 1.0], [1.0, 1.0])]
     assert claims[0].mean == 1.5 and claims[0].se == pytest.approx(0.5) and claims[0].agreeing() == "2/2 > 0"
+
+
+def test_each_online_agents_labeller_lag_is_its_queue_over_the_messages_it_saw_per_seed():
+    # seed 0: 30 labelled, 10 queued (10 of 40 = 25 %); seed 1: 45 labelled, 5 queued (5 of 50 = 10 %)
+    stages = [{"rl-nethack": {"oni_classification/oni_labels": labels, "oni_classification/oni_pending": pending,
+                              "motif/fps": 1000.0},
+               "evaluate-nethack": {"motif/return": 1.0, "oni_classification/return": 2.0,
+                                    "oni_classification/return_vs_motif": 1.0}}
+              for labels, pending in ((30, 10), (45, 5))]
+    runs = [SeedRun(f"seed-{k}", k, s) for k, s in enumerate(stages)]
+    (lag,) = labeller_lags(runs)
+    assert (lag.agent, lag.pending, lag.seen) == ("oni_classification", [10, 5], [40, 50])
+    assert lag.shares == [0.25, 0.1]
+    lines = seed_tables(runs, markdown=True)
+    assert "| oni_classification | 25.0 % (10 of 40) | 10.0 % (5 of 50) | 17.5 % | 25.0 % |" in lines
+    # an agent without online labels has no lag row; a run with no online agent has no labeller table
+    assert labeller_lags([SeedRun("seed-0", 0, {"rl-nethack": {"motif/fps": 1.0}})]) == []
+    assert not any("labeller" in x for x in seed_tables([SeedRun("s", 0, {"evaluate-nethack": {"motif/return": 1.0}})]))
 
 
 TINY = """tracking: {enabled: false}
@@ -160,3 +178,26 @@ def test_the_report_shows_a_sweeps_tables(tmp_path):
     assert "<h2>Across seeds: the default sweep</h2>" in page
     assert "<td>rl − base</td><td>50.0 ± 50.0</td><td>50.0 ± 50.0</td><td>-50.0 ± 50.0</td><td>16.7 ± 33.3</td>" in page
     assert "<td>2/3 &gt; 0</td>" in page
+
+
+def test_the_report_shows_a_sweeps_labeller_lag_and_reads_a_seeds_json_written_before_it(tmp_path):
+    import json
+
+    from conftest import REPO
+
+    from pipeline.report import render, seed_sweeps
+    from pipeline.seeds import seed_summary
+
+    stages = {"rl-nethack": {"oni_classification/oni_labels": 30, "oni_classification/oni_pending": 10},
+              "evaluate-nethack": {"motif/return": 1.0, "oni_classification/return": 2.0}}
+    summary = seed_summary([SeedRun("seed-0", 0, stages)])
+    assert summary["nethack"]["labellers"] == [{"agent": "oni_classification", "pending": [10], "seen": [40],
+                                                "shares": [0.25]}]
+    older = json.loads(json.dumps(summary))
+    del older["nethack"]["labellers"]
+    for name, s in (("nethack", summary), ("older", older)):
+        (tmp_path / "seeds" / name).mkdir(parents=True)
+        (tmp_path / "seeds" / name / "seeds.json").write_text(json.dumps(s))
+    page = render(tmp_path / "metrics", REPO / "dvc.yaml", {}, "t", sweeps=seed_sweeps(tmp_path / "seeds"))
+    assert page.count("<td>oni_classification</td><td>25.0 % (10 of 40)</td><td>25.0 %</td><td>25.0 %</td>") == 1
+    assert "<h2>Across seeds: the older sweep</h2>" in page
