@@ -238,6 +238,7 @@ def leaves(node, prefix: str = "") -> dict:
 def own_values(path) -> tuple[dict, list[str]]:
     """What a preset file sets itself (its ``extends`` aside), and the files it extends."""
     raw = yaml.safe_load(path.read_text()) or {}
+    raw.pop("remove", None)
     bases = raw.pop("extends", [])
     return leaves(raw) if raw else {}, [bases] if isinstance(bases, str) else bases
 
@@ -458,3 +459,30 @@ def test_a_key_params_lacks_is_printed_for_dvc_to_add_and_curio_reads_either_spe
     assert dvc_set_param("rl_nethack.variants.motif.int_coef.x=1", raw) == "++rl_nethack.variants.motif.int_coef.x=1"
     assert parse_override("++a.b=[1,2]") == parse_override("+a.b=[1,2]") == parse_override("a.b=[1,2]")
     assert parse_override("++a.b=[1,2]") == ("a.b", [1, 2])
+
+
+def test_a_preset_removes_what_the_presets_it_extends_set_and_nothing_else(tmp_path):
+    (tmp_path / "base.yaml").write_text("rl_nethack:\n  variants:\n    a: {ext_coef: 0.1, int_coef: 0.2}\n"
+                                        "    b: {ext_coef: 0.3, int_coef: 0.4}\n  timeout_s: 60\n")
+    (tmp_path / "part.yaml").write_text("extends: base.yaml\nremove: [rl_nethack.variants.b]\n")
+    assert preset_overrides(tmp_path / "part.yaml") == [
+        "rl_nethack.variants.a.ext_coef=0.1", "rl_nethack.variants.a.int_coef=0.2", "rl_nethack.timeout_s=60"]
+    # removing every key under a mapping removes the mapping: no empty `variants={}` is sent
+    (tmp_path / "none.yaml").write_text("extends: base.yaml\nremove: [rl_nethack.variants.a, rl_nethack.variants.b]\n")
+    assert preset_overrides(tmp_path / "none.yaml") == ["rl_nethack.timeout_s=60"]
+    # a key no extended preset sets (params.yaml's own, or a typo) is refused, in one line
+    (tmp_path / "typo.yaml").write_text("extends: base.yaml\nremove: [rl_nethack.variants.intrinsic]\n")
+    with pytest.raises(ConfigError, match="remove: rl_nethack.variants.intrinsic is not set by the presets it extends"):
+        preset_overrides(tmp_path / "typo.yaml")
+    (tmp_path / "bad.yaml").write_text("remove: rl_nethack\n")
+    with pytest.raises(ConfigError, match="remove must be a list of dotted keys"):
+        preset_overrides(tmp_path / "bad.yaml")
+
+
+def test_the_onis_seeds_preset_is_onis_learning_preset_with_four_agents_at_1m_steps():
+    params = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "nethack-oni-seeds.yaml"))
+    oni = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "nethack-oni-learning.yaml"))
+    assert list(params.rl_nethack.variants) == ["motif", "extrinsic", "intrinsic", "oni_classification"]
+    assert all(params.rl_nethack.variants[k] == oni.rl_nethack.variants[k] for k in params.rl_nethack.variants)
+    assert params.rl_nethack.train_for_env_steps == 1_000_000 and params.rl_nethack.extended_actions
+    assert params.evaluate_nethack == oni.evaluate_nethack

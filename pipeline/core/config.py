@@ -283,7 +283,9 @@ def preset_overrides(*paths: str | Path) -> list[str]:
 
     Presets compose. A preset may name the presets it builds on, ``extends: FILE`` or ``extends: [FILE, ...]``
     (paths relative to the preset's own folder); and several presets stack left to right. Either way they merge
-    as mappings: a later value replaces an earlier one key by key, and a list is replaced whole."""
+    as mappings: a later value replaces an earlier one key by key, and a list is replaced whole. ``remove: [KEY,
+    ...]`` (dotted keys) drops what the presets it extends set there, e.g. one of their agents, so a preset can take
+    a smaller part of another without copying it; params.yaml's own keys stay."""
     import json
 
     def flat(prefix: str, node) -> list[str]:
@@ -316,10 +318,31 @@ def _load_preset(path: Path, chain: tuple[Path, ...]) -> dict:
         bases = [bases]
     if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
         raise ConfigError(f"preset {path}: extends must be a preset file or a list of them")
+    removed = raw.pop("remove", [])
+    if not isinstance(removed, list) or not all(isinstance(k, str) and k for k in removed):
+        raise ConfigError(f"preset {path}: remove must be a list of dotted keys")
     merged: dict = {}
     for base in bases:
         _merge(merged, _load_preset(path.parent / base, (*chain, where)))
+    for key in removed:
+        if not _pop_dotted(merged, key):
+            raise ConfigError(f"preset {path}: remove: {key} is not set by the presets it extends")
     return _merge(merged, raw)
+
+
+def _pop_dotted(d: dict, key: str) -> bool:
+    """Remove ``key`` (dotted) from ``d``, and the mappings it leaves empty; whether it was there."""
+    head, _, rest = key.partition(".")
+    if head not in d:
+        return False
+    if not rest:
+        del d[head]
+        return True
+    if not isinstance(d[head], dict) or not _pop_dotted(d[head], rest):
+        return False
+    if not d[head]:
+        del d[head]
+    return True
 
 
 def _merge(into: dict, over: dict) -> dict:
