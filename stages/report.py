@@ -8,7 +8,8 @@ STAGE = Stage(
     "report",
     params=[],
     cmd="curio report",
-    code=["pipeline/report.py", "pipeline/viewer.py", "pipeline/viewer_assets", "pipeline/breakdown.py"],
+    code=["pipeline/report.py", "pipeline/viewer.py", "pipeline/viewer_assets", "pipeline/breakdown.py",
+          "pipeline/seeds.py"],
     # the datasets its pages show are not deps: every stage that writes one writes its metrics/stages/NAME.json
     # too, so the report reruns after it; and a DAG without some of them (a subset, an experiment) still reports
     data=["metrics/stages", "metrics/plots"],
