@@ -45,13 +45,19 @@ def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
 
+def fail(message: str) -> None:
+    """One line on stderr, exit code 2."""
+    print(f"bench_grpo_learning: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def curio(args: list[str], cwd: Path, code: Path) -> None:
     """``curio ARGS`` with the code of the checkout ``code`` on ``sys.path``, in ``cwd``; stops the script on a
     failure."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     done = subprocess.run([sys.executable, "-c", CLI, *args], cwd=cwd, env=env)
     if done.returncode:
-        sys.exit(f"curio {' '.join(args)} in {cwd}: exit {done.returncode}")
+        fail(f"curio {' '.join(args)} in {cwd}: exit {done.returncode} (its rerun resumes)")
 
 
 def accepted_params(source: Path, dest: Path, code: Path) -> list[str]:
@@ -82,7 +88,7 @@ print(" ".join(dropped))
     out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(code)},
                          capture_output=True, text=True, cwd=dest.parent)
     if out.returncode:
-        sys.exit(f"{code}'s params cannot read {source}: {out.stderr.strip().splitlines()[-1]}")
+        fail(f"{code}'s params cannot read {source}: {out.stderr.strip().splitlines()[-1]}")
     return out.stdout.split()
 
 
@@ -190,6 +196,12 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     run, scratch = args.run.resolve(), args.scratch.resolve()
     dvc = Path(sys.executable).with_name("dvc")
+    if args.exp:  # an unknown name would leave the workspace as it is, under that name
+        known = subprocess.run([str(dvc), "exp", "list", "--name-only"], cwd=run, capture_output=True,
+                               text=True).stdout.split()
+        unknown = [n for n in args.exp if n not in known]
+        if unknown:
+            fail(f"--exp {', '.join(unknown)}: not an experiment of {run} (dvc exp list: {', '.join(known)})")
     results = []
     for name in args.exp or [run.name]:
         if args.exp:
