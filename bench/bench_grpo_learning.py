@@ -1,4 +1,4 @@
-"""GRPO's learning against another revision's GRPO, from the same DPO start, paired per held-out task.
+"""GRPO's learning and rl-text's minutes against another revision's GRPO, from the same DPO start, side by side.
 
     OMP_NUM_THREADS=2 python bench/bench_grpo_learning.py --run DIR --before REF --scratch SCRATCH [--exp NAME ...]
 
