@@ -60,35 +60,25 @@ def curio(args: list[str], cwd: Path, code: Path) -> None:
         fail(f"curio {' '.join(args)} in {cwd}: exit {done.returncode} (its rerun resumes)")
 
 
-def accepted_params(source: Path, dest: Path, code: Path) -> list[str]:
-    """Write ``source`` (a params.yaml) to ``dest`` less each key the code of the checkout ``code`` refuses as
-    unknown; those keys."""
+def accepted_params(run: Path, dest: Path, code: Path) -> list[str]:
+    """Write the run's params.yaml to ``dest`` less each key the code of the checkout ``code`` refuses as unknown
+    (``bench_grpo_update.accepted_params``, run with that code on ``sys.path``); those keys."""
     script = f"""
-import re, sys, yaml
-from pipeline.core.config import ConfigError
-from pipeline.params import load_params
-raw, dropped, dest = yaml.safe_load(open({str(source)!r})), [], {str(dest)!r}
-while True:
-    open(dest, "w").write(yaml.safe_dump(raw, sort_keys=False))
-    try:
-        load_params(dest)
-        break
-    except ConfigError as e:
-        m = re.match(r"params: ([\\w.]+): unknown key", str(e))
-        if not m:
-            raise
-        *parents, leaf = m.group(1).split(".")
-        section = raw
-        for key in parents:
-            section = section[key]
-        del section[leaf]
-        dropped.append(m.group(1))
+import shutil, sys
+from pathlib import Path
+sys.path.insert(1, {str(Path(__file__).parent)!r})
+from bench_grpo_update import accepted_params
+run = Path({str(run)!r})
+path, dropped = accepted_params(run, Path({str(dest.parent)!r}))
+shutil.copyfile(path, {str(dest)!r})
+if path != run / "params.yaml":  # its scratch copy
+    path.unlink()
 print(" ".join(dropped))
 """
     out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(code)},
                          capture_output=True, text=True, cwd=dest.parent)
     if out.returncode:
-        fail(f"{code}'s params cannot read {source}: {out.stderr.strip().splitlines()[-1]}")
+        fail(f"{code}'s params cannot read {run / 'params.yaml'}: {out.stderr.strip().splitlines()[-1]}")
     return out.stdout.split()
 
 
@@ -109,7 +99,7 @@ def rl_before(run: Path, ref: str, work: Path) -> dict:
     if not work.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(work), ref], cwd=REPO, check=True,
                        capture_output=True)
-    dropped = accepted_params(run / "params.yaml", work / "params.yaml", work)
+    dropped = accepted_params(run, work / "params.yaml", work)
     log(f"before: {ref}'s params leave out {', '.join(dropped) or 'nothing'}")
     for name in RL_INPUTS:
         copy_tree(run / "data" / name, work / "data" / name)
@@ -125,8 +115,7 @@ def evaluate(params: Path, inputs: Path, model: Path, where: Path) -> list[dict]
     """This checkout's evaluate-text of the RL policy ``model`` on the held-out episodes of the run whose
     ``params`` (its params.yaml) and ``inputs`` (a data directory holding its base and trained policies) are given,
     in ``where``; its held-out rows."""
-    from pipeline.breakdown import held_out
-    from pipeline.core.artifacts import read_rows
+    from pipeline.tools.compare_runs import evaluation_rows
 
     where.mkdir(parents=True, exist_ok=True)
     shutil.copy2(params, where / "params.yaml")
@@ -137,7 +126,7 @@ def evaluate(params: Path, inputs: Path, model: Path, where: Path) -> list[dict]
     curio(["stage", "evaluate-text", "-S", "evaluate_text.policies=[rl]", "-S", "tracking.enabled=false"], where,
           REPO)
     log(f"evaluate-text of {model}: {(time.time() - start) / 60:.1f} min")
-    return held_out(read_rows(where / "data" / "evaluate_text", ["policy", "group", "task_id", "split", "success"]))
+    return evaluation_rows(where)
 
 
 def rl_rows(rows: list[dict]) -> list[dict]:
@@ -158,8 +147,8 @@ def rl_text_summary(metrics: dict) -> dict:
 def one_run(run: Path, ref: str, scratch: Path, name: str) -> dict:
     import yaml
 
-    from pipeline.breakdown import held_out, paired_difference, task_means
-    from pipeline.core.artifacts import read_rows
+    from pipeline.breakdown import paired_difference, task_means
+    from pipeline.tools.compare_runs import evaluation_rows
 
     seed = yaml.safe_load((run / "params.yaml").read_text())["seed"]
     base = scratch / name
@@ -168,8 +157,7 @@ def one_run(run: Path, ref: str, scratch: Path, name: str) -> dict:
     copy_tree(run / "data" / "rl_text" / "model", model)
     for kept in ("params.yaml", "metrics/stages/rl-text.json"):
         shutil.copy2(run / kept, base / "run" / Path(kept).name)
-    run_rows = rl_rows(held_out(read_rows(run / "data" / "evaluate_text",
-                                          ["policy", "group", "task_id", "split", "success"])))
+    run_rows = rl_rows(evaluation_rows(run))
     before_metrics = rl_before(run, ref, base / "before")
     params, inputs = base / "run" / "params.yaml", base / "before" / "data"  # inputs: a copy of the run's
     before = evaluate(params, inputs, inputs / "rl_text" / "model", base / "eval-before")
