@@ -57,6 +57,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Timings of the whole product
 app.add_typer(bench_app, name="bench")
 sweep_app = typer.Typer(no_args_is_help=True, help="Sweeps as DVC experiments")
 app.add_typer(sweep_app, name="sweep")
+env_app = typer.Typer(no_args_is_help=True, help="Curio's games for other trainers (the envs extra)")
+app.add_typer(env_app, name="env")
 
 
 @app.callback()
@@ -637,6 +639,24 @@ def soak(interruptions: Annotated[int, typer.Option("-n", "--interruptions", min
 
     raise typer.Exit(run_soak(interruptions, seed, kill_share, set_ or [], keep, make_run,
                               stages.split(",") if stages else None, target))
+
+
+@env_app.command("serve")
+@boundary
+def env_serve(group: Annotated[str, typer.Argument(metavar="GROUP[@TIER]", help="a task group, e.g. twenty_questions "
+                                                   "or twenty_questions@shown4")],
+              port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port")] = 8000,
+              host: Annotated[str, typer.Option(help="address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
+              split: Annotated[str, typer.Option(help="train, val (games.val_fraction of train) or eval (the "
+                                                 "held-out tasks: only when named)")] = "train",
+              max_sessions: Annotated[int, typer.Option(min=1, help="concurrent WebSocket sessions")] = 16,
+              params: ParamsOpt = "params.yaml", set_: SetOpt = None) -> None:
+    """Serve a text game as an OpenEnv environment, over the tasks and splits the DAG plays: reset opens an episode
+    (the system prompt and first message), step takes the agent's reply (its move inside <Answer>) and returns the
+    game's reply, the reward and done. Runs until SIGINT / SIGTERM."""
+    from pipeline.tools.game_envs import serve as serve_game  # the games, and openenv-core: only for this command
+
+    serve_game(_load(params, set_), group, split, host, port, max_sessions, typer.echo)
 
 
 @app.command()
