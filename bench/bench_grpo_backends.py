@@ -41,12 +41,11 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
     from peft import get_peft_model
 
     from pipeline.core.artifacts import chunk_seed
-    from pipeline.llm import sampling_from_config
     from pipeline.llm.hf import load_policy
     from pipeline.models import tiny
     from pipeline.models.training import peft_config
     from pipeline.params import load_params
-    from pipeline.rl_text import grpo
+    from pipeline.rl_text import grpo, rounds
     from pipeline.rl_text.rounds import train_jobs
     from pipeline.rl_text.serving import PolicyPlayer
     from pipeline.text.play import play_episodes
@@ -58,7 +57,7 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
     per_group = max(1, tasks // len(games))
     jobs = [(g, t, s) for g in games for _, t in [j for j in train_jobs(params, games) if j[0] is g][:per_group]
             for s in range(params.rl_text.trajectories_per_task)]
-    val = [(g, t) for g in games for _, t in [v for v in grpo.val_jobs_of(params, games) if v[0] is g][
+    val = [(g, t) for g in games for _, t in [v for v in rounds.val_jobs_of(params, games) if v[0] is g][
         :max(1, val_tasks // len(games))]]
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
@@ -69,25 +68,25 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
         policy = player.backend(dpo, model, tokenizer)
         times["start_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        rows = play_episodes(policy, jobs, sampling_from_config(params.rollout_text), token_ids=True,
+        rows = play_episodes(policy, jobs, rounds.round_sampling(params), token_ids=True,
                              seed=chunk_seed(params.seed, "bench", 0),
                              max_format_retries=params.rollout_text.max_format_retries)
         times["play_s"] = time.perf_counter() - start
         model = get_peft_model(model, peft_config(params.train_policy.lora, model))
         start, cpu, busy = time.perf_counter(), time.process_time(), busy_cpu_s()
         stats = grpo.update(model, tokenizer, [{**r, "turn_rewards": []} for r in rows],
-                            {g.name: g for g in games}, params, 0, exact_sampler=player.exact_sampler)
+                            {g.name: g for g in games}, params, 0)
         times["update_s"] = time.perf_counter() - start
         times["update_cpu_s"] = time.process_time() - cpu  # the trainer's own
         times["update_other_cpu_s"] = busy_cpu_s() - busy - times["update_cpu_s"]  # the rest: an idle server's
         model = model.merge_and_unload().eval()
         tiny.save(model, tokenizer, out)
         start = time.perf_counter()
-        success = grpo.val_success(params, player.backend(out, model, tokenizer), val)
+        success = rounds.val_success(params, player.backend(out, model, tokenizer), val)
         times["val_s"] = time.perf_counter() - start
     finally:
         player.close()
-    return {**times, "episodes": len(rows), "val_episodes": len(val) * params.rl_text.grpo.val_trajectories,
+    return {**times, "episodes": len(rows), "val_episodes": len(val) * params.rl_text.val_trajectories,
             "replies": stats["grpo/replies"], "val_success": success, "starts": player.starts,
             "gap_mean": stats.get("grpo/mismatch/gap_mean"), "gap_max": stats.get("grpo/mismatch/gap_max"),
             "corrected": stats.get("grpo/mismatch/corrected"), "capability": torch.backends.cpu.get_cpu_capability()}

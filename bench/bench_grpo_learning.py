@@ -140,7 +140,10 @@ def success(rows: list[dict]) -> float:
 
 def rl_text_summary(metrics: dict) -> dict:
     """rl-text's early stopping on val and its wall time, from its metrics file."""
-    return {k: metrics[k] for k in ("grpo/chosen_round", "grpo/val_success_start", "grpo/val_success_chosen",
+    # rl/: the shared rounds' names; grpo/: a revision before them
+    names = {k.replace("grpo/", "rl/"): k for k in metrics if k.startswith("grpo/")}
+    metrics = {**{new: metrics[old] for new, old in names.items()}, **metrics}
+    return {k: metrics[k] for k in ("rl/chosen_round", "rl/val_success_start", "rl/val_success_chosen",
                                     "seconds") if k in metrics}
 
 
@@ -202,9 +205,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         b, a = r["before_rl_text"], r["after_rl_text"]
-        val = " / ".join(f"{100 * m['grpo/val_success_start']:.1f} → {100 * m['grpo/val_success_chosen']:.1f}"
+        val = " / ".join(f"{100 * m['rl/val_success_start']:.1f} → {100 * m['rl/val_success_chosen']:.1f}"
                          for m in (b, a))
-        print(f"| {r['name']} | {r['seed']} | {b['grpo/chosen_round']} / {a['grpo/chosen_round']} | {val} | "
+        print(f"| {r['name']} | {r['seed']} | {b['rl/chosen_round']} / {a['rl/chosen_round']} | {val} | "
               f"{b['seconds'] / 60:.1f} / {a['seconds'] / 60:.1f} | {100 * r['before']:.1f} / {100 * r['after']:.1f} | "
               f"{100 * r['paired']:+.1f} ± {100 * r['se']:.1f} | {r['tasks']} |")
     diffs = [r["paired"] for r in results]

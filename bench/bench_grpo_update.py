@@ -11,7 +11,7 @@ process per side and repeat (alternating), each side times:
 - **update**: GRPO's update of those episodes (``pipeline.rl_text.grpo.update``, LoRA as the preset trains): seconds per
   trained reply. Both sides train on the same played ids (``REF``'s code re-renders each prompt from the text, as
   it did);
-- **val**: ``--val-tasks`` val tasks × ``rl_text.grpo.val_trajectories`` played as the stage's val pass plays them
+- **val**: ``--val-tasks`` val tasks × ``rl_text.val_trajectories`` played as the stage's val pass plays them
   (``pipeline.rl_text.grpo.val_success``): seconds per episode;
 - **evaluate-text**: the DPO policy on ``--eval-tasks`` held-out tasks × ``evaluate_text.trajectories_per_task``,
   as evaluate-text plays each policy (its ``evaluate_policy``, the policy loaded as it loads it): seconds per episode.
@@ -27,6 +27,7 @@ Prints each side's medians and before ÷ after.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -116,18 +117,20 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     stats = grpo.update(model, tokenizer, rows, games, params, 0)
     update_s = time.perf_counter() - start
     model = model.merge_and_unload().eval()
-    val = grpo.val_jobs_of(params, game_list)
+    # the val pass: pipeline/rl_text/rounds.py's since the rounds were shared, grpo's before
+    rounds = grpo if hasattr(grpo, "val_jobs_of") else importlib.import_module("pipeline.rl_text.rounds")
+    val = rounds.val_jobs_of(params, game_list)
     cap = val_tasks // max(1, len(game_list))
     val = [j for g in game_list for j in [v for v in val if v[0] is g][:cap]]
     start = time.perf_counter()
     try:  # the val pass plays on the configured backend (pipeline.rl_text.serving), or on hf before it
         from pipeline.rl_text.serving import PolicyPlayer
 
-        success = grpo.val_success(params, PolicyPlayer(params).backend(dpo, model, tokenizer), val)
+        success = rounds.val_success(params, PolicyPlayer(params).backend(dpo, model, tokenizer), val)
     except ModuleNotFoundError:
-        success = grpo.val_success(params, model, tokenizer, dpo, val)
+        success = rounds.val_success(params, model, tokenizer, dpo, val)
     val_s = time.perf_counter() - start
-    episodes = len(val) * params.rl_text.grpo.val_trajectories
+    episodes = len(val) * (getattr(params.rl_text, "val_trajectories", None) or params.rl_text.grpo.val_trajectories)
     evaluate = evaluate_module()
     held_out = load_params(path, [f"data_dir={run / 'data'}", "tracking.enabled=false",
                                   f"games.max_eval_tasks={max(1, eval_tasks // len(game_list))}"])

@@ -21,9 +21,9 @@ from pipeline.text.grpo import (
     reply_logps,
     rollout_weights,
     round_advantages,
+    token_logps,
     token_loss,
     turn_advantages,
-    warped_logps,
 )
 
 TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_layer=1", "bootstrap.n_embd=32",
@@ -79,13 +79,44 @@ def test_gigpo_adds_the_step_advantage_of_steps_taken_in_the_same_state():
     assert adv[0] == pytest.approx([2 / 3 + omega * 2 / 3, 2 / 3 + omega * 1.0])
     assert adv[1] == pytest.approx([-4 / 3 + omega * -4 / 3, -4 / 3 + omega * -1.0, -4 / 3])
     assert adv[2] == pytest.approx([2 / 3 + omega * 2 / 3, 2 / 3])
-    # with std scaling: s0's G = -1, -3, -1 have sample std 1.154701; a1's G = 0, -2 have 1.414214
-    scaled = gigpo_advantages(group, gamma=1.0, omega=1.0)
+    # with std scaling of both: s0's G = -1, -3, -1 have sample std 1.154701; a1's G = 0, -2 have 1.414214
+    scaled = gigpo_advantages(group, gamma=1.0, omega=1.0, step_scale="group")
     e = [x / 1.154801 for x in (2 / 3, -4 / 3, 2 / 3)]
     assert scaled[0] == pytest.approx([2 * e[0], e[0] + 1 / 1.414314], abs=1e-5)
     assert scaled[2] == pytest.approx([2 * e[2], e[2]], abs=1e-5)
+    # step_scale none (the default, verl-agent's): the episode part scaled by its std, the step part mean only
+    mean_only = gigpo_advantages(group, gamma=1.0, omega=1.0)
+    assert mean_only[0] == pytest.approx([e[0] + 2 / 3, e[0] + 1.0], abs=1e-5)
+    assert mean_only[1] == pytest.approx([e[1] - 4 / 3, e[1] - 1.0, e[1]], abs=1e-5)
     # gamma discounts the step returns: G of episode 2 = [-1 - 0.5 - 0.25, -1.5, -1]
     assert discounted_returns([-1.0, -1.0, -1.0], 0.5) == [-1.75, -1.5, -1.0]
+
+
+def test_a_step_group_of_two_keeps_the_size_of_its_difference_under_mean_only_scaling():
+    """Two steps in one state whose returns differ by 0.1 or by 10: std scaling gives ±0.707 for both (any difference
+    of a pair), mean-only gives ±0.05 and ±5, as verl-agent's step-level default does."""
+    for gap in (0.1, 10.0):
+        group = [Steps([0.0], ["s"]), Steps([-gap], ["s"])]
+        std = gigpo_advantages(group, gamma=1.0, omega=1.0, scale="none", step_scale="group")
+        mean = gigpo_advantages(group, gamma=1.0, omega=1.0, scale="none", step_scale="none")
+        a_e = gap / 2  # the episode part, R - mean R, unscaled here
+        assert [std[0][0] - a_e, std[1][0] + a_e] == pytest.approx([0.70711, -0.70711], abs=2e-3)  # std + 1e-4
+        assert [mean[0][0] - a_e, mean[1][0] + a_e] == pytest.approx([gap / 2, -gap / 2])
+
+
+def test_turn_credit_indexes_steps_by_game_turn_not_by_reply():
+    """Episode 1 re-samples an unparsed reply on turn 0 (steps: retry, move, move); episode 2 plays two moves. By game
+    turn, episode 1's second move (turn 1) is compared with episode 2's second move; by reply index it was compared
+    with nothing (episode 2 has no third reply) and its first move with episode 2's second."""
+    one = Steps([-0.5, -1.0, 0.0], turns=[0, 0, 1])
+    two = Steps([-1.0, -1.0], turns=[0, 1])
+    adv = turn_advantages([one, two], gamma=1.0, scale="none")
+    # turn 0: G = -1.5 (retry), -1 (move) | -2: mean -1.5; turn 1: G = 0 | -1: mean -0.5
+    assert adv[0] == pytest.approx([0.0, 0.5, 0.5])
+    assert adv[1] == pytest.approx([-0.5, -0.5])
+    from pipeline.rl_text.grpo import step_turns
+
+    assert step_turns({"reply_parsed": [False, True, False, False, True, True]}) == [0, 0, 1, 1, 1, 2]
 
 
 def test_clipped_loss_and_kl_by_hand():
@@ -111,10 +142,14 @@ def test_loss_types_average_token_losses_as_trl_names_them():
     assert float(dapo) == pytest.approx(-(1 + 2 + 3) / 3)  # every token alike
     grpo, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, loss_type="grpo")
     assert float(grpo) == pytest.approx(-((1 + 2) / 2 + 3) / 2)  # each reply's mean, then the mean over replies
-    dr, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, loss_type="dr_grpo", max_tokens=4)
-    assert float(dr) == pytest.approx(-(1 + 2 + 3) / (2 * 4))  # the sum over replies x the generation budget
+    # dr_grpo: the sum over a constant budget (batch_size 4 x max_new_tokens 8 = 32), whatever the step holds
+    dr, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, loss_type="dr_grpo", budget=32)
+    assert float(dr) == pytest.approx(-(1 + 2 + 3) / 32)
+    dr3, _ = token_loss(zeros[:1], zeros[:1], adv[:1], mask[:1], clip_eps=0.2, loss_type="dr_grpo", budget=32)
+    assert float(dr3) == pytest.approx(-(1 + 2) / 32)  # one reply in the step: the same denominator
+    # the rollout correction scales each token's loss, and a token it weighs 0 (mask) is not counted by dapo
     weighted, _ = token_loss(zeros, zeros, adv, mask, clip_eps=0.2, weights=torch.tensor([[0.5, 1.0], [0.0, 0.0]]))
-    assert float(weighted) == pytest.approx(-(0.5 + 2) / 3)  # the rollout correction scales each token's loss
+    assert float(weighted) == pytest.approx(-(0.5 + 2) / 2)
 
 
 def test_rollout_correction_by_hand():
@@ -138,26 +173,55 @@ def test_rollout_correction_by_hand():
     assert rollout_weights(old, sampler, mask, "none", "token", cap=2.0)[0] is None
 
 
-def test_log_probs_are_those_of_the_truncated_distribution_the_sampler_drew_from():
-    from transformers import GenerationConfig
+def test_log_probs_are_the_untruncated_temperature_softmax_whatever_the_sampler_kept():
+    """π is scored as TRL and verl score it: log_softmax(logits / T), no top-k, top-p or min-p. Min-p 0.3 on
+    probabilities 0.5, 0.3, 0.15, 0.05 would keep the first three (renormalised by 0.95) and drop the last; here each
+    keeps its own probability, and the fourth is a finite log(0.05) with a gradient."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(4, 4).clone().requires_grad_()
+    got = token_logps(logits, torch.tensor([0, 1, 2, 3]))
+    assert got.tolist() == pytest.approx([math.log(p) for p in (0.5, 0.3, 0.15, 0.05)], abs=1e-6)
+    got[3].backward()
+    assert logits.grad[3].tolist() == pytest.approx([-0.5, -0.3, -0.15, 0.95], abs=1e-6)  # onehot - p: moves
+    # temperature 0.5 squares the probabilities: 0.25, 0.09, 0.0225, 0.0025 (sum 0.365)
+    hot = token_logps(logits.detach()[:1], torch.tensor([1]), temperature=0.5)
+    assert hot.tolist() == pytest.approx([math.log(0.09 / 0.365)], abs=1e-5)
+    # a token min-p kept alone (p = 0.99 against 0.01): truncated it had log-prob 0 and no gradient; here it has both
+    confident = torch.log(torch.tensor([[0.99, 0.01]])).requires_grad_()
+    lp = token_logps(confident, torch.tensor([0]))
+    lp.sum().backward()
+    assert float(lp.detach()) == pytest.approx(math.log(0.99), abs=1e-6) and confident.grad.abs().sum() > 0
 
-    from pipeline.llm.base import Sampling
-    from pipeline.llm.sampler import sampling_warpers
 
-    # probabilities 0.5, 0.3, 0.15, 0.05; min-p 0.3 keeps those >= 0.3 x 0.5 = 0.15: the first three, renormalised
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(3, 4)
-    warpers = sampling_warpers(GenerationConfig(top_k=None), Sampling(temperature=1.0, min_p=0.3))
-    got = warped_logps(logits, torch.tensor([0, 2, 3]), warpers)
-    assert got[:2].tolist() == pytest.approx([math.log(0.5 / 0.95), math.log(0.15 / 0.95)], abs=1e-6)
-    assert float(got[2]) == -1e4  # removed by min-p: the floor, a ratio of 0
-    # temperature 0.5 squares the probabilities before min-p: 0.25, 0.09, 0.0225, 0.0025 (sum 0.365)
-    hot = sampling_warpers(GenerationConfig(top_k=None), Sampling(temperature=0.5))
-    assert warped_logps(logits[:1], torch.tensor([1]), hot).tolist() == pytest.approx([math.log(0.09 / 0.365)],
-                                                                                       abs=1e-5)
-    # top-k 2: the two largest only, 0.5 / 0.8 and 0.3 / 0.8
-    top2 = sampling_warpers(GenerationConfig(top_k=2), Sampling(temperature=1.0))
-    assert warped_logps(logits[:2], torch.tensor([0, 1]), top2).tolist() == pytest.approx(
-        [math.log(0.5 / 0.8), math.log(0.3 / 0.8)], abs=1e-6)
+def test_k3_kl_is_finite_and_pulls_back_where_one_side_drops_the_token():
+    """beta 0.1, a token the reference gives p = 0.001 and the policy p = 0.5 (min-p 0.1 would drop it under the
+    reference: the old scoring floored it at -1e4 and clamped the log-ratio at 20, k3 = e^20 with no gradient).
+    Untruncated: log-ratio r = ln(0.001 / 0.5) = -6.214608; k3 = e^r - r - 1 = 0.002 + 6.214608 - 1 = 5.216608, and
+    its gradient in logp is 1 - e^r = 0.998 (pushing logp down, towards the reference). The mirror case, a token the
+    policy gives 0.001 and the reference 0.5: k3 = 500 - 6.214608 - 1 = 492.785392, gradient 1 - 500 = -499 (pulling
+    it up)."""
+    ref = torch.tensor([[math.log(0.001), math.log(0.5)]])
+    logp = torch.tensor([[math.log(0.5), math.log(0.001)]], requires_grad=True)
+    loss, stats = token_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 2), clip_eps=0.2, beta=0.1,
+                             ref=ref)
+    assert stats["kl"] == pytest.approx((5.216608 + 492.785392) / 2, rel=1e-5)
+    assert math.isfinite(float(loss.detach()))
+    loss.backward()
+    # dapo over 2 tokens, beta 0.1: d/dlogp = 0.1 x (1 - e^r) / 2
+    assert logp.grad.flatten().tolist() == pytest.approx([0.1 * 0.998 / 2, 0.1 * -499 / 2], rel=1e-4)
+    assert stats["moving"] == 1.0  # every token gets a gradient, through the KL alone (A = 0 here)
+
+
+def test_floored_tokens_stay_out_of_the_gap_and_of_the_replys_product():
+    """Reply 1: two tokens at ratio 1.5 and one the sampler reports at -1e4 (an engine's -inf): the gap statistics
+    count the two, and sequence-level TIS (cap 3) weighs the reply by 1.5 x 1.5 = 2.25, not by exp(1e4) or 0; the
+    floored token weighs 0. Reply 2 has one token at ratio 0.5."""
+    old = torch.tensor([[math.log(1.5), math.log(1.5), -2.0], [math.log(0.5), 0.0, 0.0]])
+    sampler = torch.tensor([[0.0, 0.0, -1e4], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w, stats = rollout_weights(old, sampler, mask, "tis", "sequence", cap=3.0)
+    assert w.tolist()[0] == pytest.approx([2.25, 2.25, 0.0]) and w.tolist()[1][0] == pytest.approx(0.5)
+    assert stats["gap_max"] == pytest.approx(math.log(2)) and stats["floored"] == pytest.approx(1 / 4)
+    assert stats["gap_mean"] == pytest.approx((2 * math.log(1.5) + math.log(2)) / 3)
 
 
 def test_infogain_counts_the_candidates_the_task_shows_by_hand():
@@ -218,6 +282,7 @@ def grpo_params(tmp_path, *extra):
 
 def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_path, monkeypatch):
     import pipeline.rl_text.grpo as grpo
+    import pipeline.rl_text.rounds as rounds
 
     def fresh(where):
         shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", where / "data" / "train_policy" / "dpo")
@@ -232,7 +297,7 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
 
     killed = fresh(tmp_path / "killed")
     real_update, plays, updates = grpo.update, [], []
-    real_play = grpo.play_episodes
+    real_play = rounds.play_episodes
 
     def update(*args, **kwargs):
         updates.append(1)
@@ -245,7 +310,7 @@ def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_p
         return real_play(*args, **kwargs)
 
     monkeypatch.setattr(grpo, "update", update)
-    monkeypatch.setattr(grpo, "play_episodes", play)
+    monkeypatch.setattr(rounds, "play_episodes", play)
     with pytest.raises(Killed):
         stage_module("rl-text").run(killed, StageContext())
     assert plays.count("rl-round-1") == 1  # round 1 was played, then killed in its update
@@ -287,14 +352,15 @@ def test_a_stop_during_the_update_ends_it_before_the_next_optimizer_step(bootstr
 def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_path, monkeypatch):
     """Early stopping on val: with val success 0.2 for the DPO start, 0.6 after round 1 and 0.4 after round 2, the
     stage's model is round 1's, byte for byte (not the last round's, not the start's)."""
-    import pipeline.rl_text.grpo as grpo
+    import pipeline.rl_text.rounds as rounds
 
     shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
-    params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.reward=outcome"))
+    params = declaration("rl-text").slice(grpo_params(tmp_path))
     scores = iter([0.2, 0.6, 0.4])
-    monkeypatch.setattr(grpo, "val_success", lambda *args, **kwargs: next(scores))
+    monkeypatch.setattr(rounds, "val_success", lambda *args, **kwargs: next(scores))
     result = stage_module("rl-text").run(params, StageContext())
-    assert result.metrics["grpo/chosen_round"] == 1 and result.metrics["grpo/val_success_chosen"] == 0.6
+    assert result.metrics["rl/chosen_round"] == 1 and result.metrics["rl/val_success_chosen"] == 0.6
+    assert result.metrics["rl/kept_by_val"] == 1
     rounds = tmp_path / "data" / "rl_text" / "rounds"
     first, last = rounds / "round-000" / "model.safetensors", rounds / "round-001" / "model.safetensors"
     kept = (tmp_path / "data" / "rl_text" / "model" / "model.safetensors").read_bytes()
@@ -330,10 +396,10 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
     assert len(all_train) + len(val) == len(games[0].tasks("train")) and not all_train & val
 
 
-def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
-    """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.grpo.max_val_tasks caps
-    the val tasks GRPO's early stopping plays."""
-    from pipeline.rl_text.grpo import val_jobs_of
+def test_rl_val_rounds_take_their_own_cap_not_evaluations():
+    """games.max_eval_tasks caps evaluation only (training stages do not watch it); rl_text.max_val_tasks caps the
+    val tasks the rounds' early stopping plays; without a val split there are none (and no error)."""
+    from pipeline.rl_text.rounds import val_jobs_of
     from pipeline.text.policies import game_tasks, make_games
 
     base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
@@ -342,8 +408,9 @@ def test_grpo_val_rounds_take_their_own_cap_not_evaluations():
     every_val = game_tasks(params, game, "val", cap=0)
     assert len(game_tasks(params, game, "val")) == 2 < len(every_val)  # evaluation's cap
     assert [t for _, t in val_jobs_of(params, [game])] == every_val
-    capped = load_params("params.yaml", [*base, "rl_text.grpo.max_val_tasks=3"])
+    capped = load_params("params.yaml", [*base, "rl_text.max_val_tasks=3"])
     assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]
+    assert val_jobs_of(load_params("params.yaml", ["games.groups=[twenty_questions]"]), [game]) == []
 
 
 def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bootstrapped, tmp_path):
@@ -361,7 +428,7 @@ def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bo
     overrides = [f"data_dir={data}", *TINY_BOOTSTRAP, "games.groups=[bandit@easy2]", "rl_text.algorithm=grpo",
                  "games.max_train_tasks=6", "games.val_fraction=0.34", "rl_text.rounds=2", "rl_text.tasks_per_round=2",
                  "rl_text.trajectories_per_task=3", "rollout_text.max_new_tokens=8", "rl_text.grpo.lr=0.001",
-                 "rl_text.grpo.val_trajectories=0", "policy.free_answers=true", "games.max_eval_tasks=6",
+                 "rl_text.val_trajectories=0", "policy.free_answers=true", "games.max_eval_tasks=6",
                  "evaluate_text.trajectories_per_task=2", "evaluate_text.policies=[dpo,rl]"]
     make_project(tmp_path, overrides)
     shutil.copytree(bootstrapped / "data" / "bootstrap", data / "bootstrap")
@@ -408,37 +475,44 @@ def test_compare_rounds_without_grpo_rounds_is_one_line(tmp_path):
 
 
 def test_hf_plays_token_in_token_out_and_its_log_probs_are_the_trainers(smollm2_dir):
-    """SmolLM2 plays twenty_questions@shown4 from ids with min-p 0.3 (the preset's sampling) on the hf backend: each
-    reply's prompt extends the previous prompt and reply (an episode packs into one sequence), and the sampler's
-    log-probs are the trainer's own, min-p applied and renormalised, to float rounding (GRPO's π_old)."""
-    from pipeline.llm import sampling_from_config
+    """SmolLM2 plays twenty_questions@shown4 from ids as RL rounds sample by default (temperature 1, no top-k, top-p
+    or min-p, not even the generation config's top-k 50): each reply's prompt extends the previous prompt and reply
+    (an episode packs into one sequence), and the sampler's log-probs are the trainer's untruncated ones to float
+    rounding. With min-p 0.3 kept, the sampler reports the truncated, renormalised log-probs: at or above the
+    trainer's, so every rollout-correction ratio is at most 1."""
+    from pipeline.llm.base import Sampling
     from pipeline.llm.hf import HFBackend, load_policy
-    from pipeline.rl_text.grpo import trainer_warpers
+    from pipeline.rl_text.rounds import round_sampling
     from pipeline.text.play import play_episodes
     from pipeline.text.policies import make_games
 
     params = load_params("params.yaml", ["policy.free_answers=true", "games.groups=[twenty_questions@shown4]",
-                                         "rollout_text.min_p=0.3", "rollout_text.max_new_tokens=24"])
+                                         "rollout_text.max_new_tokens=24"])
     model, tok = load_policy(smollm2_dir)
     game = make_games(params)[0]
-    sampling = sampling_from_config(params.rollout_text)
+    sampling = round_sampling(params)
+    assert sampling.top_k == 0 and sampling.min_p == 0.0 and sampling.temperature == 1.0
     jobs = [(game, t, s) for t in game.tasks("train")[:2] for s in range(2)]
-    rows = play_episodes(HFBackend(smollm2_dir, model_obj=model, tokenizer=tok), jobs, sampling, seed=3,
-                         token_ids=True)
-    warpers = trainer_warpers(model, sampling)
-    assert any(type(w).__name__ == "MinPLogitsWarper" for w in warpers)
-    gaps = []
-    for row in rows:
-        replies = list(zip(row["reply_prompt_ids"], row["reply_token_ids"], strict=True))
-        assert len(replies) == row["turns"] and all(row["reply_parsed"])
-        [packed] = pack_episode(replies)  # every prompt extends the one before: one sequence
-        assert [packed.ids[a:a + n] for a, n in packed.replies] == row["reply_token_ids"]
-        assert [packed.ids[:a] for a, _ in packed.replies] == row["reply_prompt_ids"]
-        with torch.no_grad():
-            trainer = torch.cat(reply_logps(model, [packed], warpers))
-        sampler = torch.tensor([x for lp in row["reply_logprobs"] for x in lp])
-        gaps.append(float((trainer - sampler).abs().max()))
-    assert max(gaps) < 1e-3
+    backend = HFBackend(smollm2_dir, model_obj=model, tokenizer=tok)
+
+    def gaps(rows):
+        out = []
+        for row in rows:
+            replies = list(zip(row["reply_prompt_ids"], row["reply_token_ids"], strict=True))
+            assert len(replies) == row["turns"] and all(row["reply_parsed"])
+            [packed] = pack_episode(replies)  # every prompt extends the one before: one sequence
+            assert [packed.ids[a:a + n] for a, n in packed.replies] == row["reply_token_ids"]
+            assert [packed.ids[:a] for a, _ in packed.replies] == row["reply_prompt_ids"]
+            with torch.no_grad():
+                trainer = torch.cat(reply_logps(model, [packed]))
+            out.append(torch.tensor([x for lp in row["reply_logprobs"] for x in lp]) - trainer)
+        return torch.cat(out)
+
+    untruncated = gaps(play_episodes(backend, jobs, sampling, seed=3, token_ids=True))
+    assert float(untruncated.abs().max()) < 1e-3
+    truncated = gaps(play_episodes(backend, jobs, Sampling(temperature=1.0, min_p=0.3, top_k=0, max_tokens=24),
+                                   seed=3, token_ids=True))
+    assert float(truncated.min()) > -1e-3 and float(truncated.max()) > 1e-2  # sampler >= trainer, and apart
 
 
 def played(conversation_moves: list[tuple[str, bool]], success: bool, turns: int, dense=None) -> dict:
@@ -480,10 +554,14 @@ def test_the_stages_step_rewards_and_advantages_by_hand():
     assert skipped == 0 and [len(a) for _, a in scored] == [2, 3, 5]
     assert [a[0] for _, a in scored] == pytest.approx([2.5 / s, -0.25 / s, -2.25 / s], abs=1e-5)
     assert all(len(set(a)) == 1 for _, a in scored)  # the same advantage for every step of an episode
-    # turn credit without std: step 1 G = -0.25, -3, -5 -> mean -2.75; step 2 G = 0.25, -2, -4 -> mean -1.916667
+    # turn credit without std, by game turn (the re-sampled replies share their move's turn): game turns are
+    # win [0, 0], loss [0, 1, 2], invalid [0, 1, 1, 1, 1]; returns G win [-0.25, 0.25], loss [-3, -2, -1], invalid
+    # [-5, -4, -3.5, -3, -2.5]. Turn 0: -0.25, 0.25, -3, -5 (mean -2); turn 1: -2, -4, -3.5, -3, -2.5 (mean -3);
+    # turn 2: the loss's -1 alone (0)
     turn = params.rl_text.grpo.model_copy(update={"credit": "turn", "scale_rewards": "none"})
-    [(_, a_win), (_, a_loss), _] = advantages_of([win, loss, invalid], games, turn)[0]
-    assert a_win == pytest.approx([2.5, 0.25 + 1.916667], abs=1e-5)
-    assert a_loss[:2] == pytest.approx([-0.25, -2 + 1.916667], abs=1e-5)
+    [(_, a_win), (_, a_loss), (_, a_invalid)] = advantages_of([win, loss, invalid], games, turn)[0]
+    assert a_win == pytest.approx([1.75, 2.25], abs=1e-5)
+    assert a_loss == pytest.approx([-1.0, 1.0, 0.0], abs=1e-5)
+    assert a_invalid == pytest.approx([-3.0, -1.0, -0.5, 0.0, 0.5], abs=1e-5)
     # one episode alone, or all the same: no signal, skipped
     assert advantages_of([loss, dict(loss)], games, cfg) == ([], 1)

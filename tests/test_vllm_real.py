@@ -164,7 +164,7 @@ def test_grpo_rounds_of_smollm2_on_one_server_and_the_served_weights_are_the_tra
     from pipeline.text.policies import game_tasks, make_games
 
     params = params_for(tmp_path, "rl_text.rounds=2", "rl_text.tasks_per_round=2", "rl_text.trajectories_per_task=2",
-                        "rl_text.grpo.max_val_tasks=1", "rl_text.grpo.val_trajectories=1")
+                        "rl_text.max_val_tasks=1", "rl_text.val_trajectories=1")
     shutil.copytree(smollm2_dir, tmp_path / "data" / "train_policy" / "dpo")
     metrics = execute("rl-text", params).metrics
     history = json.loads(params.plots_path("rl_rounds.json").read_text())

@@ -20,8 +20,17 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    #: None: the truncation the model's generation config adds (transformers' top-k 50, its min-p) applies as
+    #: ``generate`` applies it; 0 or more: this request says all of it (0 = no top-k, and top_p / min_p alone), as
+    #: online RL's rounds sample (``rl_text.sampling``)
+    top_k: int | None = None
 
     def key(self) -> dict:
+        if self.top_k is not None:  # only then: the keys of every request that leaves it unset stay as they were
+            return {**self._key(), "top_k": self.top_k}
+        return self._key()
+
+    def _key(self) -> dict:
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,

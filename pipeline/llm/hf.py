@@ -299,6 +299,8 @@ class HFBackend(ChatBackend):
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
             if sampling.min_p > 0:
                 kwargs["min_p"] = sampling.min_p
+            if sampling.top_k is not None:
+                kwargs["top_k"] = sampling.top_k or None  # 0: no top-k, not the config's
         else:
             kwargs.update(do_sample=False)
         return kwargs, sampler

@@ -45,12 +45,14 @@ def sampling_warpers(config: GenerationConfig, sampling: Sampling) -> list[Logit
     warpers: list[LogitsProcessor] = []
     if sampling.temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(sampling.temperature))
-    if config.top_k:
-        warpers.append(TopKLogitsWarper(top_k=config.top_k))
+    own = sampling.top_k is not None  # the request says all of its truncation: the config adds none
+    top_k = sampling.top_k if own else config.top_k
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k))
     if sampling.top_p is not None and sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p=sampling.top_p))
-    min_p = sampling.min_p if sampling.min_p > 0 else config.min_p
-    if min_p is not None:
+    min_p = sampling.min_p if sampling.min_p > 0 or own else config.min_p
+    if min_p:
         warpers.append(MinPLogitsWarper(min_p=min_p))
     return warpers
 

@@ -317,7 +317,8 @@ class MotifRewardConfig(Section):
     intrinsic_coef: float = Field(1.0, ge=0.0, description="weight of the reward model's reward")
     outcome_coef: float = Field(0.0, ge=0.0, description="weight of the game's outcome reward (-1 per turn, 0 "
                                 "on the winning one; reward games: the reward on the last turn); 0 = "
-                                "intrinsic only, Motif's headline agent")
+                                "intrinsic only, Motif's headline agent. grpo ignores it: its outcome weight is "
+                                "grpo.outcome_coef alone, so the outcome is counted once")
 
 
 class OniModelConfig(Section):
@@ -374,6 +375,20 @@ class RLCurriculumConfig(Section):
         "arm per (group, label)")
 
 
+class RLSamplingConfig(Section):
+    """How online RL's rounds sample the policy's replies (grpo, filtered_bc), apart from evaluation's and
+    rollout-text's: by default the untruncated softmax at temperature 1, as TRL and verl sample RL rounds. GRPO's
+    trainer scores the temperature-scaled softmax with no truncation whatever is set here; a truncation kept here
+    leaves a gap between the sampler and the trainer that grpo.rollout_correction corrects."""
+
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature of the rounds' replies (GRPO's "
+                               "trainer scores log_softmax(logits / temperature))")
+    top_k: int = Field(0, ge=0, description="top-k truncation; 0 = none (the model's generation config adds none "
+                       "either)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus truncation; 1 = none")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0, description="min-p truncation; 0 = none")
+
+
 class GRPOConfig(Section):
     """``rl_text.algorithm: grpo``: group-relative advantages over the trajectories_per_task episodes of a task
     (pipeline/text/grpo.py has the formulas)."""
@@ -391,8 +406,14 @@ class GRPOConfig(Section):
         "towards tasks that are too easy or too hard)")
     loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field(
         "dapo", description="how token losses are averaged over an optimizer step (TRL's names): dapo = over every "
-        "sampled token alike | grpo = each reply's token mean, then the mean over replies | dr_grpo = the sum over "
-        "tokens / (replies x rollout_text.max_new_tokens) (Dr. GRPO)")
+        "sampled token that can move alike | grpo = each reply's token mean, then the mean over replies | dr_grpo = "
+        "the sum over "
+        "tokens / (batch_size x rollout_text.max_new_tokens), a constant (Dr. GRPO); a token the rollout "
+        "correction weighs 0 (mask) cannot move and counts in none")
+    step_scale: Literal["none", "group"] = Field(
+        "none", description="gigpo: the normaliser of the step-level advantage over a state's steps | none = "
+        "(G_t - mean G), mean only (verl-agent's step-level default; a state shared by two steps would otherwise "
+        "give +-0.707 for any difference) | group = / (their sample std + 1e-4)")
     omega: float = Field(1.0, ge=0, description="gigpo: the weight of the step-level advantage (GiGPO's omega)")
     gamma: float = Field(1.0, ge=0, le=1, description="gigpo and turn: the discount of the step returns G_t")
     outcome_coef: float = Field(1.0, ge=0, description="weight of the game's outcome reward among the per-turn "
@@ -406,24 +427,18 @@ class GRPOConfig(Section):
                         "and no reference model is loaded (TRL's default)")
     rollout_correction: Literal["none", "tis", "mask"] = Field(
         "tis", description="the sampler / trainer mismatch correction, rho = exp(trainer log-prob at the weights "
-        "that played - the sampler's): tis = each token's loss x min(rho, cap) (truncated importance sampling) | "
-        "mask = x rho where 1/cap <= rho <= cap, else 0 | none. It needs a scoring pass of the round's replies; "
-        "an hf policy playing in float32 samples from the trainer's own distribution (the sampler's log-probs are "
-        "the ratio's denominator, the gap is measured on the first optimizer step), so no pass and no correction")
+        "that played, from the round's no-grad scoring pass - the sampler's): tis = each token's loss x min(rho, "
+        "cap) (truncated importance sampling) | mask = x rho where 1/cap <= rho <= cap, else 0 | none = weight 1 "
+        "(the gap is still measured)")
     rollout_correction_level: Literal["token", "sequence"] = Field(
         "token", description="rho per token, or per reply (the product of its tokens' ratios)")
     rollout_correction_cap: float = Field(2.0, gt=1, description="C, the cap of tis and the bounds [1/C, C] of mask")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (TRL's default: 0)")
     epochs: int = Field(1, ge=1, le=16, description="passes over a round's replies (TRL's num_iterations)")
     batch_size: int = Field(16, ge=1, description="agent replies per optimizer step (whole episodes are taken "
                             "until a step holds at least this many)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
-    val_trajectories: int = Field(
-        1, ge=0, description="episodes per val task (games.val_fraction) played after each round; the model "
-        "kept is the round with the best val success, the DPO policy counting as round 0 (early stopping on "
-        "val); 0 = no val: the last round")
-    max_val_tasks: int | None = Field(None, ge=1, description="cap on the val tasks per group the rounds play "
-                                      "(None = all; games.max_eval_tasks caps evaluation only)")
 
 
 class RLTextConfig(Section):
@@ -456,12 +471,20 @@ class RLTextConfig(Section):
         "tasks rollout-text played and SFT / DPO learnt); 0 = every train task (val tasks stay out); more tasks "
         "give the policy secrets it has not met")
     trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
+    val_trajectories: int = Field(
+        1, ge=0, description="grpo and filtered_bc: episodes per val task (games.val_fraction) played after each "
+        "round at the evaluation temperature; the model kept is the round with the best val success, the DPO "
+        "policy counting as round 0 (early stopping on val); 0, or games.val_fraction 0 = no val: the last round "
+        "(metric rl/kept_by_val 0)")
+    max_val_tasks: int | None = Field(None, ge=1, description="grpo and filtered_bc: cap on the val tasks per "
+                                      "group the rounds play (None = all; games.max_eval_tasks caps evaluation "
+                                      "only)")
     top_quantile: float = Field(0.25, gt=0, le=1, description="filtered_bc: keep the best fraction of all "
                                 "trajectories so far")
     lr: float = Field(1e-4, gt=0, description="filtered_bc")
     epochs: float = Field(2.0, gt=0, description="filtered_bc")
     batch_size: int = Field(16, ge=1, description="filtered_bc")
-    lora: bool = Field(False, description="filtered_bc: clone into LoRA adapters (train_policy.lora's rank, alpha "
+    lora: bool = Field(False, description="filtered_bc and grpo: train LoRA adapters (train_policy.lora's rank, alpha "
                        "and modules; merged after each round) instead of every weight, as train-sft and train-dpo "
                        "train: a full fine-tune at an adapter's learning rate can undo what they taught")
     critic: CriticConfig = Field(default_factory=CriticConfig,
@@ -469,6 +492,8 @@ class RLTextConfig(Section):
     archer: ArcherConfig = Field(default_factory=ArcherConfig, description="archer: the token-level actor")
     chai: ChaiConfig = Field(default_factory=ChaiConfig, description="chai: the critic re-ranks sampled utterances")
     grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="grpo: group-relative policy optimisation")
+    sampling: RLSamplingConfig = Field(default_factory=RLSamplingConfig,
+                                       description="grpo and filtered_bc: how the rounds sample the policy")
 
     @model_validator(mode="after")
     def _curriculum_has_spread(self) -> RLTextConfig:

@@ -102,7 +102,9 @@ def motif_rewards(normalised: list[float], moves: list[str], threshold: float | 
 
 
 class MotifTurnRewards:
-    """train-reward-text's model: r = outcome_coef·r_outcome + intrinsic_coef·1[r̃ > ε]·r̃ / N^β (rl_text.motif)."""
+    """train-reward-text's model: r = outcome_coef·r_outcome + intrinsic_coef·1[r̃ > ε]·r̃ / N^β (rl_text.motif).
+    Under grpo the outcome term is left out: GRPO adds the game's outcome itself (``grpo.outcome_coef``), and it is
+    counted once."""
 
     def __init__(self, params: ParamsSlice) -> None:
         import json
@@ -117,6 +119,7 @@ class MotifTurnRewards:
                              "(written for another rl_text.reward): run annotate-utterances and train-reward-text "
                              "with rl_text.reward=motif first")
         self.cfg = params.rl_text.motif
+        self.outcome_coef = 0.0 if params.rl_text.algorithm == "grpo" else self.cfg.outcome_coef
         self.model, self.stats = load_reward_model(path)
         self.context_messages = json.loads((path / STATS).read_text())["context_messages"]
         self.threshold = self.stats.threshold(self.cfg.threshold_quantile)
@@ -139,7 +142,7 @@ class MotifTurnRewards:
             moves = [row["conversation"][i]["content"] for i in indices]
             intrinsic = motif_rewards(mine, moves, self.threshold, self.cfg.count_exponent)
             outcome = outcome_rewards(row, by_turns[row["group"]])
-            out.append([self.cfg.intrinsic_coef * a + self.cfg.outcome_coef * b
+            out.append([self.cfg.intrinsic_coef * a + self.outcome_coef * b
                         for a, b in zip(intrinsic, outcome, strict=True)])
         return out
 

@@ -81,7 +81,7 @@ def compare_rounds(run: Path, overrides: list[str]) -> list[str]:
     dpo = scored(dpo_rows, k)
     history = {h["round"]: h for h in json.loads(history_file.read_text())}
     stage = json.loads(stage_metrics.read_text())
-    kept = stage.get("grpo/chosen_round")
+    kept = stage.get("rl/chosen_round", stage.get("grpo/chosen_round"))  # grpo/: runs before the shared rounds
     # when rl-text started: its metrics file's time (written as it ends) less its seconds
     began = stage_metrics.stat().st_mtime - stage["seconds"] if "seconds" in stage else None
 

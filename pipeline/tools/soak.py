@@ -6,7 +6,7 @@ each followed by a resume, compared with an uninterrupted run of the same budget
     curio soak -n 20 -S rollout_text.trajectories_per_task=8 --keep /tmp/soak
     curio soak -n 6 $(curio preset presets/smollm2.yaml presets/vllm.yaml presets/vllm-judge.yaml)  # all on vLLM
     curio soak -n 20 --target rl-text --stages rl-text $(curio preset presets/smollm2-learn.yaml presets/vllm.yaml) \
-        -S games.max_train_tasks=6 -S rl_text.rounds=2 -S rl_text.tasks_per_round=3 -S rl_text.grpo.max_val_tasks=4 \
+        -S games.max_train_tasks=6 -S rl_text.rounds=2 -S rl_text.tasks_per_round=3 -S rl_text.max_val_tasks=4 \
         -S train_policy.sft.epochs=1 -S train_policy.dpo.epochs=1   # GRPO on vLLM, interrupted
     curio soak --make-run             # each run as `make run` runs the DAG: its warm start too
 
