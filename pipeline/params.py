@@ -161,6 +161,10 @@ def check_params(params: Params) -> None:
                 raise ConfigError(f"params: {key}: unknown game group {group!r}") from None
             except ValueError as e:  # a difficulty tier (GAME@TIER) the game cannot play
                 raise ConfigError(f"params: {key}: {group!r}: {e}") from None
+            if params.policy.backend == "scripted" and game_class(group).env_kind == "external":
+                raise ConfigError(f"params: policy.backend: scripted plays the games' scripted players, and {key} "
+                                  f"holds {group!r}, another project's environment, which has none: use a model "
+                                  "policy (hf, vllm)")
     if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
         _check_model("policy.model", params.policy.model)
     if params.policy.backend == "openai":

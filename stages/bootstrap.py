@@ -19,9 +19,10 @@ import random
 
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_rows, stable_hash
 from pipeline.core.checkpoints import keyed_dir, run_key
+from pipeline.core.config import ConfigError
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
-from pipeline.envs.base import format_answer, make_game
+from pipeline.envs.base import format_answer, game_class, make_game
 from pipeline.models import tiny
 from pipeline.models.training import sft_train
 from pipeline.params import Params
@@ -70,8 +71,14 @@ def run(params: Params, ctx: StageContext) -> StageResult:
         atomic_write_json(params.plots_path("bootstrap_loss.json"), [])  # dvc.yaml declares the plot
         return StageResult(metrics={"skipped": 1})
 
-    games = [make_game(g) for g in pretraining_groups(params)]
-    scripted = [g for g in games if g.env_kind == "program"]
+    # Only Curio's program games have scripted players: LLM-hosted games and other projects' environments
+    # (textarena:, openenv:) give the tiny model no pre-training (it meets them first in rollout-text).
+    scripted = [make_game(g) for g in pretraining_groups(params) if game_class(g).env_kind == "program"]
+    if not scripted:
+        raise ConfigError(f"params: bootstrap: the built-in model pre-trains on the scripted players of "
+                          f"games.groups and games.eval_groups, and none of {', '.join(pretraining_groups(params))} "
+                          "has one: add one of Curio's program games (e.g. mastermind) to games.groups, or set "
+                          "policy.model to a chat model (e.g. presets/smollm2.yaml)")
     tasks = [(g, t) for g in scripted for t in g.tasks("train") + g.tasks("eval")]
     num_chunks = max(1, -(-cfg.episodes // EPISODES_PER_CHUNK))
 

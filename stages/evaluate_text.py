@@ -15,6 +15,7 @@ from functools import partial
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dir_hash, read_rows
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
+from pipeline.envs.external import turn_limit_metrics
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
 from pipeline.params import Params
@@ -163,4 +164,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             metrics[f"{p}/{g}/success_rate"] = per_group[p][g]["success_rate"]
             metrics[f"{p}/{g}/mean_turns"] = per_group[p][g]["mean_turns"]
     metrics.update(environment.metrics())  # environment/... when an LLM answered as the environment
+    for p in policies:  # episodes of other projects' environments that Curio's turn limit ended, not the game
+        metrics.update(turn_limit_metrics([r for r in rows if r["policy"] == p], f"{p}/"))
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -24,6 +24,7 @@ from pipeline.core.artifacts import chunk_seed, dir_hash, read_part, read_rows
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.envs.base import Game, Task
+from pipeline.envs.external import is_external, turn_limit_metrics
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_accounting, environment_metrics
@@ -175,4 +176,6 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     rows = read_rows(out, ["success", "invalid", "turns", "score"])
     metrics = {f"train/{k}": v for k, v in summarize(rows).items()}
     metrics.update(environment.metrics())  # the LLM environment's ledger (of this process's chunks), if any
+    if any(is_external(g) for g in params.games.groups):  # episodes that Curio's turn limit ended, not the game
+        metrics.update(turn_limit_metrics(read_rows(out, ["group", "conversation"]), "train/"))
     return StageResult(metrics=metrics, outputs=[str(out)])

@@ -10,6 +10,7 @@ import importlib
 import random
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -60,8 +61,9 @@ class Game(ABC):
 
     name: ClassVar[str]
     max_turns: ClassVar[int]
-    #: "program" engines answer by code; "llm" engines need an environment backend (see ``set_environment``).
-    env_kind: ClassVar[Literal["program", "llm"]] = "program"
+    #: "program" engines answer by code; "llm" engines need an environment backend (see ``set_environment``);
+    #: "external": another project's environment, reached through its protocol (``pipeline.envs.external``)
+    env_kind: ClassVar[Literal["program", "llm", "external"]] = "program"
     #: True when the score is turns used (lower is better); bandits score by reward instead.
     score_by_turns: ClassVar[bool] = True
     #: more teaching of the answer format, appended to the system prompt (``policy.format_prompt``, set by
@@ -116,6 +118,9 @@ class Game(ABC):
     def step_batch(self, states: list[Any], actions: list[str]) -> list[StepResult]:
         """Step many episodes at once; LLM-simulated environments override this to batch their calls."""
         return [self.step(s, a) for s, a in zip(states, actions, strict=True)]
+
+    def release(self, state: Any) -> None:  # noqa: B027 - optional hook: Curio's own games hold nothing
+        """Play is done with an episode (finished or not): an external environment closes its session."""
 
     def is_correct_guess(self, task: Task, action: str) -> bool:
         """Program check used by the exact-match judge: does ``action`` achieve the task's goal?"""
@@ -184,11 +189,18 @@ def format_note(game: Game, style: str, example_task: Task) -> str:
 
 
 _REGISTRY: dict[str, type[Game]] = {}
+#: ``SCHEME:TARGET`` groups: scheme -> the game class of a whole ``SCHEME:TARGET`` (``pipeline.envs.external``)
+_SCHEMES: dict[str, Callable[[str], type[Game]]] = {}
 
 
 def register(cls: type[Game]) -> type[Game]:
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def register_scheme(scheme: str, game_class_of: Callable[[str], type[Game]]) -> None:
+    """Let ``games.groups`` name games as ``SCHEME:TARGET`` (another project's environment, by protocol)."""
+    _SCHEMES[scheme] = game_class_of
 
 
 def parse_tier(cls: type[Game], spec: str) -> dict[str, Any]:
@@ -215,12 +227,19 @@ def parse_tier(cls: type[Game], spec: str) -> dict[str, Any]:
 
 def game_class(name: str) -> type[Game]:
     """The game class named ``name``; imports ``pipeline.envs.<name>`` on first use. A tiered group
-    (``GAME@TIER``) names its game's class, and its tier is checked (ValueError when the game cannot play it)."""
+    (``GAME@TIER``) names its game's class, and its tier is checked (ValueError when the game cannot play it).
+    ``textarena:ENV_ID`` and ``openenv:URL`` name other projects' environments (``pipeline.envs.external``)."""
     name, _, tier = name.partition("@")
     if tier:
         cls = game_class(name)
         parse_tier(cls, tier)
         return cls
+    scheme, colon, _ = name.partition(":")
+    if colon:  # SCHEME:TARGET: the module of other projects' environments registers its schemes when loaded
+        if not _SCHEMES:
+            importlib.import_module("pipeline.envs.external")
+        if scheme in _SCHEMES:
+            return _SCHEMES[scheme](name)
     if name not in _REGISTRY:
         try:
             importlib.import_module(f"pipeline.envs.{name}")

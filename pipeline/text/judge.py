@@ -93,7 +93,9 @@ class Judge:
 
 
 class ExactMatchJudge(Judge):
-    """VALID iff the win was claimed and the game's own ``is_correct_guess`` accepts the final action."""
+    """VALID iff the win was claimed and the game's own ``is_correct_guess`` accepts the final action. Another
+    project's environment (``textarena:``, ``openenv:``) is its own judge: a win is its reward at the end of the
+    episode (``pipeline.envs.external``), so the label is that outcome."""
 
     def __init__(self, ledger: Ledger | None = None) -> None:
         super().__init__(ledger or Ledger("judge"))
@@ -112,6 +114,9 @@ class ExactMatchJudge(Judge):
                 verdicts.append(Verdict("NOTVALID", "exact_match: not claimed"))
                 continue
             task = Task(**{k: v for k, v in item.task.items() if k in _TASK_FIELDS})
+            if self._game(task.group).env_kind == "external":
+                verdicts.append(Verdict("VALID", "exact_match: the environment's reward won the episode"))
+                continue
             try:
                 correct = self._game(task.group).is_correct_guess(task, item.final_action)
             except NotImplementedError as e:

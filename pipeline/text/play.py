@@ -123,6 +123,7 @@ def play_episodes(
         for e in episodes:
             e.prompt_ids = tokens.first(e.conversation)
     _play(policy, episodes, sampling, max_format_retries, on_turn, tokens)
+    release(episodes)
     rows = [episode_row(e, seed, policy_name) for e in episodes]
     if token_ids:
         for row, e in zip(rows, episodes, strict=True):
@@ -211,6 +212,13 @@ def _play(
             on_turn(n_before - len(active))
 
 
+def release(episodes: list[Episode]) -> None:
+    """Tell each game play is done with its episodes (an external environment closes the sessions of those that
+    ended without it: out of format retries, or stopped at a window's end)."""
+    for e in episodes:
+        e.game.release(e.state)
+
+
 def sampled_reply(ep: Episode, gen, parsed: bool) -> dict:
     """What token-in / token-out play keeps of a sampled reply (REPLY_FIELDS)."""
     if gen.meta.get("token_ids") is None or gen.token_logprobs is None:
@@ -291,6 +299,7 @@ def resume_episodes(
             ep.stop_at = ep.turns + max_new_turns
             ep.done = ep.done or max_new_turns == 0
     _play(policy, episodes, sampling, max_format_retries)
+    release(episodes)
     return [
         {**episode_row(e, seed, policy_name), "start_turns": n, "tokens_out": e.tokens_out}
         for e, n in zip(episodes, start_turns, strict=True)
