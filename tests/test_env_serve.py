@@ -31,8 +31,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(*args: str) -> Iterator[str]:
-    """``curio env serve ARGS --port P`` running, its base URL; stopped (and waited for) on the way out."""
+def served(*args: str) -> Iterator[tuple[str, str]]:
+    """``curio env serve ARGS --port P`` running: its base URL and the line it printed; stopped (and waited for) on
+    the way out."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "env", "serve", *args, "--port", str(port)],
                             cwd=REPO, env=command_env(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -51,7 +52,7 @@ def served(*args: str) -> Iterator[str]:
                 pass
             assert time.monotonic() < deadline, "curio env serve did not come up in 120 s"
             time.sleep(0.5)
-        yield url
+        yield url, proc.stdout.readline().rstrip("\n")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -119,7 +120,7 @@ def test_openenv_client_plays_a_served_game_to_its_outcome(group, split, task_in
 
     player, policy = scripted_player(group)
     args = [group] + (["--split", split] if split else [])
-    with served(*args) as url:
+    with served(*args) as (url, _):
         assert listening_addresses(int(url.rsplit(":", 1)[1])) == {"127.0.0.1"}  # loopback unless told otherwise
         torch.manual_seed(0)  # the scripted player's draws, as play_episodes(seed=0) seeds them
         episode = play_over_openenv(url, player, task_index=task_index)
@@ -140,7 +141,7 @@ def test_openenv_client_plays_a_served_game_to_its_outcome(group, split, task_in
 def test_a_reply_without_a_move_is_asked_again_then_ends_the_episode_invalid():
     from pipeline.envs import make_game
 
-    with served("guess_my_city", "-S", "rollout_text.max_format_retries=1") as url:
+    with served("guess_my_city", "-S", "rollout_text.max_format_retries=1") as (url, _):
         episode = play_over_openenv(url, lambda conversation: "I think it is Paris", seed=7)
     last, rewards = episode["last"], episode["rewards"]
     assert last["invalid"] and not last["success"] and last["turn"] == 0
