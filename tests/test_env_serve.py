@@ -124,6 +124,9 @@ def test_openenv_client_plays_a_served_game_to_its_outcome(group, split, task_in
         assert listening_addresses(int(url.rsplit(":", 1)[1])) == {"127.0.0.1"}  # loopback unless told otherwise
         torch.manual_seed(0)  # the scripted player's draws, as play_episodes(seed=0) seeds them
         episode = play_over_openenv(url, player, task_index=task_index)
+        other = "eval" if split is None else "train"
+        with pytest.raises(RuntimeError, match=f"serves the {split or 'train'} split, not '{other}'"):
+            play_over_openenv(url, player, split=other)  # one server, one split: the held-out one only when named
         with urllib.request.urlopen(f"{url}/schema", timeout=5) as r:
             assert b'"reply"' in r.read()  # the action schema names the reply field
     conversation, rewards, last = episode["conversation"], episode["rewards"], episode["last"]

@@ -68,9 +68,13 @@ class GameEnvironment(Environment[GameAction, GameObservation, GameState]):
         self.steps = 0
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_index: int | None = None,
-              **kwargs: Any) -> GameObservation:
+              split: str | None = None, **kwargs: Any) -> GameObservation:
         """A new episode: the served split's task ``task_index``, else task ``seed`` (modulo their number), else
-        the next one in order."""
+        the next one in order. A ``split`` other than the served one is refused: a server serves one split, and the
+        held-out one only when it was started for it."""
+        if split is not None and split != self.split:
+            raise ValueError(f"this server serves the {self.split} split, not {split!r}: start one with "
+                             f"`curio env serve {self.session.game.name} --split {split}`")
         messages = self.session.reset(seed=seed, task_index=task_index)
         self.episode_id, self.steps = episode_id, 0
         return self._observation(messages, reward=None)
