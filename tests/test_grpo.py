@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -565,3 +566,33 @@ def test_the_stages_step_rewards_and_advantages_by_hand():
     assert a_invalid == pytest.approx([-3.0, -1.0, -0.5, 0.0, 0.5], abs=1e-5)
     # one episode alone, or all the same: no signal, skipped
     assert advantages_of([loss, dict(loss)], games, cfg) == ([], 1)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "filtered_bc", "archer", "chai"])
+def test_every_algorithm_runs_on_the_default_params_or_is_refused_in_one_line(algorithm, bootstrapped, tmp_path):
+    """`curio stage rl-text -S rl_text.algorithm=A` on the repo's params.yaml (games.val_fraction 0: no val split),
+    only the budget made small: exit 0, or exit 2 with one line; never an internal error. GRPO without val trains
+    and keeps its last round, and says so (rl/kept_by_val 0)."""
+    import subprocess
+    import sys
+
+    from stages.rl_text import ALGORITHMS
+
+    assert set(ALGORITHMS) == {"grpo", "filtered_bc", "archer", "chai"}  # a new one joins the parametrisation
+    shutil.copy("params.yaml", tmp_path / "params.yaml")
+    for policy in ("sft", "dpo"):
+        shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / policy)
+    small = [*TINY_BOOTSTRAP, "tracking.enabled=false", f"rl_text.algorithm={algorithm}", "rl_text.rounds=1",
+             "rl_text.tasks_per_round=2", "rl_text.trajectories_per_task=2", "rl_text.chai.num_samples=2",
+             "rl_text.critic.steps=2", "rollout_text.max_new_tokens=8"]
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "rl-text",
+                          *[x for o in small for x in ("-S", o)]], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}, timeout=600)
+    assert "internal error" not in res.stderr, res.stderr[-3000:]
+    assert res.returncode in (0, 2), res.stderr[-3000:]
+    if res.returncode == 2:
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+        return
+    metrics = json.loads((tmp_path / "metrics" / "stages" / "rl-text.json").read_text())
+    if algorithm in ("grpo", "filtered_bc"):
+        assert metrics["rl/kept_by_val"] == 0 and metrics["rl/chosen_round"] == 1  # no val: the last round
