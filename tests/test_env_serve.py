@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, command_env, curio
 
-pytest.importorskip("openenv", reason="the envs extra (make dev installs it)")
-
 
 def free_port() -> int:
     with socket.socket() as s:

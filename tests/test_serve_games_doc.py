@@ -7,11 +7,8 @@ import re
 import subprocess
 import sys
 
-import pytest
 from conftest import REPO
 from test_env_serve import served
-
-pytest.importorskip("openenv", reason="the envs extra (make dev installs it)")
 
 PAGE = (REPO / "docs" / "serve-games.md").read_text()
 

@@ -10,6 +10,7 @@
                                      (fresh_clone.py)
     curio soak                       the DAG under random interruptions, against an uninterrupted run (soak.py)
     curio profile STAGE              where a stage's CPU seconds go (profile_stage.py)
+    curio env serve GROUP[@TIER]     a text game as an OpenEnv server; TRL's environment_factory (game_envs.py)
 
 They sit in the top layer, beside the other entry points: the ones that play or train import ``stages/``.
 """
