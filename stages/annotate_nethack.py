@@ -31,12 +31,25 @@ from pipeline.core.artifacts import ChunkedDataset, chunk_seed, dataset_hash, re
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import make_backend, sampling_from_config
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.nethack.annotation import Annotation, annotate_preferences, label_messages
 from pipeline.nethack.captions import window_captions
 from pipeline.nethack.config import AnnotateNetHackConfig
 from pipeline.params import Params
 
 NAME = "annotate-nethack"
+METRIC_HELP = {
+    "pairs": "caption pairs annotated",
+    "labels/first": "pairs where the annotator preferred the first caption",
+    "labels/second": "pairs where it preferred the second",
+    "labels/tie": "pairs it judged a tie",
+    "labels/unknown": "pairs whose label could not be parsed",
+    "unknown_fraction": "share of the pairs labelled UNKNOWN",
+    "unknown_redone": "UNKNOWN labels of finished parts asked again in this run",
+    **ledger_help("llm_annotator", "the annotator (an LLM backend)"),
+    **ledger_help("llm_embedding", "the annotator (the embedding backend)"),
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "annotate_nethack"],
@@ -44,6 +57,7 @@ STAGE = Stage(
     data=["data/rollout_nethack"],
     outs=[Out("data/annotate_nethack", persist=True)],
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 
 USAGE_FIELDS = [  # what the pair's requests cost (pipeline.llm.ledger.Usage); labels mode: both captions' requests

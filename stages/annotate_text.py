@@ -20,10 +20,20 @@ import pyarrow as pa
 from pipeline.core.artifacts import ChunkedDataset, dataset_hash, read_table, redo_rows, replace_rows
 from pipeline.core.runners import ChunkJob, loaded, run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
 from pipeline.text.judge import JudgeItem, Verdict, make_judge
 
 NAME = "annotate-text"
+METRIC_HELP = {
+    "trajectories": "rollouts judged",
+    "valid_rate": "share the judge labelled VALID (a win by the game's rules)",
+    "unknown": "rollouts whose verdict could not be parsed (UNKNOWN; asked again on a rerun)",
+    "claimed_but_invalid": "rollouts the game scored a win that the judge labelled NOTVALID",
+    "unknown_redone": "UNKNOWN verdicts of finished parts asked again in this run",
+    **ledger_help("judge", "the judge"),
+}
+
 STAGE = Stage(
     NAME,
     params=["annotate_text"],
@@ -31,6 +41,7 @@ STAGE = Stage(
     data=["data/rollout_text"],
     outs=[Out("data/annotate_text", persist=True)],
     notes={"pipeline/text/judge.py": "the judge's code and prompt: editing either re-judges"},
+    metric_help=METRIC_HELP,
 )
 ROWS_PER_CHUNK = 1024
 ROW_SCHEMA_VERSION = 2  # 2: the judge's usage columns

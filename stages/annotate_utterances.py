@@ -33,10 +33,22 @@ from pipeline.core.artifacts import (
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import IDLE, Out, Stage, StageContext, StageResult
 from pipeline.envs.base import make_game
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
 from pipeline.text.utterance_prefs import UtterancePair, UtterancePreferenceJudge, utterance_pairs
 
 NAME = "annotate-utterances"
+METRIC_HELP = {
+    "idle": "1 when rl_text.reward is not motif: nothing to label (the only metric then)",
+    "pairs": "move pairs labelled",
+    "unknown_redone": "UNKNOWN labels of finished parts asked again in this run",
+    "first_rate": "share of the pairs where the judge preferred the first move",
+    "second_rate": "share where it preferred the second",
+    "tie_rate": "share it judged a tie",
+    "unknown_rate": "share whose label could not be parsed",
+    **ledger_help("judge", "the judge"),
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "rl_text.reward", "policy.free_answers", "annotate_utterances"],
@@ -45,6 +57,7 @@ STAGE = Stage(
     data=["data/rollout_text"],
     outs=[Out("data/annotate_utterances", persist=True)],
     notes={"pipeline/text/utterance_prefs.py": "the judge's code and prompt: editing either re-judges"},
+    metric_help=METRIC_HELP,
 )
 PAIRS_PER_CHUNK = 512
 ROW_SCHEMA = pa.schema([

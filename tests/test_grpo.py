@@ -596,3 +596,93 @@ def test_every_algorithm_runs_on_the_default_params_or_is_refused_in_one_line(al
     metrics = json.loads((tmp_path / "metrics" / "stages" / "rl-text.json").read_text())
     if algorithm in ("grpo", "filtered_bc"):
         assert metrics["rl/kept_by_val"] == 0 and metrics["rl/chosen_round"] == 1  # no val: the last round
+
+
+def test_motifs_outcome_is_counted_once_under_grpo(tmp_path, monkeypatch):
+    """rl_text.reward motif with motif.outcome_coef 0.5 on a lost 3-turn episode whose three moves each score r̃ = 1
+    (no threshold, distinct moves): filtered_bc's dense reward is 1 + 0.5 x (-1) = 0.5 a move; under grpo the dense
+    reward is the intrinsic 1 alone and GRPO adds the outcome once, grpo.outcome_coef 1 x (-1): each step 0 (it was
+    -1 + 0.5 = -0.5, the outcome weighed 1.5 times)."""
+    import pipeline.models.reward_net as reward_net
+    from pipeline.rl_text.grpo import step_rewards
+    from pipeline.text.policies import make_games
+    from pipeline.text.turn_rewards import MotifTurnRewards
+
+    class Model:
+        def score(self, texts):
+            return [1.0] * len(texts)
+
+    class Stats:
+        def normalize(self, xs):
+            return list(xs)
+
+        def threshold(self, quantile):
+            return None
+
+    (tmp_path / "reward_model_text").mkdir()
+    (tmp_path / "reward_model_text" / reward_net.STATS).write_text(json.dumps({"context_messages": 4}))
+    monkeypatch.setattr(reward_net, "load_reward_model", lambda path: (Model(), Stats()))
+    base = [f"data_dir={tmp_path}", "games.groups=[twenty_questions@shown4]", "rl_text.reward=motif",
+            "rl_text.motif.outcome_coef=0.5", "rl_text.motif.threshold_quantile=null"]
+    loss = played([("a", True), ("b", True), ("c", True)], success=False, turns=3)
+    for algorithm, dense in (("filtered_bc", [0.5, 0.5, 0.5]), ("grpo", [1.0, 1.0, 1.0])):
+        params = load_params("params.yaml", [*base, f"rl_text.algorithm={algorithm}"])
+        games = make_games(params)
+        got = MotifTurnRewards(params)(None, None, games, [loss], 0, 0)
+        assert got == [pytest.approx(dense)]
+    assert step_rewards({**loss, "turn_rewards": got[0]}, games[0], params.rl_text.grpo) == [0.0, 0.0, 0.0]
+
+
+def test_dense_rewards_must_be_one_per_move():
+    """A dense reward shorter than the moves was padded with 0 silently; now it is refused naming the episode."""
+    from pipeline.rl_text.grpo import step_rewards
+    from pipeline.text.policies import make_games
+
+    params = load_params("params.yaml", ["games.groups=[twenty_questions@shown4]"])
+    game = make_games(params)[0]
+    loss = played([("a", True), ("b", True), ("c", True)], success=False, turns=3, dense=[0.5, 0.5])
+    with pytest.raises(ValueError, match="3 moves but 2 dense rewards"):
+        step_rewards(loss, game, params.rl_text.grpo)
+
+
+def test_weight_decay_is_a_param_and_off_by_default(bootstrapped, tmp_path, monkeypatch):
+    """The update's AdamW takes grpo.weight_decay: 0 by default (TRL's; torch's own default is 0.01), and the
+    value set when one is."""
+    params = load_params("params.yaml", [])
+    assert params.rl_text.grpo.weight_decay == 0.0
+    decays, real = [], torch.optim.AdamW
+
+    class Recording(real):
+        def __init__(self, *args, **kwargs):
+            decays.append(kwargs.get("weight_decay"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
+    for decay in ("0.0", "0.05"):
+        params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.rounds=1", "games.val_fraction=0",
+                                                         f"rl_text.grpo.weight_decay={decay}"))
+        stage_module("rl-text").run(params, StageContext())
+    assert decays == [0.0, 0.05]
+
+
+def test_filtered_bc_keeps_the_val_best_round_as_grpo_does(bootstrapped, tmp_path, monkeypatch):
+    """The shared round driver: filtered BC with val success 0.5 for the DPO start, 0.2 and 0.3 after its rounds keeps
+    the DPO policy itself (round 0), byte for byte, where it used to keep its last round."""
+    import pipeline.rl_text.rounds as rounds
+
+    dpo = tmp_path / "data" / "train_policy" / "dpo"
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", dpo)
+    params = declaration("rl-text").slice(grpo_params(tmp_path, "rl_text.algorithm=filtered_bc",
+                                                      "rl_text.reward=outcome", "rl_text.epochs=3",
+                                                      "rl_text.batch_size=1"))
+    scores = iter([0.5, 0.2, 0.3])
+    monkeypatch.setattr(rounds, "val_success", lambda *args, **kwargs: next(scores))
+    result = stage_module("rl-text").run(params, StageContext())
+    assert result.metrics["rl/chosen_round"] == 0 and result.metrics["rl/val_success_chosen"] == 0.5
+    kept = tmp_path / "data" / "rl_text" / "model" / "model.safetensors"
+    assert kept.read_bytes() == (dpo / "model.safetensors").read_bytes()
+    last = tmp_path / "data" / "rl_text" / "rounds" / "round-001" / "model.safetensors"
+    assert last.read_bytes() != kept.read_bytes()
+    history = json.loads(params.plots_path("rl_rounds.json").read_text())
+    assert [h["val_success"] for h in history] == [0.2, 0.3] and all(h["algorithm"] == "filtered_bc" for h in history)

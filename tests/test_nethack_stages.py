@@ -428,3 +428,14 @@ def test_balrog_progression_by_hand():
     rows = [{"policy": "a", "seed": s, "return": 0.0, "score": 0, "depth": d, "xlvl": x, "length": 1, "success": 0}
             for s, (d, x) in enumerate(((1, 1), (2, 1), (2, 2)))]
     assert summarize(rows, ["a"])["a"]["progression"] == pytest.approx((0 + 1.5392 + 1.8478) / 3)
+
+
+def test_every_metric_the_nethack_stages_write_is_declared(chain):
+    """The metrics files of the session's NetHack chain (and evaluate-nethack's, when the test above ran): each key
+    is one its stage declares (docs/metrics.md)."""
+    from pipeline.core.stage import declaration, undeclared_metrics
+
+    written = {p.stem: json.loads(p.read_text()) for p in chain.metrics_path("stages").glob("*.json")}
+    assert {"rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward"} <= set(written)
+    for name, metrics in written.items():
+        assert undeclared_metrics(declaration(name), list(metrics)) == [], name

@@ -27,13 +27,13 @@ def covered(key: str, declared: list[str]) -> bool:
 
 
 def test_generated_files_are_current():
-    """dvc.yaml, pipeline/core/registry.py, params.yaml and docs/params.md are what `curio generate` writes from the
-    declarations and the params schema."""
+    """dvc.yaml, pipeline/core/registry.py, params.yaml, docs/params.md and docs/metrics.md are what `curio generate`
+    writes from the declarations and the params schema (docs/cli.md: tests/test_generated_references.py)."""
     stale = generate(REPO, check=True)
     assert not stale, f"out of date: {', '.join(map(str, stale))}; run `curio generate`"
 
 
-GENERATED = ("dvc.yaml", "params.yaml", "pipeline/core/registry.py", "docs/params.md")
+GENERATED = ("dvc.yaml", "params.yaml", "pipeline/core/registry.py", "docs/params.md", "docs/metrics.md")
 
 
 def copy_generated(root, names=GENERATED) -> None:
@@ -56,7 +56,7 @@ def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(
     """params.yaml's shape and help come from the schema; its values are the user's baseline until --defaults."""
     from pipeline.generate import kept_values
 
-    copy_generated(tmp_path, ("dvc.yaml", "pipeline/core/registry.py", "docs/params.md"))
+    copy_generated(tmp_path, ("dvc.yaml", "pipeline/core/registry.py", "docs/params.md", "docs/metrics.md"))
     (tmp_path / "params.yaml").write_text("seed: 3\nrollout_text:\n  top_p: 0.9\n")  # hand-written, partial
     assert generate(tmp_path) == [tmp_path / "params.yaml"]
     params = load_params(tmp_path / "params.yaml")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -95,6 +96,10 @@ class Stage:
     # Hugging Face directory needs none: the transformers flavour logs it from its files)
     model_loader: str | None = None
     metrics: list[Out] = field(default_factory=list)  # dvc.yaml metrics (the report's summaries)
+    # every key run() may write to metrics/stages/NAME.json (and the stage's MLflow run) -> what it means, one line;
+    # ``{name}`` in a key stands for any text without a slash (``{policy}/success_rate``); docs/metrics.md is written
+    # from these, and a test fails when a stage writes a key it does not declare. ``seconds``: every stage's.
+    metric_help: dict[str, str] = field(default_factory=dict)
     track: str = "text"  # text | nethack | summary: groups dvc.yaml, breaks ties in its order
     doc: str = ""  # a comment above the stage in dvc.yaml
     notes: dict[str, str] = field(default_factory=dict)  # dep path -> a comment beside it in dvc.yaml
@@ -163,6 +168,23 @@ def dag_order(found: list[Stage]) -> list[Stage]:
         order.append(ready)
         pending.remove(ready)
     return order
+
+
+#: The metric every stage writes (``execute`` adds it).
+COMMON_METRIC_HELP = {"seconds": "wall-clock seconds of this run of the stage, from its start to its metrics file "
+                                 "(a resumed run counts only its own)"}
+
+
+def metric_pattern(key: str) -> re.Pattern[str]:
+    """A declared metric key as a pattern: each ``{name}`` matches any text without a slash."""
+    parts = re.split(r"(\{[^{}/]+\})", key)  # literal text and placeholders, alternately
+    return re.compile("".join("[^/]+" if i % 2 else re.escape(part) for i, part in enumerate(parts)))
+
+
+def undeclared_metrics(stage: Stage, keys: list[str]) -> list[str]:
+    """The metric keys a stage wrote that neither it (:attr:`Stage.metric_help`) nor every stage declares."""
+    patterns = [metric_pattern(k) for k in [*COMMON_METRIC_HELP, *stage.metric_help]]
+    return [k for k in keys if not any(p.fullmatch(k) for p in patterns)]
 
 
 @dataclass

@@ -42,6 +42,34 @@ class Usage:
                        tokens_in=self.tokens_in + other.tokens_in, tokens_out=self.tokens_out + other.tokens_out)
 
 
+#: What each counter of :meth:`Ledger.metrics` means (a stage's metrics name them after a prefix: judge_requests).
+METRIC_HELP = {
+    "requests": "items asked of the LLM role in this run",
+    "unique_requests": "distinct requests among them, within each batch",
+    "cache_hits": "distinct requests answered by the persistent LLM cache",
+    "shared_in_flight": "distinct requests answered by an identical request already in flight",
+    "sent": "requests that reached the backend",
+    "tokens_in": "prompt tokens of the requests sent",
+    "tokens_out": "generated tokens of the requests sent",
+    "latency_p50_s": "median seconds a sent request took",
+    "latency_p95_s": "95th percentile of the seconds a sent request took",
+    "retries": "retries of sent requests (server errors, timeouts)",
+    "failures": "sent requests that failed for good",
+    "unknowns": "answers that could not be parsed (or were defaulted)",
+}
+
+
+def metric_prefix(prefix: str) -> str:
+    """A ledger's metrics prefix, ending in a separator (``judge`` -> ``judge_``; ``environment/`` stays)."""
+    return prefix + "_" if prefix and prefix[-1] not in "._/-" else prefix
+
+
+def metric_help(prefix: str, role: str) -> dict[str, str]:
+    """:data:`METRIC_HELP` as a stage declares it (:attr:`pipeline.core.stage.Stage.metric_help`): the keys
+    :meth:`Ledger.metrics` writes with ``prefix``, each meaning said of ``role``."""
+    return {metric_prefix(prefix) + k: f"{role}: {v}" for k, v in METRIC_HELP.items()}
+
+
 class Ledger:
     """Thread-safe counters for one role; ``metrics()`` is what a stage merges into its metrics file."""
 
@@ -111,10 +139,8 @@ class Ledger:
             self.unknowns += n
 
     def metrics(self, prefix: str | None = None) -> dict[str, float | int]:
-        """Flat dict ``{<prefix>_<counter>: value}``; the prefix defaults to ``llm_<role>``."""
-        prefix = f"llm_{self.role}" if prefix is None else prefix
-        if prefix and prefix[-1] not in "._/-":
-            prefix += "_"
+        """Flat dict ``{<prefix>_<counter>: value}`` (:data:`METRIC_HELP`); the prefix defaults to ``llm_<role>``."""
+        prefix = metric_prefix(f"llm_{self.role}" if prefix is None else prefix)
         with self._lock:
             lat = np.asarray(self._latencies, dtype=float)
             values: dict[str, float | int] = {

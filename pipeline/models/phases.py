@@ -39,6 +39,14 @@ def phase_metrics(prefix: str, items: str, count: int, resumed: int, history: li
             f"{prefix}/final_loss": history[-1]["loss"] if history else float("nan")}
 
 
+def phase_metric_help(prefix: str, items: str, what: str) -> dict[str, str]:
+    """What each key of :func:`phase_metrics` means, as a stage declares it."""
+    return {f"{prefix}/{items}": f"{what} trained on",
+            f"{prefix}/{RESUMED}": "the optimizer step the phase resumed from (0: it started afresh); only the run "
+                                   "that trained writes it",
+            f"{prefix}/final_loss": "the training loss at the last logged step"}
+
+
 def kept_metrics(model_dir: Path) -> dict[str, float]:
     """The metrics a finished phase reported when it trained: a rerun that skips it (resumed after the phase
     ended, or its outputs restored by DVC) reports the same, not an empty ``metrics/stages/*.json``; all but

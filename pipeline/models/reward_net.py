@@ -181,6 +181,24 @@ class FittedRewardModel:
     metrics: dict[str, float | int]
 
 
+def fit_metric_help(texts: str) -> dict[str, str]:
+    """What each metric of :func:`fit_reward_model` means, as a stage declares it (``texts``: what its texts are:
+    NetHack's captions, the text track's moves)."""
+    return {
+        "train_pairs": "preference pairs trained on",
+        "val_pairs": "held-out preference pairs",
+        "train_loss": "Bradley-Terry loss on the train pairs, last epoch",
+        "val_loss": "Bradley-Terry loss on the val pairs, last epoch",
+        "train_agreement": "share of the train pairs whose preferred side the model scores higher",
+        "val_agreement": "share of the val pairs whose preferred side the model scores higher",
+        f"val_agreement_unseen_{texts}": f"val agreement over the val pairs with one of their {texts} in no train pair",
+        f"val_pairs_unseen_{texts}": f"val pairs with one of their {texts} in no train pair",
+        "reward_mean": "mean raw reward over the texts trained on (the normalisation's shift)",
+        "reward_std": "standard deviation of the raw reward over them (the normalisation's scale)",
+        "threshold_q50": "the median normalised reward (the threshold at quantile 0.5)",
+    }
+
+
 def fit_reward_model(first_texts: Sequence[str], second_texts: Sequence[str], y: np.ndarray, is_train: np.ndarray,
                      config: RewardNetConfig, *, epochs: int, batch_size: int, lr: float, weight_decay: float,
                      seed: int, shuffle_seed: int, log: Callable[[dict, int], None] | None = None

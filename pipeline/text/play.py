@@ -354,8 +354,24 @@ def pass_at_k(rows: list[dict], k: int) -> float | None:
     return sum(1 - math.comb(len(v) - sum(v), k) / math.comb(len(v), k) for v in by_task.values()) / len(by_task)
 
 
+#: What each key of :func:`summarize` means (a stage's metrics name them after a prefix: train/success_rate).
+SUMMARY_HELP = {
+    "episodes": "episodes played",
+    "success_rate": "share of the episodes won",
+    "mean_turns": "mean turns of the episodes won (0 when none was)",
+    "mean_score": "mean PAPRIKA score of the episodes: turns used, a loss counting as the turn limit (minus the "
+                  "reward in games scored by reward); lower is better",
+    "invalid_rate": "share of the episodes that ended on a reply out of the answer format",
+}
+
+
+def summary_help(prefix: str, what: str) -> dict[str, str]:
+    """:data:`SUMMARY_HELP` as a stage declares it: the keys ``prefix + key``, each said of ``what``."""
+    return {prefix + k: f"{what}: {v}" for k, v in SUMMARY_HELP.items()}
+
+
 def summarize(rows: list[dict]) -> dict[str, float]:
-    """Success rate, mean turns (successes), invalid rate, over a list of episode rows."""
+    """Success rate, mean turns (successes), invalid rate, over a list of episode rows (:data:`SUMMARY_HELP`)."""
     n = len(rows)
     if n == 0:
         return {"episodes": 0, "success_rate": 0.0, "mean_turns": 0.0, "invalid_rate": 0.0}
