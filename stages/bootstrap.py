@@ -28,6 +28,17 @@ from pipeline.models.training import sft_train
 from pipeline.params import Params
 
 NAME = "bootstrap"
+METRIC_HELP = {
+    "skipped": "1 when policy.model is not the built-in model: nothing to pre-train (the only metric then)",
+    "episodes": "scripted episodes pre-trained on",
+    "params": "parameters of the built-in model",
+    "vocab_size": "tokens in the tokenizer trained on the games' text",
+    "median_tokens": "tokens of the median scripted conversation",
+    "max_tokens": "tokens of the longest scripted conversation",
+    "final_loss": "the training loss at the last logged step",
+    "resumed_from_step": "the optimizer step training resumed from (0: it started afresh)",
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "policy.model", "games.groups", "games.eval_groups", "bootstrap"],
@@ -36,6 +47,7 @@ STAGE = Stage(
     outs=[Out("data/bootstrap", persist=True)],
     plots=[Plot("metrics/plots/bootstrap_loss.json", "Bootstrap (pre-training) loss", x="step", y="loss")],
     models=["bootstrap/model"],
+    metric_help=METRIC_HELP,
 )
 EPISODES_PER_CHUNK = 500
 

@@ -42,6 +42,23 @@ def _needs(params: Params) -> list[str]:
     return ["data/rl_nethack"] if any(p != "random" for p in params.evaluate_nethack.policies) else []
 
 
+METRIC_HELP = {
+    "{policy}/episodes": "evaluation episodes the agent played (the same seeds for every agent)",
+    **{f"{{policy}}/{col}{sem}": f"{'standard error of the ' if sem else ''}mean {what} of its episodes"
+       for col, what in {"return": "in-game return", "score": "in-game score", "depth": "deepest dungeon level",
+                         "xlvl": "experience level reached", "progression": "BALROG progression (0-100)",
+                         "length": "steps", "success": "success (goal tasks)"}.items() for sem in ("", "_sem")},
+    "{policy}/score_median": "median in-game score of its episodes (NLE's protocol)",
+    "{policy}/score_median_sem": "bootstrap standard error of that median",
+    "{policy}/{column}_vs_{baseline}": "mean over seeds of the agent's return, score or progression minus the "
+                                        "baseline agent's (random, extrinsic, motif) on the same seed",
+    "{policy}/{column}_vs_{baseline}_sem": "standard error of that paired difference",
+    "replay_steps": "steps recorded for the report's replay pages",
+    "training_games_checked": "games the agents trained on, checked so that no evaluation seed is one of them",
+    "seeds_passed_over": "evaluation seeds skipped because training played them",
+    "agents_without_seed_record": "agents trained before seed records were kept ('none' when every agent has one)",
+}
+
 STAGE = Stage(
     NAME,
     params=["eval_seed", "nethack", "rl_nethack.task", "rl_nethack.extended_actions", "rl_nethack.variants",
@@ -57,6 +74,7 @@ STAGE = Stage(
         Plot("metrics/plots/evaluate-nethack.png"),
     ],
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 COLUMNS = ("return", "score", "depth", "xlvl", "progression", "length", "success")
 ROW_SCHEMA_VERSION = 2  # 2: the experience level reached (xlvl)

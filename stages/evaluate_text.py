@@ -18,8 +18,9 @@ from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.envs.external import turn_limit_metrics
 from pipeline.llm import sampling_from_config
 from pipeline.llm.environment import environment_accounting
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
-from pipeline.text.play import EPISODE_SCHEMA, pass_at_k, play_episodes, summarize
+from pipeline.text.play import EPISODE_SCHEMA, pass_at_k, play_episodes, summarize, summary_help
 from pipeline.text.policies import eval_groups, game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "evaluate-text"
@@ -28,6 +29,15 @@ NAME = "evaluate-text"
 def _needs(params: Params) -> list[str]:
     return policy_deps(params, *params.evaluate_text.policies)  # the policies it evaluates
 
+
+METRIC_HELP = {
+    **summary_help("{policy}/", "the policy (base, sft, dpo, rl) on the held-out tasks"),
+    "{policy}/pass@{k}": "share of the held-out tasks with at least one win among k of their episodes (unbiased "
+                         "estimator; with evaluate_text.trajectories_per_task >= k)",
+    "{policy}/{group}/success_rate": "share of the group's held-out episodes the policy won",
+    "{policy}/{group}/mean_turns": "mean turns of the group's held-out episodes the policy won",
+    **ledger_help("environment/", "the LLM environment (a game an LLM hosts)"),
+}
 
 STAGE = Stage(
     NAME,
@@ -46,6 +56,7 @@ STAGE = Stage(
     ],
     notes={"pipeline/text/critic.py": "a chai model is the policy re-ranked by its critic",
            "pipeline/envs": "the games it plays"},
+    metric_help=METRIC_HELP,
 )
 
 

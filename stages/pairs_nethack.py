@@ -23,12 +23,22 @@ from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.params import Params
 
 NAME = "pairs-nethack"
+METRIC_HELP = {
+    "annotated": "annotated caption pairs read",
+    "pairs": "pairs kept (UNKNOWN labels dropped)",
+    "dropped": "pairs dropped",
+    "train": "pairs in the train split",
+    "val": "pairs in the val split",
+    "tie_fraction": "share of the kept pairs labelled a tie",
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "pairs_nethack"],
     data=["data/annotate_nethack"],
     outs=[Out("data/pairs_nethack")],
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 
 Y_OF_LABEL = {"FIRST": 0.0, "SECOND": 1.0, "TIE": 0.5}

@@ -29,6 +29,7 @@ from pipeline.core.errors import CurioError
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
 from pipeline.llm import sampling_from_config
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
 from pipeline.text.multiturn_pairs import EXACT_GROUPS, MULTITURN_PAIR_SCHEMA, ContinuationJudge, multiturn_chunk
 from pipeline.text.play import PROMPT_MESSAGES, task_from_row
@@ -41,6 +42,25 @@ def _needs(params: Params) -> list[str]:
     # the base policy continues the conversations of the multi-turn strategy only
     return ["data/annotate_text", *(policy_deps(params, "base") if params.pairs_text.strategy == "multiturn" else [])]
 
+
+METRIC_HELP = {
+    "strategy": "pairs_text.strategy: paprika (best against worse trajectory) or multiturn (per-turn candidates)",
+    "tasks": "train tasks with rollouts",
+    "pairs": "preference pairs written",
+    "sft_trajectories": "trajectories of the SFT set",
+    "pairs_with_failed_rejected": "paprika: pairs whose rejected trajectory lost",
+    "mean_chosen_turns": "paprika: mean turns of the chosen trajectories",
+    "tasks_with_pairs": "multiturn: tasks that gave at least one pair",
+    "mean_chosen_reward": "multiturn: mean judged reward of the chosen candidates",
+    "mean_rejected_reward": "multiturn: mean judged reward of the rejected candidates",
+    "mean_state_turn": "multiturn: mean turn of the states the candidates answer",
+    "computed/states": "multiturn: states whose candidates this run computed (a resumed run skips finished chunks)",
+    "computed/states_without_pair": "multiturn: of those, states whose candidates all scored the same",
+    "computed/unparseable_candidates": "multiturn: candidates out of the answer format",
+    "computed/continuations": "multiturn: continuations played from the candidates",
+    "computed/unscored_continuations": "multiturn: continuations the judge could not score",
+    **ledger_help("judge", "multiturn: the continuations' judge"),
+}
 
 STAGE = Stage(
     NAME,
@@ -57,6 +77,7 @@ STAGE = Stage(
     needs=_needs,
     outs=[Out("data/pairs_text")],
     notes={"data/bootstrap": "strategy multiturn samples candidate turns from the base policy"},
+    metric_help=METRIC_HELP,
 )
 
 

@@ -28,6 +28,12 @@ def _needs(params: Params) -> list[str]:
     return ["data/pairs_text", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # the reference
 
 
+METRIC_HELP = {
+    "pairs": "preference pairs scored by the reference policy (train_policy.dpo.init)",
+    "mean_ref_chosen_logps": "mean log-probability of the chosen replies under the reference policy",
+    "mean_ref_rejected_logps": "mean log-probability of the rejected replies under it",
+}
+
 STAGE = Stage(
     NAME,
     params=["policy", "reflogprobs", "train_policy.dpo.init"],  # scoring is deterministic: no seed
@@ -37,6 +43,7 @@ STAGE = Stage(
     outs=[Out("data/reflogprobs", persist=True)],
     notes={"data/bootstrap": "the reference when train_policy.dpo.init is base",
            "data/train_policy/sft": "the reference when train_policy.dpo.init is sft (the default)"},
+    metric_help=METRIC_HELP,
 )
 PAIRS_PER_CHUNK = 2048
 

@@ -55,6 +55,21 @@ def _needs(params: Params) -> list[str]:
     return ["data/reward_model"] if motif else []
 
 
+METRIC_HELP = {
+    "{variant}/env_steps": "environment steps the variant's agent has trained for",
+    "{variant}/fps": "environment steps per second of its training",
+    "{variant}/resumed_from_env_steps": "the env step its training resumed from (0: it started afresh)",
+    "{variant}/train_true_objective": "mean in-game return of its last training episodes",
+    "{variant}/train_len": "mean steps of its last training episodes",
+    "{variant}/train_score": "mean in-game score of its last training episodes",
+    "{variant}/train_depth": "mean deepest dungeon level of its last training episodes",
+    "{variant}/train_intrinsic_return": "mean intrinsic (LLM-derived) return of its last training episodes",
+    "{variant}/train_extrinsic_return": "mean extrinsic (game) return of its last training episodes",
+    "{variant}/oni_{stat}": "ONI variants: the online annotator's last progress row (labels, pending, helpful_share, "
+                           "labels_per_s, heldout_accuracy, errors, annotator_restarts, llm_sent, llm_failures, "
+                           "llm_unknowns, cpu_s, seconds)",
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "nethack", "rl_nethack"],
@@ -76,6 +91,7 @@ STAGE = Stage(
     ],
     models=["rl_nethack"],
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 
 

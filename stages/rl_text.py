@@ -28,6 +28,7 @@ from pipeline.params import Params
 from pipeline.rl_text import archer, chai, filtered_bc, grpo
 from pipeline.rl_text.rounds import NAME, PARAMS
 from pipeline.text.oni_rewards import DIRECTORY as ONI_DIRECTORY
+from pipeline.text.play import summary_help
 from pipeline.text.policies import policy_deps
 
 
@@ -35,6 +36,27 @@ def _needs(params: Params) -> list[str]:
     reward_model = ["data/reward_model_text"] if params.rl_text.reward == "motif" else []
     return policy_deps(params, "dpo", served=False) + reward_model  # every algorithm starts from the DPO policy
 
+
+METRIC_HELP = {
+    **summary_help("rollouts/", "every round's train episodes"),
+    "rl/mean_turn_reward": "mean per-utterance reward the algorithm learned from (rl_text.reward other than outcome)",
+    "rl/server_starts": "vLLM servers this run started (policy.backend: vllm)",
+    "rl/transitions": "archer, chai: transitions in the replay buffer",
+    "rl/critic_loss": "archer, chai: the critic's mean loss, last round",
+    "rl/actor_loss": "archer: the policy-gradient loss, last round",
+    "rl/advantage": "archer: mean advantage of the actor's steps, last round",
+    "grpo/chosen_round": "grpo: the round whose policy is kept (best val success; 0: the DPO policy)",
+    "grpo/val_success_start": "grpo: val success of the policy rl-text starts from",
+    "grpo/val_success_chosen": "grpo: val success of the kept round's policy",
+    "curriculum/{arm}/pulls": "rl_text.curriculum: tasks of this difficulty the curriculum picked",
+    "curriculum/{arm}/mean_potential": "rl_text.curriculum: mean learning potential of this difficulty's tasks",
+    "rl/judge_computed/{counter}": "reward judge: counts over the continuations this run played and judged",
+    "rl/motif/mean_normalised": "reward motif: mean normalised reward of the moves scored",
+    "rl/motif/above_threshold": "reward motif: share of the moves above the reward threshold",
+    "rl/infogain/mean_bits": "reward infogain: mean expected information gain of a question, bits",
+    "rl/oni/{counter}": "reward oni: the online annotator's counts (labels, pending, helpful_share, requests, "
+                        "given_up, published_round, annotator_restarts, its LLM ledger as llm_...)",
+}
 
 STAGE = Stage(
     NAME,
@@ -60,6 +82,7 @@ STAGE = Stage(
     ],
     models=["rl_text/model"],
     notes={"pipeline/envs": "the games it plays"},
+    metric_help=METRIC_HELP,
 )
 
 #: ``rl_text.algorithm`` → the module that runs it (``run(params, ctx)``) and names what it writes under

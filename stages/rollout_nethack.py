@@ -22,6 +22,15 @@ from pipeline.nethack.play import FRAME_STEP_SCHEMA, EnvSpec, StepRecorder, play
 from pipeline.params import Params
 
 NAME = "rollout-nethack"
+METRIC_HELP = {
+    "episodes": "episodes that ended",
+    "steps": "environment steps played",
+    "mean_episode_length": "mean steps of an episode",
+    "mean_return": "mean in-game return of an episode",
+    "message_fraction": "share of the steps that show a message",
+    "unique_messages": "distinct messages seen",
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "nethack", "rollout_nethack"],
@@ -29,6 +38,7 @@ STAGE = Stage(
           "pipeline/nethack/clock.c"],
     outs=[Out("data/rollout_nethack", persist=True)],
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 
 

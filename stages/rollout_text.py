@@ -28,9 +28,10 @@ from pipeline.envs.external import is_external, turn_limit_metrics
 from pipeline.llm import sampling_from_config
 from pipeline.llm.base import ChatBackend
 from pipeline.llm.environment import environment_accounting, environment_metrics
+from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
 from pipeline.text.curriculum import UCBCurriculum, round_samples, task_key, update_from_round
-from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize
+from pipeline.text.play import EPISODE_SCHEMA, play_episodes, summarize, summary_help
 from pipeline.text.policies import game_tasks, load_policy_backend, make_games, policy_deps, policy_path
 
 NAME = "rollout-text"
@@ -41,6 +42,16 @@ def _needs(params: Params) -> list[str]:
     return policy_deps(params, "base")  # the policy it plays
 
 
+METRIC_HELP = {
+    **summary_help("train/", "the base policy's rollouts on the train tasks"),
+    **ledger_help("environment/", "the LLM environment (a game an LLM hosts)"),
+    "curriculum/rounds": "curriculum rounds played (rollout_text.curriculum.enabled)",
+    "curriculum/mean_potential": "mean learning potential of the tasks played (the coefficient of variation of their "
+                                 "turn counts)",
+    "curriculum/{arm}/pulls": "tasks of this difficulty the curriculum picked",
+    "curriculum/{arm}/mean_potential": "mean learning potential of this difficulty's tasks played",
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "policy", "games.groups", "games.max_train_tasks", "games.val_fraction", "rollout_text"],
@@ -48,6 +59,7 @@ STAGE = Stage(
     data=["data/bootstrap"],
     needs=_needs,
     outs=[Out("data/rollout_text", persist=True)],
+    metric_help=METRIC_HELP,
 )
 
 

@@ -23,7 +23,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.runners import ChunkJob, run_chunked
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
-from pipeline.models.phases import finish, kept_metrics, phase_metrics, write_loss_plot
+from pipeline.models.phases import finish, kept_metrics, phase_metric_help, phase_metrics, write_loss_plot
 from pipeline.models.training import dpo_train, implicit_margins, sequence_logps
 from pipeline.params import Params
 from pipeline.text.policies import policy_deps, require_policy
@@ -34,6 +34,14 @@ NAME = "train-dpo"
 def _needs(params: Params) -> list[str]:
     return ["data/reflogprobs", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # its init
 
+
+METRIC_HELP = {
+    **phase_metric_help("dpo", "pairs", "preference pairs"),
+    "dpo/pairs_scored": "pairs the trained policy's implicit reward margin was computed on",
+    "dpo/mean_implicit_margin": "mean implicit reward margin, beta x (policy - reference log-ratio of chosen minus "
+                                "rejected)",
+    "dpo/implicit_accuracy": "share of the pairs whose margin is positive (the policy prefers the chosen reply)",
+}
 
 STAGE = Stage(
     NAME,
@@ -46,6 +54,7 @@ STAGE = Stage(
               note="the trained policy's implicit reward margin on every pair")],
     plots=[Plot("metrics/plots/dpo_loss.json", "DPO loss", x="step", y="loss")],
     models=["train_policy/dpo"],
+    metric_help=METRIC_HELP,
 )
 PAIRS_PER_CHUNK = 2048
 MARGIN_SCHEMA = pa.schema([

@@ -24,11 +24,13 @@ import torch
 from pipeline.core.artifacts import atomic_write_json, chunk_seed, dataset_hash, read_table
 from pipeline.core.checkpoints import finished, mark_finished, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
-from pipeline.models.reward_net import STATS, RewardNetConfig, fit_reward_model, save_reward_model
+from pipeline.models.reward_net import STATS, RewardNetConfig, fit_metric_help, fit_reward_model, save_reward_model
 from pipeline.nethack.sf import TABLE
 from pipeline.params import Params
 
 NAME = "train-reward"
+METRIC_HELP = {"captions": "distinct message captions the reward model scored", **fit_metric_help("captions")}
+
 STAGE = Stage(
     NAME,
     params=["seed", "train_reward"],
@@ -39,6 +41,7 @@ STAGE = Stage(
     models=["reward_model"],
     model_loader="pipeline.nethack.reward:load_reward_model",
     track="nethack",
+    metric_help=METRIC_HELP,
 )
 
 def run(params: Params, ctx: StageContext) -> StageResult:

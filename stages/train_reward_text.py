@@ -25,12 +25,18 @@ import torch
 from pipeline.core.artifacts import chunk_seed, dataset_hash, read_table
 from pipeline.core.checkpoints import finished, mark_finished, run_key
 from pipeline.core.stage import IDLE, Out, Plot, Stage, StageContext, StageResult
-from pipeline.models.reward_net import STATS, RewardNetConfig, fit_reward_model, save_reward_model
+from pipeline.models.reward_net import STATS, RewardNetConfig, fit_metric_help, fit_reward_model, save_reward_model
 from pipeline.params import Params
 from pipeline.text.utterance_prefs import Y_OF
 from stages.annotate_utterances import idle, write_idle
 
 NAME = "train-reward-text"
+METRIC_HELP = {
+    "idle": "1 when rl_text.reward is not motif: no reward model to train (the only metric then)",
+    "texts": "distinct moves the utterance reward model scored",
+    **fit_metric_help("texts"),
+}
+
 STAGE = Stage(
     NAME,
     params=["seed", "rl_text.reward", "annotate_utterances.context_messages", "train_reward_text"],
@@ -41,6 +47,7 @@ STAGE = Stage(
                 y="val_agreement")],
     models=["reward_model_text"],
     model_loader="pipeline.models.reward_net:load_reward_model",
+    metric_help=METRIC_HELP,
 )
 
 

@@ -10,7 +10,7 @@ from pipeline.core.artifacts import dataset_hash, dir_hash, read_rows
 from pipeline.core.checkpoints import finished, keyed_dir, run_key
 from pipeline.core.stage import Out, Plot, Stage, StageContext, StageResult
 from pipeline.llm.hf import load_policy
-from pipeline.models.phases import finish, kept_metrics, phase_metrics, write_loss_plot
+from pipeline.models.phases import finish, kept_metrics, phase_metric_help, phase_metrics, write_loss_plot
 from pipeline.models.training import sft_train
 from pipeline.params import Params
 from pipeline.text.policies import policy_deps, require_policy
@@ -21,6 +21,8 @@ NAME = "train-sft"
 def _needs(params: Params) -> list[str]:
     return ["data/pairs_text", *policy_deps(params, "base", served=False)]  # trained from the base policy
 
+
+METRIC_HELP = phase_metric_help("sft", "trajectories", "SFT trajectories")
 
 STAGE = Stage(
     NAME,
@@ -33,6 +35,7 @@ STAGE = Stage(
     models=["train_policy/sft"],
     doc=("The policy trains in two stages around reflogprobs: its reference is the policy DPO starts from "
          "(train_policy.dpo.init, SFT by default), so it scores the pairs after train-sft (PAPRIKA)."),
+    metric_help=METRIC_HELP,
 )
 
 
