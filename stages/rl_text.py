@@ -3,8 +3,10 @@
 - ``filtered_bc`` (pipeline/rl_text/filtered_bc.py): clone the best trajectories so far (ArCHer's Online Filtered BC);
 - ``archer`` (pipeline/rl_text/archer.py): utterance-level double critic + token-level policy gradient;
 - ``chai`` (pipeline/rl_text/chai.py): the same critic re-ranks k sampled utterances; the policy is not updated;
-- ``grpo`` (pipeline/rl_text/grpo.py): group-relative advantages over a task's episodes, clipped policy gradient, the
-  number of rounds chosen on val.
+- ``grpo`` (pipeline/rl_text/grpo.py): group-relative advantages over a task's episodes, clipped policy gradient.
+
+grpo and filtered_bc share one round driver (pipeline/rl_text/rounds.py): each keeps the val-best round, the DPO
+policy counting as round 0, or the last round without val.
 
 All four play ``rounds × tasks_per_round × trajectories_per_task`` train episodes, so their results compare at
 equal environment samples. Output: ``data/rl_text/model`` (CHAI adds its critic there) and the
@@ -45,9 +47,15 @@ METRIC_HELP = {
     "rl/critic_loss": "archer, chai: the critic's mean loss, last round",
     "rl/actor_loss": "archer: the policy-gradient loss, last round",
     "rl/advantage": "archer: mean advantage of the actor's steps, last round",
-    "grpo/chosen_round": "grpo: the round whose policy is kept (best val success; 0: the DPO policy)",
-    "grpo/val_success_start": "grpo: val success of the policy rl-text starts from",
-    "grpo/val_success_chosen": "grpo: val success of the kept round's policy",
+    "rl/chosen_round": "grpo, filtered_bc: the round whose policy is kept (best val success, 0: the DPO policy; "
+                       "without val the last round)",
+    "rl/kept_by_val": "grpo, filtered_bc: 1 when the round kept was chosen on val tasks, 0 when there were none (the "
+                      "last round kept)",
+    "rl/val_success_start": "grpo, filtered_bc: val success of the DPO policy rl-text starts from (with val)",
+    "rl/val_success_chosen": "grpo, filtered_bc: val success of the kept round's policy (with val)",
+    "grpo/old_pass_s": "grpo: seconds of the no-grad scoring passes that give pi_old, summed over the rounds this "
+                       "process ran",
+    "grpo/update_s": "grpo: seconds of the optimizer steps, summed over the rounds this process ran",
     "curriculum/{arm}/pulls": "rl_text.curriculum: tasks of this difficulty the curriculum picked",
     "curriculum/{arm}/mean_potential": "rl_text.curriculum: mean learning potential of this difficulty's tasks",
     "rl/judge_computed/{counter}": "reward judge: counts over the continuations this run played and judged",
@@ -71,6 +79,10 @@ STAGE = Stage(
         "pipeline/models/reward_net.py", "pipeline/text/utterance_prefs.py", "pipeline/text/turn_rewards.py",
         "pipeline/text/oni_rewards.py", "pipeline/text/oni.py", "pipeline/text/prompts/oni_label.yaml",
         "pipeline/llm/online_annotation.py",
+        # what shapes the weights trained: where and how the policy plays and is scored
+        "pipeline/rl_text/serving.py", "pipeline/llm/sampler.py", "pipeline/llm/hf.py", "pipeline/llm/kv_cache.py",
+        "pipeline/llm/vllm.py", "pipeline/llm/openai_backend.py", "pipeline/llm/base.py",
+        "pipeline/models/attention.py", "pipeline/models/chat.py", "pipeline/models/linear.py",
     ],
     data=["data/train_policy/sft", "data/train_policy/dpo", "data/reward_model_text"],
     needs=_needs,
