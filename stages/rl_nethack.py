@@ -252,7 +252,7 @@ def report_oni(params: Params, ctx: StageContext) -> dict[str, float | int | str
             metrics.update({f"{name}/oni_{k}": v for k, v in rows[-1].items()
                             if k in {"labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
                                      "errors", "annotator_restarts", "llm_sent", "llm_failures", "llm_unknowns",
-                                     "cpu_s", "seconds"}})
+                                     "cpu_s", "cpu_label_s", "cpu_fit_s", "cpu_publish_s", "seconds"}})
     if not any(plots.iterdir()):  # `dvc plots show` warns about an empty plots directory; a header reads as no data
         (plots / "none.csv").write_text(",".join(PROGRESS_COLUMNS) + "\n")
     return metrics

@@ -128,16 +128,29 @@ def table(directory) -> dict[str, float]:
 
 
 def test_retrieval_annotator_labels_in_batches_and_publishes_the_labels(tmp_path):
+    messages = ["You find 5 gold pieces.", "It's a wall.", "You find 5 gold pieces.", "A gold ring."]
+    # publish_s 0: a step labels one batch, then publishes
+    one = tmp_path / "one"
     backend = Labeller()
-    ann = OnlineAnnotator(tmp_path, {"reward": "retrieval", "batch_size": 2}, backend=backend)
-    spool(tmp_path, ["You find 5 gold pieces.", "It's a wall.", "You find 5 gold pieces.", "A gold ring."])
+    ann = OnlineAnnotator(one, {"reward": "retrieval", "batch_size": 2, "publish_s": 0}, backend=backend)
+    spool(one, messages)
     assert ann.step()
     assert ann.status()["pending"] == 1 and ann.status()["labels"] == 2  # dedup: 3 distinct messages, batch 2
-    assert table(tmp_path) == {"You find 5 gold pieces.": 1.0}
+    assert table(one) == {"You find 5 gold pieces.": 1.0}
     ann.step()
-    assert table(tmp_path) == {"You find 5 gold pieces.": 1.0, "A gold ring.": 1.0}
+    assert table(one) == {"You find 5 gold pieces.": 1.0, "A gold ring.": 1.0}
     assert ann.status()["helpful_share"] == round(2 / 3, 4) and ann.status()["pending"] == 0
     assert len(backend.asked) == 3  # each distinct message asked once
+
+    # by default a step labels the queue batch after batch (within publish_s) and publishes once
+    backend = Labeller()
+    ann = OnlineAnnotator(tmp_path, {"reward": "retrieval", "batch_size": 2}, backend=backend)
+    spool(tmp_path, messages)
+    assert ann.step()
+    assert ann.status()["pending"] == 0 and ann.status()["labels"] == 3 and ann.status()["batches"] == 2
+    assert [json.loads(line)["batch"] for line in (tmp_path / oni.LABELS).read_text().splitlines()] == [1, 1, 2]
+    assert table(tmp_path) == {"You find 5 gold pieces.": 1.0, "A gold ring.": 1.0}
+    assert len(backend.asked) == 3
 
 
 def test_unparseable_answers_are_asked_again_then_given_up_and_a_dead_server_only_delays(tmp_path):
@@ -212,7 +225,8 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
     messages = [f"gold {i}" for i in range(6)] + [f"wall {i}" for i in range(6)]
     spool(tmp_path, messages)
     first = Labeller()
-    cfg = {"reward": "classification", "batch_size": 4, "heldout_every": 0, "updates_first": 20, "updates_least": 2}
+    cfg = {"reward": "classification", "batch_size": 4, "heldout_every": 0, "updates_first": 20, "updates_least": 2,
+           "publish_s": 0}  # one batch a step
     ann = OnlineAnnotator(tmp_path, cfg, backend=first, embedder=Features())
     ann.step()
     ann.step()
@@ -229,6 +243,82 @@ def test_annotator_resumes_labels_queue_and_model_without_asking_again(tmp_path)
     assert sorted(first.asked + second.asked) == sorted(messages)  # every message paid for exactly once
     assert again.model.steps == steps + updates_for_batch(3, 20, 2)
 
+
+
+class CountingEncoder:
+    """A stand-in for the sentence model inside a real ``EmbeddingBackend``: a unit vector per text from a hash of
+    it ("gold" texts lean towards a fixed direction), and a record of every text it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.encoded: list[str] = []
+
+    def encode(self, texts: list[str], **_) -> np.ndarray:
+        self.encoded += texts
+        out = []
+        for t in texts:
+            v = np.random.default_rng(int.from_bytes(t.encode()[:8].ljust(8, b"_"), "little") ^ len(t)).normal(size=16)
+            v[0] += 4.0 * ("gold" in t)
+            out.append(v / np.linalg.norm(v))
+        return np.array(out, dtype=np.float32)
+
+
+def test_the_queue_drains_on_a_stream_of_repeated_messages_each_message_encoded_and_labelled_once(tmp_path):
+    """Ten producers spool an overlapping stream (each of 60 messages comes from ~8 of them, in flushes over time)
+    while the annotator's own loop runs: the queue ends empty, every distinct message is labelled exactly once, the
+    labeller and the classifier's features share one encoding per message, and the refits follow the batch schedule
+    whatever the number of messages seen."""
+    import threading
+
+    from pipeline.llm.embedding import EmbeddingBackend
+    from pipeline.nethack.annotation import nethack_goal
+
+    messages = [f"You find {i} gold pieces." if i % 3 == 0 else f"It's a wall number {i}." for i in range(60)]
+    rng = np.random.default_rng(0)
+    producers = [[str(m) for m in rng.permutation(messages) if rng.random() < 0.8] for _ in range(10)]
+    assert sum(map(len, producers)) > 6 * len(messages)  # most spooled lines repeat a message already spooled
+    embedder = EmbeddingBackend()
+    encoder = CountingEncoder()
+    embedder._encoder[0] = encoder
+    cfg = {"reward": "classification", "batch_size": 8, "updates_first": 40, "updates_least": 5, "heldout_every": 5,
+           "poll_s": 0.01, "publish_s": 0.05}
+    ann = OnlineAnnotator(tmp_path, cfg, embedder=embedder)  # the labeller: the default embedding annotator
+    stop = threading.Event()
+    worker = threading.Thread(target=ann.run, args=(stop.is_set,))
+    worker.start()
+    try:
+        (tmp_path / oni.SEEN).mkdir()
+        for flush in range(8):  # every producer flushes an eighth of its stream, then the next eighth ...
+            for k, mine in enumerate(producers):
+                part = mine[flush * len(mine) // 8: (flush + 1) * len(mine) // 8]
+                with open(tmp_path / oni.SEEN / f"{k}.jsonl", "a") as f:
+                    f.write("".join(json.dumps(m) + "\n" for m in part))
+            time.sleep(0.02)
+        deadline = time.monotonic() + 60
+        status: dict = {}
+        while time.monotonic() < deadline:
+            status = json.loads((tmp_path / oni.STATUS).read_text()) if (tmp_path / oni.STATUS).exists() else {}
+            if status.get("seen") == len(set().union(*producers)) and status.get("pending") == 0:
+                break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join()
+    assert ann.errors == 0
+    distinct = set().union(*producers)
+    assert status["seen"] == len(distinct) and status["pending"] == 0
+    rows = [json.loads(line) for line in (tmp_path / oni.LABELS).read_text().splitlines()]
+    assert sorted(r["message"] for r in rows) == sorted(distinct)  # each asked once
+    assert set(ann.labels) == distinct and status["labels"] == len(distinct)
+    goal = nethack_goal("defaultgoal")["embedding"]
+    # one encoding per text for the labeller and the features (and the goal sentence, and the model's size probe)
+    assert sorted(encoder.encoded) == sorted([*distinct, goal, "."])
+    assert ann.model is not None
+    assert ann.model.steps == sum(updates_for_batch(k, 40, 5) for k in range(1, ann.batches + 1))
+    assert ann.batches < len(distinct)  # batched: far fewer refits than messages
+    published = table(tmp_path)
+    assert set(published) <= distinct and published  # the classifier's reward of seen messages
+    assert {"cpu_label_s", "cpu_fit_s", "cpu_publish_s"} <= set(status)
+    assert sum(status[f"cpu_{p}_s"] for p in ("label", "fit", "publish")) <= status["cpu_s"] + 0.1
 
 
 # -- configuration --------------------------------------------------------------------------------------------
@@ -395,7 +485,7 @@ def test_progress_rows_of_a_run_resumed_from_an_older_version_keep_the_files_col
     from stages.rl_nethack import oni_progress
 
     cfg = SimpleNamespace(train_dir=str(tmp_path), experiment="cls", oni_config="{}", intrinsic_reward="classification",
-                          seed=0)
+                          seed=0, oni_refresh_s=2.0)
     directory = tmp_path / "cls" / "oni"
     directory.mkdir(parents=True)
     (directory / oni.STATUS).write_text(json.dumps({"labels": 3, "pending": 1, "cpu_s": 2.5}))

@@ -6,6 +6,7 @@ embedded once per backend (NetHack messages repeat ~70x in a random policy's str
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from typing import Any
@@ -56,7 +57,7 @@ class EmbeddingBackend:
         self.device = device
         self.batch_size = batch_size
         self.ledger = ledger or Ledger("embedding")
-        self._encoder: Any = None
+        self._encoder: list[Any] = [None]  # a box: views (:meth:`view`) share the loaded model
         self._vectors: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -71,10 +72,10 @@ class EmbeddingBackend:
             unique = len(set(texts))
             self.ledger.record_batch(requests=len(texts), unique=unique, cache_hits=unique - len(missing))
             if missing:
-                if self._encoder is None:
-                    self._encoder = load_sentence_model(self.model, self.device)
+                if self._encoder[0] is None:
+                    self._encoder[0] = load_sentence_model(self.model, self.device)
                 start = time.monotonic()
-                vectors = self._encoder.encode(
+                vectors = self._encoder[0].encode(
                     missing,
                     batch_size=self.batch_size,
                     normalize_embeddings=True,
@@ -95,5 +96,12 @@ class EmbeddingBackend:
         vectors = self.embed([*texts, goal])
         return vectors[:-1] @ vectors[-1]
 
+    def view(self, ledger: Ledger) -> EmbeddingBackend:
+        """The same model and vectors, accounted in ``ledger``: a text that either of the two embeds is encoded
+        once for both (the ONI labeller and the classifier's features embed the same messages)."""
+        other = copy.copy(self)  # shares the encoder's box, the vectors and the lock
+        other.ledger = ledger
+        return other
+
     def close(self) -> None:
-        self._encoder = None
+        self._encoder[0] = None

@@ -25,6 +25,7 @@ subclass saves; the pending queue is "seen but not labelled".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib
 import json
@@ -35,12 +36,12 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline.core import interrupt
-from pipeline.core.artifacts import atomic_write_json
+from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
 
 LABELLED = {"helpful", "unhelpful"}
 UNKNOWN = "UNKNOWN"
@@ -52,11 +53,13 @@ TABLE = "rewards.json"
 STATUS = "status.json"
 PROGRESS = "progress.csv"
 LOG = "annotator.log"
-# niceness of the annotator process: under contention it gets ~10 % of a core (Linux CFS weights 110 vs 1024)
-ANNOTATOR_NICE = 10
-
-#: What every annotator reads from its config (a subclass adds its own keys).
-DEFAULTS: dict[str, Any] = {"batch_size": 32, "max_attempts": 3, "seed": 0, "poll_s": 0.5}
+#: What every annotator reads from its config (a subclass adds its own keys). ``poll_s``: the pause between looks at
+#: the spools when nothing is queued; ``publish_s``: a queue longer than a batch is labelled batch after batch for up
+#: to this long (wall) before the table is published, so a long queue costs one publication every ``publish_s``, not
+#: one per batch.
+DEFAULTS: dict[str, Any] = {"batch_size": 32, "max_attempts": 3, "seed": 0, "poll_s": 0.5, "publish_s": 2.0}
+#: The parts of the annotator's CPU time that its status reports (``cpu_<part>_s``), summed over restarts.
+CPU_PARTS = ("label", "fit", "publish")
 
 
 def updates_for_batch(batch_number: int, first: int, least: int) -> int:
@@ -169,6 +172,7 @@ class OnlineAnnotator:
         self.started = time.monotonic()
         self.labelled_this_run = 0
         self.cpu_before = 0.0  # CPU seconds of this directory's earlier annotator processes (its last status)
+        self.cpu_parts = dict.fromkeys(CPU_PARTS, 0.0)  # CPU seconds by part (CPU_PARTS), earlier processes included
         self.errors = 0
         self._published = False
         self.setup()
@@ -192,7 +196,9 @@ class OnlineAnnotator:
         """The state on disk: labels, the CPU time spent so far, then the subclass's model."""
         self._load_labels()
         try:
-            self.cpu_before = float(json.loads((self.directory / STATUS).read_text()).get("cpu_s", 0.0))
+            last = json.loads((self.directory / STATUS).read_text())
+            self.cpu_before = float(last.get("cpu_s", 0.0))
+            self.cpu_parts = {part: float(last.get(f"cpu_{part}_s", 0.0)) for part in CPU_PARTS}
         except (OSError, ValueError, TypeError, AttributeError):
             self.cpu_before = 0.0
         self.load_model()
@@ -259,18 +265,36 @@ class OnlineAnnotator:
 
     # -- one round
     def step(self) -> bool:
-        """Poll, label one batch, refit, publish; True if anything changed."""
+        """Poll; label the queue batch after batch, refitting after each, for up to ``publish_s``; publish once;
+        True if anything changed."""
         new = self.poll()
-        batch = self.pending()[: self.cfg["batch_size"]]
-        if batch:
-            self._label(batch)
-        if batch or new or not self._published:
-            if batch:
+        labelled = False
+        asked: set[str] = set()  # a request that failed is asked again in the next step, not in this one
+        start = time.monotonic()
+        while batch := [m for m in self.pending() if m not in asked][: self.cfg["batch_size"]]:
+            asked.update(batch)
+            with self._cpu("label"):
+                self._label(batch)
+            with self._cpu("fit"):
                 self.fit()
-            self.publish()
+            labelled = True
+            if time.monotonic() - start >= self.cfg["publish_s"]:
+                break
+        if labelled or new or not self._published:
+            with self._cpu("publish"):
+                self.publish()
             self.write_status()
             return True
         return False
+
+    @contextlib.contextmanager
+    def _cpu(self, part: str) -> Iterator[None]:
+        """Adds the CPU time of the block to ``cpu_parts[part]``."""
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self.cpu_parts[part] += time.process_time() - start
 
     def _label(self, batch: list[str]) -> None:
         """Label one batch and append it to labels.jsonl. A request that failed (server down, timeout) is not an
@@ -298,7 +322,9 @@ class OnlineAnnotator:
 
     def publish(self) -> None:
         table = {m: r for m, r in self.rewards().items() if r != 0.0}  # absent = 0: keeps the file small
-        atomic_write_json(self.directory / TABLE, {"version": self.batches, "rewards": table})
+        # compact: the workers re-read it whole whenever it changes
+        data = json.dumps({"version": self.batches, "rewards": table}, separators=(",", ":"))
+        atomic_write_bytes(self.directory / TABLE, data.encode())
         self._published = True
 
     def status(self) -> dict[str, float | int]:
@@ -313,6 +339,7 @@ class OnlineAnnotator:
             "helpful_share": round(sum(label == "helpful" for label in final) / len(final), 4) if final else 0.0,
             "labels_per_s": round(self.labelled_this_run / elapsed, 3),
             "cpu_s": round(self.cpu_before + time.process_time(), 1),  # the labeller's compute, over restarts
+            **{f"cpu_{part}_s": round(seconds, 2) for part, seconds in self.cpu_parts.items()},
             "batches": self.batches,
             "errors": self.errors,
         }
@@ -346,11 +373,12 @@ class OnlineAnnotator:
 
 # -- the process ------------------------------------------------------------------------------------------------
 def annotator_preexec() -> None:
-    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed), and a low CPU priority
-    (``ANNOTATOR_NICE``): when the cores are busy RL keeps its pace and labels lag (ONI's design: labelling is
-    asynchronous); a server-backed annotator mostly waits on the network anyway."""
+    """In the annotator child: SIGTERM when the trainer dies (even SIGKILLed).
+
+    It runs at the trainer's priority: the scheduler gives it the share of a core that one agent's process gets
+    when the cores are busy, and it takes only what labelling needs (a niced labeller, nice 10, got a tenth of an
+    agent's share beside four agents and lagged behind their messages for a whole run)."""
     interrupt.signal_on_parent_death(signal.SIGTERM)
-    os.nice(ANNOTATOR_NICE)
 
 
 def launch(directory: str | Path, factory: str, settings: dict) -> subprocess.Popen:

@@ -38,6 +38,7 @@ cut by a kill costs nothing again unless its requests were still in flight.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Iterable
@@ -48,9 +49,9 @@ import numpy as np
 from pipeline.llm import make_backend, sampling_from_config
 from pipeline.llm import online_annotation as shared
 from pipeline.llm.config import LLMConfig
-from pipeline.llm.embedding import EmbeddingBackend
+from pipeline.llm.embedding import EmbeddingBackend, is_packaged_model
+from pipeline.llm.ledger import Ledger
 from pipeline.llm.online_annotation import (  # noqa: F401 — the NetHack track's names for the shared machinery
-    ANNOTATOR_NICE,
     FAILED,
     LABELLED,
     LABELS,
@@ -205,6 +206,11 @@ class OnlineAnnotator(shared.OnlineAnnotator):
         self.version = 0
         self.model: OnlineModel | None = None
         self.accuracy: float | None = None
+        # the final labels split into training and held-back messages, extended as labels come (not redone per fit)
+        self._split_labels = 0
+        self._train_set: tuple[list[str], list[float]] = ([], [])
+        self._held_set: tuple[list[str], list[bool]] = ([], [])
+        self._fitted = False  # refit since the model was last saved
 
     def load_model(self) -> None:
         model = self.directory / MODEL
@@ -220,8 +226,21 @@ class OnlineAnnotator(shared.OnlineAnnotator):
     @property
     def backend(self) -> Any:
         if self._backend is None:
-            self._backend = make_backend(LLMConfig(**self.cfg["annotator"]), role="oni_annotator")
+            cfg = LLMConfig(**self.cfg["annotator"])
+            if cfg.backend == "embedding" and self._embeds_like(cfg):
+                # the labeller's similarities and the reward model's features are the same vectors: one encoding
+                # of each message serves both (the table embeds every seen message anyway)
+                self._backend = self.embedder.view(Ledger("oni_annotator"))
+            else:
+                self._backend = make_backend(cfg, role="oni_annotator")
         return self._backend
+
+    def _embeds_like(self, cfg: LLMConfig) -> bool:
+        """The labelling config's embedding model is the features' (``embedder``) on the same device."""
+        mine = self.embedder
+        if not isinstance(mine, EmbeddingBackend) or cfg.device != mine.device:
+            return False
+        return cfg.model == mine.model or (is_packaged_model(cfg.model) and is_packaged_model(mine.model))
 
     @property
     def embedder(self) -> Any:
@@ -248,27 +267,47 @@ class OnlineAnnotator(shared.OnlineAnnotator):
         if self.kind in {"classification", "ranking"}:
             self._train()
 
-    def _train(self) -> None:
-        import torch
+    def _split(self) -> None:
+        """File the labels that came since the last call under training or held back (by a hash of the text)."""
+        every = self.cfg["heldout_every"]
+        for m, label in itertools.islice(self.labels.items(), self._split_labels, None):
+            if label in LABELLED:
+                messages, ys = self._held_set if is_held_back(m, every) else self._train_set
+                messages.append(m)
+                ys.append(label == "helpful")
+        self._split_labels = len(self.labels)
 
+    def _train(self) -> None:
+        """The model's updates for this batch: their number follows the batch count (``updates_for_batch``), each
+        a minibatch, so a refit costs the same however many messages have been labelled."""
         self._ensure_model()
         assert self.model is not None
-        every = self.cfg["heldout_every"]
-        known = [(m, label == "helpful") for m, label in self.labels.items() if label in LABELLED]
-        train = [(m, y) for m, y in known if not is_held_back(m, every)]
-        held = [(m, y) for m, y in known if is_held_back(m, every)]
-        if train:
-            x = self.embedder.embed([m for m, _ in train])
-            y = np.array([y for _, y in train], dtype=np.float32)
+        self._split()
+        messages, ys = self._train_set
+        if messages:
             steps = updates_for_batch(self.batches, self.cfg["updates_first"], self.cfg["updates_least"])
-            self.model.train(x, y, steps)
-        if held:
-            table = self.rewards()
-            self.accuracy = float(np.mean([(table.get(m, 0.0) > 0) == y for m, y in held]))
+            self.model.train(self.embedder.embed(messages), np.array(ys, dtype=np.float32), steps)
         self.version += 1
-        tmp = self.directory / (MODEL + ".tmp")
-        torch.save({"model": self.model.state(), "version": self.version}, tmp)
-        os.replace(tmp, self.directory / MODEL)
+        self._fitted = True
+
+    def publish(self) -> None:
+        """The model (when refit since the last publication), then the table; the held-back accuracy is read off
+        the table."""
+        if self._fitted:
+            import torch
+
+            assert self.model is not None
+            tmp = self.directory / (MODEL + ".tmp")
+            torch.save({"model": self.model.state(), "version": self.version}, tmp)
+            os.replace(tmp, self.directory / MODEL)
+            self._fitted = False
+        super().publish()
+
+    def _held_accuracy(self, table: dict[str, float]) -> None:
+        self._split()
+        messages, ys = self._held_set
+        if messages:
+            self.accuracy = float(np.mean([(table.get(m, 0.0) > 0) == y for m, y in zip(messages, ys, strict=True)]))
 
     def rewards(self) -> dict[str, float]:
         """r_LLM of every seen message under the current labels / model (ranking: normalised over them)."""
@@ -286,7 +325,10 @@ class OnlineAnnotator(shared.OnlineAnnotator):
             r = classification_rewards(1 / (1 + np.exp(-self.model.scores(self.embedder.embed(seen)))))
         else:
             r = ranking_rewards(self.model.scores(self.embedder.embed(seen)), self.cfg["ranking_quantile"])
-        return dict(zip(seen, r.tolist(), strict=True))
+        table = dict(zip(seen, r.tolist(), strict=True))
+        if self.kind in {"classification", "ranking"}:
+            self._held_accuracy(table)
+        return table
 
     def status(self) -> dict[str, float | int]:
         out = super().status()

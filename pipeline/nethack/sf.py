@@ -491,7 +491,7 @@ def _summary_observer(path: Path, resumed_from: int, per_iteration: bool = False
 PROGRESS_COLUMNS = (
     "env_steps", "seconds", "seen", "labels", "pending", "helpful_share", "labels_per_s", "heldout_accuracy",
     "errors", "annotator_restarts", "llm_requests", "llm_cache_hits", "llm_sent", "llm_failures", "llm_unknowns",
-    "llm_tokens_in", "llm_tokens_out", "llm_latency_p50_s", "cpu_s",
+    "llm_tokens_in", "llm_tokens_out", "llm_latency_p50_s", "cpu_s", "cpu_label_s", "cpu_fit_s", "cpu_publish_s",
 )
 
 
@@ -506,7 +506,10 @@ def _online_annotation(cfg: Any, every_s: float = 5.0):
     from sample_factory.algo.runners.runner import AlgoObserver
 
     directory = oni_directory(cfg)
-    settings = {**json.loads(cfg.oni_config), "reward": cfg.intrinsic_reward, "seed": cfg.seed or 0}
+    # the workers flush their spools and re-read the table every oni_refresh_s: the annotator looks and publishes
+    # at that pace (a long queue is labelled batch after batch in between)
+    settings = {"poll_s": cfg.oni_refresh_s, "publish_s": cfg.oni_refresh_s, **json.loads(cfg.oni_config),
+                "reward": cfg.intrinsic_reward, "seed": cfg.seed or 0}
 
     class OnlineAnnotation(AlgoObserver):
         proc: subprocess.Popen | None = None

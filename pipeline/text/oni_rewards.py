@@ -9,9 +9,9 @@ rounds. Round r reads the annotator's snapshot r, the labels and model of the ro
 
 State: ``data/rl_text/oni/`` (keyed by rl-text's params and its initial policy, so other params never resume it):
 the spools, ``labels.jsonl`` and the snapshots; a killed run's rerun starts the annotator on them again (answers
-already paid for are in labels.jsonl and the LLM response cache). The process is niced like the NetHack one, gets
-SIGTERM when rl-text dies (PR_SET_PDEATHSIG) and is stopped by :meth:`OniTurnRewards.close` (the algorithms call it
-when they finish) or at exit.
+already paid for are in labels.jsonl and the LLM response cache). The process runs at rl-text's priority, like the
+NetHack one, gets SIGTERM when rl-text dies (PR_SET_PDEATHSIG) and is stopped by :meth:`OniTurnRewards.close` (the
+algorithms call it when they finish) or at exit.
 """
 
 from __future__ import annotations
