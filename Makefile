@@ -8,11 +8,20 @@ UV_INSTALL := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/p
 
 .PHONY: run test test-slow install dev server vllm lint bench clean plots-offline browser nethack-clock constraints
 
+# Which torch wheel: TORCH_INDEX is an index pip reads beside PyPI for torch. The default, PyTorch's CPU index, holds
+# torch 2.13.0+cpu, which outranks PyPI's torch 2.13.0 for the same pin (a local version sorts above its public
+# one); PyPI's Linux wheel is the CUDA build and pulls ~3 GB of nvidia-* wheels. TORCH_INDEX= (empty) leaves the
+# choice to PyPI and pip's own configuration: on Linux, the CUDA build a GPU needs (docs/howto/gpu.md); or name
+# another of PyPI's or PyTorch's indexes. pip also reads its configuration (pip.conf, PIP_* variables): a
+# machine with no route to download.pytorch.org but a local wheel directory or mirror there installs from it, after
+# a warning or two per package (--retries 1: an unreachable index costs seconds, not minutes).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1)
+
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
-	# torch first, with pip: the CPU wheel (pip's find-links; uv does not read pip's config), so no dependency
-	# pulls the multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0 uv==$(UV_VERSION)
+	# torch first, with pip, from TORCH_INDEX (above), so that no dependency pulls another build; uv then keeps it
+	$(BIN)/pip install -q $(TORCH_PIP) torch==2.13.0 uv==$(UV_VERSION)
 	# the rest with uv: the same versions pip resolves, in about half the time (parallel downloads and installs):
 	# what the default pipeline needs; the test tools, Dask / Ray and SmolLM2 come with $(DEV_STAMP)
 	$(UV_INSTALL) -c constraints.txt -e .
@@ -72,7 +81,7 @@ endif
 $(VLLM_STAMP):
 	$(PY) -m venv $(VLLM_VENV)
 ifneq ($(VLLM_DEVICE),cuda)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_PIP) torch==2.13.0
 endif
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_PACKAGE)
 ifneq ($(VLLM_DEVICE),cuda)
