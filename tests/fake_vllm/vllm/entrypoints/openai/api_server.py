@@ -1,14 +1,18 @@
 """A stand-in for vLLM's OpenAI-compatible server, for the fast tests of Curio's server lifecycle (standard
-library only). It takes the arguments Curio passes, answers ``/v1/models``, ``/v1/chat/completions`` (the last
-user message reversed, with ``token_ids``) and ``/v1/completions``: ``prompt_logprobs`` (-0.01 x token id), or, for
+library only, but for one path). It takes the arguments Curio passes, answers ``/v1/models``,
+``/v1/chat/completions`` (the last user message reversed, with ``token_ids``) and ``/v1/completions``:
+``prompt_logprobs`` (-0.01 x token id; when ``--model`` is a model directory, those of the weights it serves, scored
+in float32 with transformers, imported at the first such request: the path that is not standard library), or, for
 a prompt of token ids, a reply of up to 4 ids drawn from the prompt then the request's first stop token, with
 ``token_ids`` and a log-prob of -0.5 - 0.01 x the count of weight loads for each. In dev mode it answers
-``/collective_rpc`` (``reload_weights``: the weights path is appended to ``$FAKE_VLLM_LOADS``) and
-``/reset_prefix_cache``. It writes its pid to ``$FAKE_VLLM_PIDFILE``. ``$FAKE_VLLM_FAIL`` makes it exit 3 at
+``/collective_rpc`` (``reload_weights``: the weights path is appended to ``$FAKE_VLLM_LOADS``, and served from then
+on) and ``/reset_prefix_cache``. It writes its pid to ``$FAKE_VLLM_PIDFILE``. ``$FAKE_VLLM_FAIL`` makes it exit 3 at
 start; ``$FAKE_VLLM_SEED_CRASH`` makes a request with ``seed`` kill it, as the CPU engine does;
 ``$FAKE_VLLM_LOAD_FAIL`` = N makes its Nth weight load fail (HTTP 500); ``$FAKE_VLLM_DIE_AFTER`` = N makes it exit
 after answering N token-id completions; ``$FAKE_VLLM_SLOW_START`` = S makes it ignore SIGTERM for its first S
-seconds before it serves, as vLLM does while it loads its model."""
+seconds before it serves, as vLLM does while it loads its model. ``$FAKE_VLLM_STALE`` makes a weight load answer
+as it should and keep the weights served (a known vLLM failure); ``$FAKE_VLLM_BODIES`` is a file each request's
+route and body are appended to, one JSON line each."""
 
 import argparse
 import json
@@ -40,6 +44,30 @@ if os.environ.get("FAKE_VLLM_FAIL"):
 LOADS: list[str] = []
 COMPLETIONS = [0]
 COUNTING = threading.Lock()
+SCORING = threading.Lock()
+SERVED: dict = {}  # the weights prompt_logprobs scores: {"path": ..., "model": ...}
+
+
+def served_path() -> str:
+    """The weights served: the last loaded, or --model (only --model when loads leave the weights stale)."""
+    return args.model if not LOADS or os.environ.get("FAKE_VLLM_STALE") else LOADS[-1]
+
+
+def prompt_logprobs(ids: list[int]) -> list[float] | None:
+    """log p of each token after the first under the weights served, float32; None without a model directory."""
+    path = served_path()
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with SCORING:
+        if SERVED.get("path") != path:
+            SERVED.update(path=path, model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+        with torch.no_grad():
+            logits = SERVED["model"](torch.tensor([ids])).logits[0, :-1].float()
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return [float(x) for x in logps]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -62,6 +90,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if os.environ.get("FAKE_VLLM_BODIES"):
+            with COUNTING, open(os.environ["FAKE_VLLM_BODIES"], "a") as f:
+                f.write(json.dumps({"route": self.path, "body": body}) + "\n")
         if "seed" in body and os.environ.get("FAKE_VLLM_SEED_CRASH"):
             print("RuntimeError: CPU Generator does not use offset", flush=True)
             os._exit(1)
@@ -74,7 +105,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply({"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}})
         elif self.path == "/v1/completions" and body.get("prompt_logprobs") is not None:
             ids = body["prompt"]
-            lps = [None] + [{str(t): {"logprob": -0.01 * t, "rank": 1}} for t in ids[1:]]
+            scored = prompt_logprobs(ids) or [-0.01 * t for t in ids[1:]]
+            lps = [None] + [{str(t): {"logprob": lp, "rank": 1}} for t, lp in zip(ids[1:], scored, strict=True)]
             self.reply({"choices": [{"text": "", "prompt_logprobs": lps}]})
         elif self.path == "/v1/completions":
             self.complete_ids(body)
