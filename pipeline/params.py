@@ -165,6 +165,10 @@ def check_params(params: Params) -> None:
                 raise ConfigError(f"params: policy.backend: scripted plays the games' scripted players, and {key} "
                                   f"holds {group!r}, another project's environment, which has none: use a model "
                                   "policy (hf, vllm)")
+            if params.policy.format_prompt == "example" and game_class(group).env_kind == "external":
+                raise ConfigError(f"params: policy.format_prompt: example plays the opening of a train task with the "
+                                  f"game's scripted player, and {key} holds {group!r}, another project's environment, "
+                                  "which has none: use 'rule' or 'game'")
     if params.policy.backend in ("hf", "vllm") and params.policy.model != "builtin":
         _check_model("policy.model", params.policy.model)
     if params.policy.backend == "openai":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -114,6 +115,8 @@ def test_the_built_in_model_needs_a_game_with_a_scripted_player(tmp_path):
     assert not (tmp_path / "bootstrap").exists()
     with pytest.raises(ConfigError, match="policy.backend: scripted .* another project's environment"):
         load_params("params.yaml", [groups("mastermind", GUESS), "policy.backend=scripted", "policy.model=scripted"])
+    with pytest.raises(ConfigError, match="policy.format_prompt: example .* another project's environment"):
+        load_params("params.yaml", [groups("mastermind", GUESS), "policy.format_prompt=example"])
 
 
 def test_a_textarena_game_resumes_after_sigkill_with_every_episode_once(tmp_path, base):
@@ -173,7 +176,9 @@ def test_an_openenv_game_plays_through_every_text_stage(tmp_path, base):
     pairs = read_rows(tmp_path / "data" / "reflogprobs")
     assert pairs and all(p["group"] == group for p in pairs)
     assert (tmp_path / "data" / "train_policy" / "dpo" / "model.safetensors").exists()
-    assert run["rl-text"], "rl-text reported nothing"
+    rl_played = read_rows(tmp_path / "data" / "rl_text" / "rollouts")  # its round played the server's game
+    assert len(rl_played) == 4 * 2 and {r["group"] for r in rl_played} == {group}
+    assert run["rl-text"]["rollouts/episodes"] == 8
     evaluated = read_rows(tmp_path / "data" / "evaluate_text")
     assert {r["policy"] for r in evaluated} == {"base", "rl"} and {r["split"] for r in evaluated} == {"eval"}
     assert {json.loads(r["secret"])["seed"] for r in evaluated} == {EVAL_SEED_BASE + i for i in range(3)}
@@ -211,7 +216,7 @@ def test_an_unreachable_or_malformed_openenv_server_is_one_line(tmp_path, base):
     with Server(free_port(), "--malformed") as server:
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="malformed")
         fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
-                          r"malformed observation at .*-train-0000 \(seed 0\), turn 1: no text field \(fields: count\)")
+                          r"malformed observation at .*-train-0000 \(seed 0\), reset: no text field \(fields: count\)")
     with Server(free_port(), "--two-fields") as server:
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="two-fields")
         fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
@@ -254,3 +259,20 @@ def test_a_server_that_dies_mid_episode_keeps_the_chunks_and_the_rerun_resumes(t
     rows = sorted(read_rows(out), key=lambda r: (r["task_id"], r["sample"]))
     assert len({(r["task_id"], r["sample"]) for r in rows}) == len(rows) == 12
     assert rows == expected
+
+
+HOWTO = REPO / "docs" / "bring-your-own-environment.md"
+
+
+def test_the_howtos_textarena_commands_run_as_written(tmp_path):
+    """docs/bring-your-own-environment.md's first commands, at a tiny budget (the -S keys appended)."""
+    block = HOWTO.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("curio ")]
+    assert [c[:3] for c in commands] == [["curio", "stage", "bootstrap"], ["curio", "stage", "rollout-text"]]
+    proj = make_project(tmp_path, ["tracking.enabled=false"])
+    tiny = [*TINY_BOOTSTRAP, "games.max_train_tasks=2", "rollout_text.trajectories_per_task=1",
+            "rollout_text.max_new_tokens=8"]
+    for command in commands:
+        curio([*command[1:], *(arg for key in tiny for arg in ("-S", key))], proj)
+    rows = read_rows(proj / "data" / "rollout_text")
+    assert {r["group"] for r in rows} == {"mastermind", GUESS} and len(rows) == 4

@@ -72,7 +72,7 @@ def external_class(spec: str) -> type[ExternalGame]:
     if base is None or not target:
         raise KeyError(f"unknown game {spec!r}")
     base.check_target(target)
-    return type(base.__name__, (base,), {"name": spec, "target": target})
+    return type(base.__name__, (base,), {"name": spec, "target": target, "__module__": __name__})
 
 
 @dataclass
@@ -180,8 +180,10 @@ class ExternalGame(Game):
     def _steps(self, states: list[ExternalEpisode], actions: list[str]) -> list[tuple[str, float, bool]]:
         raise NotImplementedError
 
-    def where(self, state: ExternalEpisode) -> str:
-        return f"{state.task.task_id} (seed {state.task.env['seed']}), turn {state.turns + 1}"
+    def where(self, state: ExternalEpisode, opening: bool = False) -> str:
+        """The episode and the call a fault hit: its reset, or the turn being stepped."""
+        call = "reset" if opening else f"turn {state.turns + 1}"
+        return f"{state.task.task_id} (seed {state.task.env['seed']}), {call}"
 
 
 def hit_turn_limit(conversation: list[dict]) -> bool:
@@ -421,7 +423,7 @@ class OpenEnvGame(ExternalGame):
     def _client(self) -> Any:
         return _openenv_client()(base_url=self.url)  # connects on its first call (the reset)
 
-    def _text(self, result: Any, state: ExternalEpisode) -> tuple[str, float, bool]:
+    def _text(self, result: Any, state: ExternalEpisode, opening: bool = False) -> tuple[str, float, bool]:
         """(text, reward, done) of a step result, or a malformed-observation error naming what is wrong."""
         observation, reward, done = (getattr(result, k, None) for k in ("observation", "reward", "done"))
         why = None
@@ -436,8 +438,8 @@ class OpenEnvGame(ExternalGame):
             if not texts:
                 why = f"no text field (fields: {', '.join(observation) or 'none'})"
         if why is not None:
-            raise ExternalEnvError(f"{self.name}: malformed observation at {self.where(state)}: {why}; Curio reads "
-                                   "the observation's text field(s), a numeric reward and a boolean done")
+            raise ExternalEnvError(f"{self.name}: malformed observation at {self.where(state, opening)}: {why}; Curio "
+                                   "reads the observation's text field(s), a numeric reward and a boolean done")
         text = next(iter(texts.values())) if len(texts) == 1 else "\n".join(f"{k}: {v}" for k, v in texts.items())
         return text, float(reward or 0.0), done
 
@@ -451,12 +453,13 @@ class OpenEnvGame(ExternalGame):
                                     "episodes at once; start it with max_concurrent_envs >= tasks_per_chunk x "
                                     "trajectories_per_task, or lower those")
         if isinstance(e, RuntimeError) and message.startswith("Server error"):
-            return ExternalEnvError(f"{self.name}: the server failed at {self.where(state)}: {message}")
+            return ExternalEnvError(f"{self.name}: the server failed at {self.where(state, opening)}: {message}")
         if opening and isinstance(e, ConnectionError):
             return ExternalEnvError(f"{self.name}: cannot reach the OpenEnv server at {self.url} ({message}): start "
                                     "it or fix the URL, then rerun (finished chunks are kept)")
-        return ExternalEnvError(f"{self.name}: the server went away at {self.where(state)} ({type(e).__name__}: "
-                                f"{message}); the chunks already written are kept: restart it and rerun to resume")
+        return ExternalEnvError(f"{self.name}: the server went away at {self.where(state, opening)} "
+                                f"({type(e).__name__}: {message}); the chunks already written are kept: restart it "
+                                "and rerun to resume")
 
     def _open(self, task: Task) -> ExternalEpisode:
         self._connect()
@@ -466,7 +469,7 @@ class OpenEnvGame(ExternalGame):
         if isinstance(result, BaseException):
             self.release(episode)
             raise self._fault(result, episode, opening=True)
-        episode.opening = self._text(result, episode)[0]
+        episode.opening = self._text(result, episode, opening=True)[0]
         return episode
 
     def _steps(self, states: list[ExternalEpisode], actions: list[str]) -> list[tuple[str, float, bool]]:
