@@ -41,21 +41,22 @@ def _needs(params: Params) -> list[str]:
 
 METRIC_HELP = {
     **summary_help("rollouts/", "every round's train episodes"),
+    "rl/chosen_round": "grpo, filtered_bc: the round whose policy is kept (0: the DPO policy it started from)",
+    "rl/kept_by_val": "grpo, filtered_bc: 1 when that round was the best on val, 0 when the last round is kept (no "
+                      "val split)",
+    "rl/val_success_start": "grpo, filtered_bc: val success of the DPO policy rl-text starts from",
+    "rl/val_success_chosen": "grpo, filtered_bc: val success of the kept round's policy",
     "rl/mean_turn_reward": "mean per-utterance reward the algorithm learned from (rl_text.reward other than outcome)",
+    "grpo/old_pass_s": "grpo: seconds scoring each round's replies under the weights that played them (pi_old), "
+                       "summed over the rounds this run trained",
+    "grpo/update_s": "grpo: seconds of the policy-gradient updates, summed over the rounds this run trained",
     "rl/server_starts": "vLLM servers this run started (policy.backend: vllm)",
+    "rl/served_probe_gap": "policy.backend: vllm: the largest log-probability gap per probe token between the vLLM "
+                           "server and the trainer on the same weights, over this run's in-place reloads",
     "rl/transitions": "archer, chai: transitions in the replay buffer",
     "rl/critic_loss": "archer, chai: the critic's mean loss, last round",
     "rl/actor_loss": "archer: the policy-gradient loss, last round",
     "rl/advantage": "archer: mean advantage of the actor's steps, last round",
-    "rl/chosen_round": "grpo, filtered_bc: the round whose policy is kept (best val success, 0: the DPO policy; "
-                       "without val the last round)",
-    "rl/kept_by_val": "grpo, filtered_bc: 1 when the round kept was chosen on val tasks, 0 when there were none (the "
-                      "last round kept)",
-    "rl/val_success_start": "grpo, filtered_bc: val success of the DPO policy rl-text starts from (with val)",
-    "rl/val_success_chosen": "grpo, filtered_bc: val success of the kept round's policy (with val)",
-    "grpo/old_pass_s": "grpo: seconds of the no-grad scoring passes that give pi_old, summed over the rounds this "
-                       "process ran",
-    "grpo/update_s": "grpo: seconds of the optimizer steps, summed over the rounds this process ran",
     "curriculum/{arm}/pulls": "rl_text.curriculum: tasks of this difficulty the curriculum picked",
     "curriculum/{arm}/mean_potential": "rl_text.curriculum: mean learning potential of this difficulty's tasks",
     "rl/judge_computed/{counter}": "reward judge: counts over the continuations this run played and judged",
