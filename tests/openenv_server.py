@@ -1,11 +1,12 @@
 """A tiny OpenEnv environment served by openenv-core's own server classes, for the tests of ``openenv:URL`` groups.
 
-    python tests/openenv_server.py PORT [--die-after N] [--malformed] [--never-ends] [--two-fields]
+    python tests/openenv_server.py PORT [--die-after N] [--malformed] [--never-ends] [--two-fields] [--chat]
 
 The game: guess a digit 0-9 drawn from the reset's seed in at most 5 moves ("higher" / "lower" after each miss);
 reward 1 on the right digit, 0 when the moves run out. ``--die-after N``: the server process exits in the middle of
 its N-th step of all sessions (a server that dies mid-episode); ``--malformed``: observations carry no text;
-``--never-ends``: the game never ends; ``--two-fields``: its action has two text fields.
+``--never-ends``: the game never ends; ``--two-fields``: its action has two text fields; ``--chat``: observations
+say it as chat messages (``messages: [{role, content}]``) beside a text field that is not what the game says.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from openenv.core.env_server import Action, Environment, Observation, State
 from openenv.core.env_server.http_server import create_app
 from pydantic import Field
 
-ARGS = argparse.Namespace(die_after=0, malformed=False, never_ends=False)
+ARGS = argparse.Namespace(die_after=0, malformed=False, never_ends=False, chat=False)
 STEPS = [0]  # steps served, all sessions together
 
 
@@ -41,6 +42,11 @@ class CountObservation(Observation):
     count: int = 0
 
 
+class ChatObservation(Observation):
+    messages: list[dict[str, str]] = Field(default_factory=list)
+    game: str = "digits"
+
+
 class DigitGame(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -52,6 +58,8 @@ class DigitGame(Environment):
     def observe(self, text: str, reward: float | None = None, done: bool = False) -> Observation:
         if ARGS.malformed:
             return CountObservation(count=self.moves, reward=reward, done=done)
+        if ARGS.chat:
+            return ChatObservation(messages=[{"role": "user", "content": text}], reward=reward, done=done)
         return TextObservation(text=text, reward=reward, done=done)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
@@ -85,8 +93,9 @@ def main() -> None:
     parser.add_argument("--malformed", action="store_true")
     parser.add_argument("--never-ends", action="store_true")
     parser.add_argument("--two-fields", action="store_true")
+    parser.add_argument("--chat", action="store_true")
     args = parser.parse_args(namespace=ARGS)
-    observation = CountObservation if args.malformed else TextObservation
+    observation = CountObservation if args.malformed else ChatObservation if args.chat else TextObservation
     app = create_app(DigitGame, TwoFieldAction if args.two_fields else MoveAction, observation,
                      max_concurrent_envs=256)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -22,7 +23,7 @@ from conftest import REPO, curio, make_project, stage_here
 from pipeline.core.artifacts import read_manifest, read_part, read_rows
 from pipeline.core.config import ConfigError
 from pipeline.core.stage import StageContext, stage_module
-from pipeline.envs.external import EVAL_SEED_BASE, TURN_LIMIT
+from pipeline.envs.external import EVAL_SEED_BASE, TURN_LIMIT, observation_text
 from pipeline.params import load_params
 from pipeline.text.policies import game_tasks, make_games
 
@@ -106,6 +107,33 @@ def test_tasks_are_the_environments_seeds_and_the_splits_are_disjoint():
         assert sorted(train + val) == list(range(40))  # val is carved out of the train seeds
         assert held_out == list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 10))
         assert seeds(game_tasks(params, make_games(params)[0], "val")) == val  # the same val every run
+
+
+def test_an_openenv_observation_says_its_chat_messages_else_its_text_fields():
+    # OpenEnv's own TextArena environment: a prompt, and the new messages as objects with a content
+    textarena_like = {"prompt": "the whole game so far", "messages": [
+        {"sender_id": -1, "content": "The target number is higher.", "category": "GAME_MESSAGE"}],
+        "current_player_id": 0, "info": {}}
+    assert observation_text(textarena_like) == "The target number is higher."
+    assert observation_text({**textarena_like, "messages": []}) == "the whole game so far"
+    assert observation_text({"text": "Not 3: higher."}) == "Not 3: higher."
+    assert observation_text({"board": "A1 .", "status": "your move"}) == "board: A1 .\nstatus: your move"
+    assert observation_text({"count": 3, "messages": []}) is None
+
+
+def test_an_openenv_server_that_speaks_chat_messages_is_played_by_them():
+    with Server(free_port(), "--chat") as server:
+        (game,) = make_games(load_params("params.yaml", [groups(f"openenv:{server.url}")]))
+        task = game.tasks("train")[0]
+        state = game.reset(task, random.Random(0))
+        assert game.conversation_start(task)[1]["content"] == "Guess my digit (0-9) in at most 5 moves."
+        replies = []
+        for digit in range(10):
+            replies.append(game.step(state, str(digit)))
+            if replies[-1].done:
+                break
+    assert replies[-1].done and 1 <= len(replies) <= 5  # the game's own end, within its 5 moves
+    assert all(re.fullmatch(r"Not \d: (higher|lower)\.|Right!|Out of moves: it was \d\.", r.reply) for r in replies)
 
 
 def test_the_built_in_model_needs_a_game_with_a_scripted_player(tmp_path):

@@ -3,8 +3,8 @@
 - ``textarena:ENV_ID``: a single-player game of TextArena (``textarena`` on PyPI), played in this process. Games that
   fetch an nltk corpus when they load (Wordle, Hangman, WordLadder, ...) are refused: nothing can be downloaded here.
 - ``openenv:URL``: a running OpenEnv server (``openenv-core``), one WebSocket session per episode. The agent's move
-  goes out as the one text field of the server's action (``GET /schema``); the reply is the observation's text
-  field(s).
+  goes out as the one text field of the server's action (``GET /schema``); the reply is the contents of the
+  observation's chat-like messages, or else its text field(s).
 
 A task is a seed of the environment: train tasks are seeds 0, 1, ...; held-out tasks are seeds from
 ``EVAL_SEED_BASE`` on, so no held-out seed is a train seed, and ``games.val_fraction`` carves val tasks out of train
@@ -370,12 +370,26 @@ class _Driver:
         return asyncio.run_coroutine_threadsafe(gather(), self.loop).result()
 
 
+def observation_text(observation: dict) -> str | None:
+    """What an OpenEnv observation says, as one user message: the contents of its chat-like messages (a list of
+    objects with a text ``content``, e.g. OpenEnv's TextArena environment and Curio's served games) when it has any,
+    else its text fields (one: itself; several: a ``name: text`` line each); None when it has neither."""
+    said = [m["content"] for v in observation.values() if isinstance(v, list) and v
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in v) for m in v]
+    if said:
+        return "\n\n".join(c.strip() for c in said if c.strip())
+    texts = {k: v for k, v in observation.items() if isinstance(v, str)}
+    if not texts:
+        return None
+    return next(iter(texts.values())) if len(texts) == 1 else "\n".join(f"{k}: {v}" for k, v in texts.items())
+
+
 class OpenEnvGame(ExternalGame):
     """A running OpenEnv server: one WebSocket session (openenv-core's ``GenericEnvClient``) per episode, opened by
     ``reset(seed=SEED)`` and closed when the episode ends. The move is sent as ``{FIELD: move}``, FIELD the one text
-    field of the server's action schema; the reply is the observation's text field (several: one ``name: text``
-    line each). A chunk's episodes play at once: the server needs as many concurrent sessions
-    (``max_concurrent_envs``) as ``rollout_text.tasks_per_chunk`` x ``trajectories_per_task``."""
+    field of the server's action schema; the reply is what the observation says (``observation_text``). A chunk's
+    episodes play at once: the server needs as many concurrent sessions (``max_concurrent_envs``) as
+    ``rollout_text.tasks_per_chunk`` x ``trajectories_per_task``."""
 
     source = "an OpenEnv server"
 
@@ -426,7 +440,7 @@ class OpenEnvGame(ExternalGame):
     def _text(self, result: Any, state: ExternalEpisode, opening: bool = False) -> tuple[str, float, bool]:
         """(text, reward, done) of a step result, or a malformed-observation error naming what is wrong."""
         observation, reward, done = (getattr(result, k, None) for k in ("observation", "reward", "done"))
-        why = None
+        why, text = None, None
         if not isinstance(observation, dict):
             why = f"the observation is {type(observation).__name__}, not an object"
         elif not isinstance(done, bool):
@@ -434,13 +448,13 @@ class OpenEnvGame(ExternalGame):
         elif reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
             why = f"reward is {reward!r}, not a number"
         else:
-            texts = {k: v for k, v in observation.items() if isinstance(v, str)}
-            if not texts:
+            text = observation_text(observation)
+            if text is None:
                 why = f"no text field (fields: {', '.join(observation) or 'none'})"
-        if why is not None:
+        if why is not None or text is None:
             raise ExternalEnvError(f"{self.name}: malformed observation at {self.where(state, opening)}: {why}; Curio "
-                                   "reads the observation's text field(s), a numeric reward and a boolean done")
-        text = next(iter(texts.values())) if len(texts) == 1 else "\n".join(f"{k}: {v}" for k, v in texts.items())
+                                   "reads the observation's messages or text field(s), a numeric reward and a boolean "
+                                   "done")
         return text, float(reward or 0.0), done
 
     def _fault(self, e: BaseException, state: ExternalEpisode, opening: bool) -> ExternalEnvError:
