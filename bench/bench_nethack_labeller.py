@@ -1,7 +1,7 @@
 """ONI's labeller on a stream of NetHack's messages: its CPU per label (labelling, refits, publishing the table) and
 whether it keeps up, for this checkout and optionally another revision, side by side.
 
-    python bench/bench_nethack_labeller.py [--before REF] [--steps 300000] [--rate 5000] [--hogs 2] [--cpu N]
+    python bench/bench_nethack_labeller.py [--before REF] [--steps 120000] [--rate 1500] [--hogs 2] [--cpu N]
 
 The stream: the distinct messages of ``--steps`` env steps of random play on the preset's task (score, ONI's extended
 actions), each at the env step it was first seen (NetHack repeats its messages: a worker spools a message once).
@@ -13,10 +13,10 @@ that imports only that side's code, with the settings ``presets/nethack-oni-seed
   process: CPU seconds per label and their split into labelling, refits (``fit``) and publishing the table
   (``publish``), timed around the annotator's own methods; the model's start-up (loading the encoder) is left out.
 - **stream**: the annotator process as the side's trainer starts it (``pipeline.nethack.sf``'s observer: its
-  settings and its CPU priority), fed the stream at ``--rate`` env steps per second (an agent runs at ~1,500; the
-  default is a harder stream), on one core beside ``--hogs`` busy processes (the agents that share a core with it:
-  four agents on two cores is two per core). When the stream ends (training ends) its status gives the queue: the
-  share of the seen messages still unlabelled, the lag the rl-nethack table reports.
+  settings and its CPU priority), fed the stream at ``--rate`` env steps per second (an agent's pace) on one core
+  beside ``--hogs`` busy processes (the agents that share a core with it: four agents on two cores is two per core).
+  When the stream ends (training ends) its status gives the queue: the share of the messages met still unlabelled,
+  the lag the rl-nethack table reports.
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ def run_side(root: Path, mode: str, stream_file: Path, args: argparse.Namespace,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="", help="a git revision to measure beside this checkout")
-    parser.add_argument("--steps", type=int, default=300_000, help="env steps of random play behind the stream")
-    parser.add_argument("--rate", type=float, default=5_000.0, help="stream: env steps per second")
+    parser.add_argument("--steps", type=int, default=120_000, help="env steps of random play behind the stream")
+    parser.add_argument("--rate", type=float, default=1_500.0, help="stream: env steps per second (an agent's pace)")
     parser.add_argument("--hogs", type=int, default=2, help="stream: busy processes on the annotator's core")
     parser.add_argument("--cpu", type=int, default=None, help="the core (default: the last allowed)")
     parser.add_argument("--reward", default="classification", choices=("retrieval", "classification", "ranking"))

@@ -96,6 +96,10 @@ class EmbeddingBackend:
         vectors = self.embed([*texts, goal])
         return vectors[:-1] @ vectors[-1]
 
+    def has(self, text: str) -> bool:
+        """Whether ``text`` is embedded already (``embed`` would not encode it)."""
+        return text in self._vectors
+
     def view(self, ledger: Ledger) -> EmbeddingBackend:
         """The same model and vectors, accounted in ``ledger``: a text that either of the two embeds is encoded
         once for both (the ONI labeller and the classifier's features embed the same messages)."""

@@ -211,6 +211,7 @@ class OnlineAnnotator(shared.OnlineAnnotator):
         self._train_set: tuple[list[str], list[float]] = ([], [])
         self._held_set: tuple[list[str], list[bool]] = ([], [])
         self._fitted = False  # refit since the model was last saved
+        self._shared = False  # the labeller encodes with the features' embedder (one encoding per message)
 
     def load_model(self) -> None:
         model = self.directory / MODEL
@@ -229,8 +230,9 @@ class OnlineAnnotator(shared.OnlineAnnotator):
             cfg = LLMConfig(**self.cfg["annotator"])
             if cfg.backend == "embedding" and self._embeds_like(cfg):
                 # the labeller's similarities and the reward model's features are the same vectors: one encoding
-                # of each message serves both (the table embeds every seen message anyway)
+                # of each message serves both
                 self._backend = self.embedder.view(Ledger("oni_annotator"))
+                self._shared = True
             else:
                 self._backend = make_backend(cfg, role="oni_annotator")
         return self._backend
@@ -310,10 +312,15 @@ class OnlineAnnotator(shared.OnlineAnnotator):
             self.accuracy = float(np.mean([(table.get(m, 0.0) > 0) == y for m, y in zip(messages, ys, strict=True)]))
 
     def rewards(self) -> dict[str, float]:
-        """r_LLM of every seen message under the current labels / model (ranking: normalised over them)."""
+        """r_LLM of every seen message under the current labels / model (ranking: normalised over them).
+
+        With a labeller that shares the features' vectors, a message still queued and not yet encoded is left out
+        (0) until its batch is labelled, which encodes it: publishing never encodes the queue ahead of labelling."""
         seen = list(self.seen)
         if self.kind == "retrieval":
             return retrieval_rewards(self.labels)
+        if self._shared and self.kind != "cosine":
+            seen = [m for m in seen if m in self.labels or self.embedder.has(m)]
         if not seen:
             return {}
         if self.kind == "cosine":
