@@ -14,9 +14,10 @@ that imports only that side's code, with the settings ``presets/nethack-oni-seed
   (``publish``), timed around the annotator's own methods; the model's start-up (loading the encoder) is left out.
 - **stream**: the annotator process as the side's trainer starts it (``pipeline.nethack.sf``'s observer: its
   settings and its CPU priority), fed the stream at ``--rate`` env steps per second (an agent's pace) on one core
-  beside ``--hogs`` busy processes (the agents that share a core with it: four agents on two cores is two per core).
-  When the stream ends (training ends) its status gives the queue: the share of the messages met still unlabelled,
-  the lag the rl-nethack table reports.
+  beside ``--hogs`` busy processes (the agents that share a core with it: four agents on two cores is two per core),
+  from the moment it has started (its first status; in training its start-up overlaps the trainer's own, at most
+  180 s here). When the stream ends (training ends) its status gives the queue: the share of the messages met
+  still unlabelled, the lag the rl-nethack table reports.
 """
 
 from __future__ import annotations
@@ -124,8 +125,14 @@ def streamed(directory: Path, stream: list, reward: str, rate: float) -> dict:
     observer = sf._online_annotation(cfg)
     spool_dir = sf.oni_directory(cfg) / oni.SEEN
     spool_dir.mkdir(parents=True, exist_ok=True)
-    observer.on_init(None)  # starts the annotator process (its imports overlap the first messages, as in training)
+    observer.on_init(None)  # starts the annotator process
+    # its start-up (imports, the encoder) overlaps the trainer's own in training: the stream starts once it is up
+    status_file = sf.oni_directory(cfg) / oni.STATUS
+    launched = time.monotonic()
+    while not status_file.exists() and time.monotonic() - launched < 180:
+        time.sleep(0.2)
     start = time.monotonic()
+    startup = start - launched
     with open(spool_dir / "worker.jsonl", "a") as spool:
         i = 0
         while i < len(stream):
@@ -143,7 +150,7 @@ def streamed(directory: Path, stream: list, reward: str, rate: float) -> dict:
     online_annotation.stop(observer.proc)
     path = sf.oni_directory(cfg) / oni.STATUS
     status = json.loads(path.read_text()) if path.exists() else {}  # none: it never finished starting
-    return {"status": status, "wall_s": wall, "streamed": len(stream)}
+    return {"status": status, "wall_s": wall, "streamed": len(stream), "startup_s": startup}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -230,7 +237,8 @@ def main() -> None:
         if "stream" in modes:
             print(f"\nstream: {args.rate:,.0f} env steps/s for {args.steps / args.rate:.0f} s, beside {args.hogs} busy "
                   f"processes on core {cpu} (the annotator process as each side's trainer starts it)")
-            print(f"{'side':<24} {'messages':>9} {'labels':>7} {'unlabelled':>11} {'labels/s':>9} {'CPU s':>7}")
+            print(f"{'side':<24} {'start-up s':>10} {'messages':>9} {'labels':>7} {'unlabelled':>11} {'labels/s':>9} "
+                  f"{'CPU s':>7}")
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
             try:
                 for name, root in sides.items():
@@ -238,7 +246,7 @@ def main() -> None:
                     results[f"{name} stream"] = r
                     st, n = r["status"], r["streamed"]
                     labelled = st.get("labels", 0) + st.get("given_up", 0)  # given up: final, worth 0
-                    print(f"{name:<24} {n:>9} {labelled:>7} {100 * (n - labelled) / n:>10.1f}% "
+                    print(f"{name:<24} {r['startup_s']:>10.1f} {n:>9} {labelled:>7} {100 * (n - labelled) / n:>10.1f}% "
                           f"{st.get('labels_per_s', 0.0):>9.2f} {st.get('cpu_s', float('nan')):>7.1f}", flush=True)
             finally:
                 for h in hogs:

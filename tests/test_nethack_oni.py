@@ -282,6 +282,8 @@ def test_the_queue_drains_on_a_stream_of_repeated_messages_each_message_encoded_
     cfg = {"reward": "classification", "batch_size": 8, "updates_first": 40, "updates_least": 5, "heldout_every": 5,
            "poll_s": 0.01, "publish_s": 0.05}
     ann = OnlineAnnotator(tmp_path, cfg, embedder=embedder)  # the labeller: the default embedding annotator
+    ann.prepare()  # what the process does before its loop: the encoder is used (loaded) before any message comes
+    assert encoder.encoded == ["."]
     stop = threading.Event()
     worker = threading.Thread(target=ann.run, args=(stop.is_set,))
     worker.start()

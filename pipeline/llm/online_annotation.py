@@ -218,6 +218,10 @@ class OnlineAnnotator:
     def load_model(self) -> None:
         pass
 
+    def prepare(self) -> None:
+        """Load what labelling needs (a model, a client) before the first messages come: the process calls it
+        before its loop, so its start-up overlaps the trainer's instead of the first batch."""
+
     def fit(self) -> None:
         """Refit the reward model on the labels so far (after a labelled batch)."""
 
@@ -434,6 +438,7 @@ def main(argv: Iterable[str] | None = None, factory: str | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     annotator = load_factory(args.factory)(args.dir, json.loads(args.config))
+    annotator.prepare()
     annotator.run(lambda: flag["stop"] or os.getppid() != parent)
     annotator.write_status()
     return 0

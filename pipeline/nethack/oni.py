@@ -237,6 +237,13 @@ class OnlineAnnotator(shared.OnlineAnnotator):
                 self._backend = make_backend(cfg, role="oni_annotator")
         return self._backend
 
+    def prepare(self) -> None:
+        """The labeller, and the encoder when the reward needs message embeddings or the labeller is the encoder."""
+        if self.asks_labels():
+            _ = self.backend
+        if self.kind != "retrieval" or self._shared:
+            self.embedder.embed(["."])
+
     def _embeds_like(self, cfg: LLMConfig) -> bool:
         """The labelling config's embedding model is the features' (``embedder``) on the same device."""
         mine = self.embedder
