@@ -145,6 +145,12 @@ def test_the_built_in_model_needs_a_game_with_a_scripted_player(tmp_path):
         load_params("params.yaml", [groups("mastermind", GUESS), "policy.backend=scripted", "policy.model=scripted"])
     with pytest.raises(ConfigError, match="policy.format_prompt: example .* another project's environment"):
         load_params("params.yaml", [groups("mastermind", GUESS), "policy.format_prompt=example"])
+    with pytest.raises(ConfigError, match=r"games.groups: 'openenv:localhost:8000': .* URL must be http://"):
+        load_params("params.yaml", [groups("openenv:localhost:8000")])
+    with pytest.raises(ConfigError, match=r"games.groups: unknown game group 'gym:CartPole-v1'"):
+        load_params("params.yaml", [groups("gym:CartPole-v1")])
+    with pytest.raises(ConfigError, match=r"games.groups: 'textarena:GuessTheNumber-v0@turns=3': .*unknown key"):
+        load_params("params.yaml", [groups(f"{GUESS}@turns=3")])
 
 
 def test_a_textarena_game_resumes_after_sigkill_with_every_episode_once(tmp_path, base):
