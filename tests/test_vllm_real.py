@@ -170,6 +170,8 @@ def test_grpo_rounds_of_smollm2_on_one_server_and_the_served_weights_are_the_tra
     history = json.loads(params.plots_path("rl_rounds.json").read_text())
     print("rounds:", [{k: v for k, v in h.items() if k.startswith("grpo/mismatch")} for h in history])
     assert metrics["rl/server_starts"] == 1 and [h["round"] for h in history] == [0, 1]
+    # each in-place load was checked on the probe: the server's log-probs are the trainer's (serving.check_served)
+    assert metrics["rl/served_probe_gap"] < TOKEN_LOGPROB_TOL
     for h in history:
         if h["grpo/replies"]:
             assert h["grpo/mismatch/gap_max"] < TOKEN_LOGPROB_TOL and h["grpo/mismatch/corrected"] == 0
