@@ -19,7 +19,7 @@ from pipeline.params import load_params
 GRPO = [*TINY_BOOTSTRAP, "rl_text.algorithm=grpo", "games.groups=[twenty_questions@shown4]", "games.max_train_tasks=6",
         "games.val_fraction=0.34", "rl_text.tasks_per_round=2", "rl_text.trajectories_per_task=3",
         "rollout_text.max_new_tokens=8", "rl_text.grpo.lr=0.001", "policy.free_answers=true", "rl_text.lora=true",
-        "rl_text.grpo.max_val_tasks=2", "policy.backend=vllm", "tracking.enabled=false"]
+        "rl_text.max_val_tasks=2", "policy.backend=vllm", "tracking.enabled=false"]
 
 
 def loads(tmp_path) -> list[str]:
