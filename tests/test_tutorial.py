@@ -122,8 +122,16 @@ def test_the_first_experiment_prints_what_the_tutorial_quotes(tmp_path):
     (project / ".gitignore").write_text((REPO / ".gitignore").read_text())
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
-                ["dvc", "repro", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "baseline"]):
+                ["git", "add", "-A"], [*git, "commit", "-qm", "the clone"], ["dvc", "repro", "-q"]):
         run_in_project(cmd, project)
+    # the tutorial's baseline commit, as it writes it: everything the run recorded, nothing of it left out
+    baseline = next(b for b in blocks("bash") if b.startswith("git add dvc.lock"))
+    identity = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+                for what, value in (("NAME", "t"), ("EMAIL", "t@t"))}
+    committed = subprocess.run(["bash", "-ec", baseline], cwd=project, capture_output=True, text=True,
+                               env={**project_env(project), **identity})
+    assert committed.returncode == 0, committed.stdout + committed.stderr
+    assert run_in_project(["git", "status", "--porcelain"], project) == ""
 
     command = next(line for b in blocks("bash") for line in b.splitlines() if line.startswith("dvc exp run -S"))
     ran = subprocess.run(["bash", "-c", f"{command} 2>&1"], cwd=project, capture_output=True, text=True,
@@ -144,6 +152,12 @@ def test_the_first_experiment_prints_what_the_tutorial_quotes(tmp_path):
     shown = run_in_project(["dvc", "exp", "show", "--only-changed", "--no-pager"], project)
     assert "temp1" in shown and "evaluate_text.temperature" in shown and "workspace" in shown
     assert re.search(r"temp1.*\b1\b", shown.replace("│", " ")), shown  # the experiment's value of the param
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(run_in_project(["dvc", "exp", "show", "--csv"], project))))
+    [base] = [r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace"]
+    assert base["text.base"] not in ("", "-"), base  # the baseline commit's row has its metrics: they were committed
 
 
 def test_the_readme_sends_a_newcomer_to_the_tutorial_and_every_step_is_there():
