@@ -291,6 +291,8 @@ class HFBackend(ChatBackend):
         kwargs = dict(eos_token_id=self.stop_ids, pad_token_id=pad)
         processors = sampler_for(self.lm.generation_config, sampling) if sampling.temperature > 0 else None
         sampler = None
+        if sampling.top_k is not None:  # the request says all of its sampling (online RL's rounds): no penalty from
+            kwargs["repetition_penalty"] = 1.0  # the generation config, which the trainer would not score
         if processors is not None:  # sampled, drawing noise for the tokens top-k / top-p keep only (llm.sampler)
             sampler = processors[-1]
             kwargs.update(do_sample=False, logits_processor=LogitsProcessorList(processors),

@@ -1,7 +1,7 @@
 """Where an online algorithm's policy plays (GRPO, filtered BC): the configured policy backend, one per run.
 
-- ``hf``: the policy's model itself, in the stage's process (a float32 policy samples from the trainer's own
-  distribution: its log-probs are the trainer's, to float rounding: :attr:`PolicyPlayer.exact_sampler`).
+- ``hf``: the policy's model itself, in the stage's process (sampled untruncated in float32, its log-probs are the
+  trainer's to float rounding; GRPO scores π_old in a pass of its own all the same, on every backend).
 - ``vllm``: one vLLM server for the whole run, started on the first weights played and following the policy: each
   round's weights are loaded into it in place (``reload_weights``, pipeline.llm.vllm), so rounds, val passes and a
   resumed run all play on the server started once (:attr:`PolicyPlayer.starts` counts its starts). vLLM 0.32's
@@ -96,11 +96,6 @@ class PolicyPlayer:
         self.digest: str | None = None
         self.starts = 0
         self.probe_gaps: list[float] = []  # the mean |Δ log p| per probe token after each in-place load
-
-    @property
-    def exact_sampler(self) -> bool:
-        """Whether the sampler's log-probs are the trainer's (to float rounding): an hf policy in float32."""
-        return self.params.policy.backend == "hf" and self.params.policy.dtype == "float32"
 
     def backend(self, weights: Path, model, tokenizer) -> ChatBackend:
         """A backend playing the policy whose weights are saved in ``weights`` (``model`` holds them in memory)."""
