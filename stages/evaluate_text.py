@@ -37,6 +37,8 @@ METRIC_HELP = {
     "{policy}/{group}/success_rate": "share of the group's held-out episodes the policy won",
     "{policy}/{group}/mean_turns": "mean turns of the group's held-out episodes the policy won",
     **ledger_help("environment/", "the LLM environment (a game an LLM hosts)"),
+    "{policy}/{group}/turn_limit": "share of an external group's held-out episodes (textarena:, openenv:) that Curio's "
+                                   "turn limit ended, the environment had not",
 }
 
 STAGE = Stage(

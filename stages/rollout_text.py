@@ -50,6 +50,8 @@ METRIC_HELP = {
                                  "turn counts)",
     "curriculum/{arm}/pulls": "tasks of this difficulty the curriculum picked",
     "curriculum/{arm}/mean_potential": "mean learning potential of this difficulty's tasks played",
+    "train/{group}/turn_limit": "share of an external group's episodes (textarena:, openenv:) that Curio's turn limit "
+                                "ended, the environment had not",
 }
 
 STAGE = Stage(
