@@ -1,12 +1,14 @@
 """A tiny OpenEnv environment served by openenv-core's own server classes, for the tests of ``openenv:URL`` groups.
 
     python tests/openenv_server.py PORT [--die-after N] [--malformed] [--never-ends] [--two-fields] [--chat]
+                                        [--max-sessions N]
 
 The game: guess a digit 0-9 drawn from the reset's seed in at most 5 moves ("higher" / "lower" after each miss);
 reward 1 on the right digit, 0 when the moves run out. ``--die-after N``: the server process exits in the middle of
 its N-th step of all sessions (a server that dies mid-episode); ``--malformed``: observations carry no text;
 ``--never-ends``: the game never ends; ``--two-fields``: its action has two text fields; ``--chat``: observations
-say it as chat messages (``messages: [{role, content}]``) beside a text field that is not what the game says.
+say it as chat messages (``messages: [{role, content}]``) beside a text field that is not what the game says;
+``--max-sessions N``: at most N concurrent sessions (default 256).
 """
 
 from __future__ import annotations
@@ -94,10 +96,11 @@ def main() -> None:
     parser.add_argument("--never-ends", action="store_true")
     parser.add_argument("--two-fields", action="store_true")
     parser.add_argument("--chat", action="store_true")
+    parser.add_argument("--max-sessions", type=int, default=256)
     args = parser.parse_args(namespace=ARGS)
     observation = CountObservation if args.malformed else ChatObservation if args.chat else TextObservation
     app = create_app(DigitGame, TwoFieldAction if args.two_fields else MoveAction, observation,
-                     max_concurrent_envs=256)
+                     max_concurrent_envs=args.max_sessions)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

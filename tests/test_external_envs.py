@@ -31,8 +31,9 @@ TINY_BOOTSTRAP = ["bootstrap.episodes=24", "bootstrap.epochs=1", "bootstrap.n_la
                   "bootstrap.n_head=2", "bootstrap.vocab_size=800", "bootstrap.batch_size=4",
                   "bootstrap.n_positions=1024"]
 GUESS = "textarena:GuessTheNumber-v0"
-# Small plays of the external groups: 6 train tasks x 2 episodes in chunks of 2 tasks, moves read without tags.
-ROLLOUT = ["tracking.enabled=false", "games.max_train_tasks=6", "games.max_eval_tasks=3",
+# Small plays of the external groups: 6 train tasks x 2 episodes in chunks of 2 tasks, moves read without tags; no
+# val split (whatever params.yaml says), so the train tasks are the first seeds.
+ROLLOUT = ["tracking.enabled=false", "games.val_fraction=0", "games.max_train_tasks=6", "games.max_eval_tasks=3",
            "rollout_text.trajectories_per_task=2", "rollout_text.tasks_per_chunk=2", "rollout_text.max_new_tokens=8",
            "policy.free_answers=true"]
 
@@ -193,7 +194,10 @@ def test_an_openenv_game_plays_through_every_text_stage(tmp_path, base):
             "rollout_text.trajectories_per_task=4", "train_policy.sft.epochs=1", "train_policy.dpo.epochs=1",
             "train_policy.save_steps=2", "rl_text.rounds=1", "rl_text.tasks_per_round=4",
             "rl_text.trajectories_per_task=2", "rl_text.epochs=1", "evaluate_text.trajectories_per_task=2",
-            "evaluate_text.policies=[base, rl]"])
+            "evaluate_text.policies=[base, rl]", "games.val_fraction=0.25", "rl_text.max_val_tasks=2",
+            "rl_text.val_trajectories=2"])
+        (game,) = make_games(params)
+        train_seeds, val_seeds = (set(seeds(game_tasks(params, game, s))) for s in ("train", "val"))
         (tmp_path / "data").mkdir()
         os.symlink(base, tmp_path / "data" / "bootstrap")
         run = {name: stage_module(name).run(params, StageContext()).metrics
@@ -202,7 +206,7 @@ def test_an_openenv_game_plays_through_every_text_stage(tmp_path, base):
 
     played = read_rows(tmp_path / "data" / "rollout_text")
     assert len(played) == 8 * 4 and {r["group"] for r in played} == {group}
-    assert {json.loads(r["secret"])["seed"] for r in played} == set(range(8))
+    assert {json.loads(r["secret"])["seed"] for r in played} == train_seeds and not train_seeds & val_seeds
     assert any(r["success"] for r in played) and not all(r["success"] for r in played)
     assert all(r["success"] == (r["reward"] == 1.0) for r in played)  # the server's reward is the outcome
     judged = read_rows(tmp_path / "data" / "annotate_text")
@@ -213,6 +217,8 @@ def test_an_openenv_game_plays_through_every_text_stage(tmp_path, base):
     rl_played = read_rows(tmp_path / "data" / "rl_text" / "rollouts")  # its round played the server's game
     assert len(rl_played) == 4 * 2 and {r["group"] for r in rl_played} == {group}
     assert run["rl-text"]["rollouts/episodes"] == 8
+    assert {json.loads(r["secret"])["seed"] for r in rl_played} <= train_seeds
+    assert run["rl-text"]["rl/kept_by_val"] == 1 and 0 <= run["rl-text"]["rl/val_success_start"] <= 1  # val played
     evaluated = read_rows(tmp_path / "data" / "evaluate_text")
     assert {r["policy"] for r in evaluated} == {"base", "rl"} and {r["split"] for r in evaluated} == {"eval"}
     assert {json.loads(r["secret"])["seed"] for r in evaluated} == {EVAL_SEED_BASE + i for i in range(3)}
@@ -255,6 +261,10 @@ def test_an_unreachable_or_malformed_openenv_server_is_one_line(tmp_path, base):
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="two-fields")
         fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
                           r"the server's action has 2 text fields \(move, note")
+    with Server(free_port(), "--max-sessions", "3") as server:  # a chunk plays 2 tasks x 2 episodes at once
+        proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="sessions")
+        fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
+                          r"(closed a new session|refused a session) .* max_concurrent_envs")
 
 
 def test_a_game_that_never_ends_stops_at_the_turn_limit_and_says_so(tmp_path, base):
@@ -278,13 +288,14 @@ def test_a_server_that_dies_mid_episode_keeps_the_chunks_and_the_rerun_resumes(t
         stage_here("rollout-text", ref)
     expected = sorted(read_rows(ref / "data" / "rollout_text"), key=lambda r: (r["task_id"], r["sample"]))
     first_chunk_steps = sum(r["turns"] for r in read_part(ref / "data" / "rollout_text", 0, ["turns"]))
+    second_chunk = {r["task_id"] for r in read_part(ref / "data" / "rollout_text", 1, ["task_id"])}
 
     proj = project(tmp_path, base, groups(group))
     out = proj / "data" / "rollout_text"
     with Server(port, "--die-after", str(first_chunk_steps + 2)):  # in the middle of the second chunk
         line = fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
                                  r"the server went away at .*: restart it and rerun to resume")
-    assert "-train-0002" in line or "-train-0003" in line  # a task of the second chunk
+    assert any(f"at {task} (seed" in line for task in second_chunk)  # mid-episode, in the second chunk
     assert sorted(read_manifest(out)["parts"]) == ["00000"] and not read_manifest(out)["complete"]
     kept = read_part(out, 0)
     with Server(port):

@@ -471,6 +471,12 @@ class OpenEnvGame(ExternalGame):
         if opening and isinstance(e, ConnectionError):
             return ExternalEnvError(f"{self.name}: cannot reach the OpenEnv server at {self.url} ({message}): start "
                                     "it or fix the URL, then rerun (finished chunks are kept)")
+        if opening and type(e).__name__.startswith("ConnectionClosed"):  # closed before the reset was answered
+            return ExternalEnvError(f"{self.name}: the server closed a new session at {self.where(state, opening)} "
+                                    f"({type(e).__name__}: {message}): a server closes the sessions beyond its "
+                                    "max_concurrent_envs; Curio plays a chunk's episodes at once (tasks_per_chunk x "
+                                    "trajectories_per_task; evaluation and rl-text's val: every task's), so start it "
+                                    "with more or lower those, then rerun (finished chunks are kept)")
         return ExternalEnvError(f"{self.name}: the server went away at {self.where(state, opening)} "
                                 f"({type(e).__name__}: {message}); the chunks already written are kept: restart it "
                                 "and rerun to resume")
