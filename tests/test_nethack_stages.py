@@ -431,11 +431,14 @@ def test_balrog_progression_by_hand():
 
 
 def test_every_metric_the_nethack_stages_write_is_declared(chain):
-    """The metrics files of the session's NetHack chain (and evaluate-nethack's, when the test above ran): each key
-    is one its stage declares (docs/metrics.md)."""
+    """The metrics files of the session's NetHack chain, rl-nethack's (the motif variant the test above trained
+    further is skipped, so the stage only reports) and evaluate-nethack's when the test above ran: each key is one its
+    stage declares (docs/metrics.md)."""
     from pipeline.core.stage import declaration, undeclared_metrics
 
+    execute("rl-nethack", chain)
     written = {p.stem: json.loads(p.read_text()) for p in chain.metrics_path("stages").glob("*.json")}
-    assert {"rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward"} <= set(written)
+    assert {"rollout-nethack", "annotate-nethack", "pairs-nethack", "train-reward", "rl-nethack"} <= set(written)
+    assert "motif/env_steps" in written["rl-nethack"]
     for name, metrics in written.items():
         assert undeclared_metrics(declaration(name), list(metrics)) == [], name
