@@ -67,7 +67,7 @@ class PolicyConfig(Section):
         4.0, ge=0.0, description="hf backend: GiB of keys / values kept across each conversation's turns, so a "
         "turn runs only its new tokens (0 = off, every turn re-encodes its whole conversation). Play steps all its "
         "episodes turn by turn: what does not fit is encoded again each turn (SmolLM2-135M keeps 45 KiB a token in "
-        "float32, so the SmolLM2 preset's 516 held-out episodes need about 2.5 GiB: docs/speed.md). The same replies "
+        "float32; what the SmolLM2 preset's evaluation needs: docs/results/current/speed-play.md). The same replies "
         "up to float rounding")
     cpu_linear: Literal["torch", "onednn"] = Field(
         "torch", description="hf backend on a CPU: the GEMM of the float32 linear layers when the policy plays. "
@@ -505,7 +505,7 @@ class RLTextConfig(Section):
 
 class EvaluateTextConfig(Section):
     trajectories_per_task: int = Field(8, ge=1, description="episodes per held-out task and policy "
-                                       "(52 held-out secrets x 8: ~2.4 points standard error per policy)")
+                                       "(52 held-out secrets x 8 = 416 episodes per policy)")
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature while evaluating")
     policies: list[Literal["base", "sft", "dpo", "rl"]] = Field(list(POLICIES), min_length=1,
         description="policies evaluated: base (bootstrap or policy.model), sft, dpo, rl")
