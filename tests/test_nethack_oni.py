@@ -421,8 +421,9 @@ def test_killed_online_run_resumes_labels_queue_model_and_checkpoint_without_pay
     project = tmp_path / "proj"
     project.mkdir()
     raw: dict = {}
-    for o in ["tracking.enabled=false", "rl_nethack.train_for_env_steps=500000",
-              "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256", "rl_nethack.max_episode_steps=400",
+    for o in ["tracking.enabled=false", "evaluate_nethack.policies=[random,all]",
+              "rl_nethack.train_for_env_steps=500000", "rl_nethack.num_envs_per_worker=4", "rl_nethack.batch_size=256",
+              "rl_nethack.max_episode_steps=400",
               "rl_nethack.variants={oni: {reward: classification, ext_coef: 0.1, int_coef: 0.4}}",
               "rl_nethack.extra_args=['--save_every_sec=2']", "rl_nethack.timeout_s=1500",
               "rl_nethack.oni.batch_size=8", "rl_nethack.oni.updates_first=20",
