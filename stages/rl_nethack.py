@@ -67,7 +67,7 @@ METRIC_HELP = {
     "{variant}/train_extrinsic_return": "mean extrinsic (game) return of its last training episodes",
     "{variant}/oni_{stat}": "ONI variants: the online annotator's last progress row (labels, pending, helpful_share, "
                            "labels_per_s, heldout_accuracy, errors, annotator_restarts, llm_sent, llm_failures, "
-                           "llm_unknowns, cpu_s, seconds)",
+                           "llm_unknowns, cpu_s and its parts cpu_label_s, cpu_fit_s, cpu_publish_s, seconds)",
 }
 
 STAGE = Stage(
