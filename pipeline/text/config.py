@@ -103,7 +103,7 @@ class GamesConfig(Section):
                               "plays a difficulty tier (e.g. twenty_questions@shown4: 4 candidates shown, 3 turns)")
     max_train_tasks: int | None = Field(None, ge=1, description="cap on train tasks per group (None = all)")
     max_eval_tasks: int | None = Field(None, ge=1, description="cap on held-out tasks per group (None = all)")
-    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of each group's train tasks carved "
+    val_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="share of each group's train tasks carved "
                                 "(deterministically) into a validation split `val` for choosing hyperparameters; "
                                 "0 = none, train unchanged")
     eval_groups: list[str] | None = Field(
@@ -472,7 +472,7 @@ class RLTextConfig(Section):
         "give the policy secrets it has not met")
     trajectories_per_task: int = Field(4, ge=1, description="episodes per task and round")
     val_trajectories: int = Field(
-        1, ge=0, description="grpo and filtered_bc: episodes per val task (games.val_fraction) played after each "
+        4, ge=0, description="grpo and filtered_bc: episodes per val task (games.val_fraction) played after each "
         "round at the evaluation temperature; the model kept is the round with the best val success, the DPO "
         "policy counting as round 0 (early stopping on val); 0, or games.val_fraction 0 = no val: the last round "
         "(metric rl/kept_by_val 0)")
