@@ -181,8 +181,9 @@ def test_chai_plays_the_argmax_of_min_q_among_parseable_samples():
     assert out[0].tokens_out == 4  # every sample counts as generated
 
 
-def test_val_split_is_carved_from_train_deterministically_and_default_is_unchanged(tmp_path):
-    base = Params()
+def test_val_split_is_carved_from_train_deterministically_and_none_leaves_train_unchanged(tmp_path):
+    default = Params()
+    base = default.model_copy(update={"games": default.games.model_copy(update={"val_fraction": 0.0})})
     game = make_games(base)[0]
     assert game_tasks(base, game, "train") == game.tasks("train")
     with pytest.raises(ValueError, match="val_fraction"):
