@@ -155,7 +155,7 @@ def test_a_reply_without_a_move_is_asked_again_then_ends_the_episode_invalid():
     (["no_such_game"], "unknown game group 'no_such_game'"),
     (["twenty_questions@shown99"], "twenty_questions"),
     (["twenty_questions", "--split", "test"], "unknown split 'test'"),
-    (["twenty_questions", "--split", "val"], "val_fraction"),
+    (["twenty_questions", "--split", "val", "-S", "games.val_fraction=0"], "val_fraction"),
 ])
 def test_bad_input_is_one_line_exit_2(args, says):
     res = curio(["env", "serve", *args, "--port", str(free_port())], cwd=REPO, check=False, timeout=120)

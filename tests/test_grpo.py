@@ -411,7 +411,8 @@ def test_rl_val_rounds_take_their_own_cap_not_evaluations():
     assert [t for _, t in val_jobs_of(params, [game])] == every_val
     capped = load_params("params.yaml", [*base, "rl_text.max_val_tasks=3"])
     assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]
-    assert val_jobs_of(load_params("params.yaml", ["games.groups=[twenty_questions]"]), [game]) == []
+    assert val_jobs_of(load_params("params.yaml", ["games.groups=[twenty_questions]", "games.val_fraction=0"]),
+                       [game]) == []
 
 
 def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bootstrapped, tmp_path):

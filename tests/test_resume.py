@@ -239,7 +239,7 @@ def test_filtered_bc_clones_into_lora_adapters_only_when_asked(bootstrapped, tmp
     monkeypatch.setattr(fbc, "top_fraction", lambda rows, fraction: scripted)
     run = ["games.max_train_tasks=2", "rl_text.rounds=1", "rl_text.tasks_per_round=1", "rollout_text.max_new_tokens=8",
            "rl_text.trajectories_per_task=1", "rl_text.epochs=1", "rl_text.batch_size=2", "rl_text.lr=0.01",
-           f"rl_text.lora={str(lora).lower()}"]
+           f"rl_text.lora={str(lora).lower()}", "games.val_fraction=0"]  # no val: the round is kept
     stage_module("rl-text").run(params_at(tmp_path, *run), StageContext())
     before = load_file(init / "model.safetensors")
     after = load_file(tmp_path / "data" / "rl_text" / "model" / "model.safetensors")

@@ -23,7 +23,7 @@ from pipeline.text.curriculum import UCBCurriculum
 K, PER_ROUND, ROUNDS = 3, 3, 5
 SCRIPTED = [
     "tracking.enabled=false", "policy.backend=scripted", "policy.model=scripted:0.5",
-    "games.groups=[wordle,cellular_automata]", "games.max_train_tasks=8",
+    "games.groups=[wordle,cellular_automata]", "games.max_train_tasks=8", "games.val_fraction=0",
     f"rollout_text.trajectories_per_task={K}", "rollout_text.tasks_per_chunk=4",
 ]
 CURRICULUM = [

@@ -186,7 +186,7 @@ def test_compare_rl_text_rows_name_grpo_with_turn_credit(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--rows", "filtered_bc/outcome,ppo/outcome"], "--rows: bad row 'ppo/outcome'"),
     (["--rows", "archer/outcome+more"], "bad row"),
-    ([], "games.val_fraction"),  # the configurations are chosen on val: there must be one
+    (["-S", "games.val_fraction=0"], "games.val_fraction"),  # the configurations are chosen on val: there must be one
 ])
 def test_compare_rl_text_refuses_bad_rows_and_no_val_split_before_any_stage(tmp_path, args, needle):
     assert_one_line(run(["compare", "rl-text", "--project", str(tmp_path / "p"), *args]), needle)
@@ -202,8 +202,9 @@ def test_compare_rl_text_refuses_bad_rows_and_no_val_split_before_any_stage(tmp_
     (["--stage", "no-such-stage", "--through", "train-dpo"], "no stage 'no-such-stage'"),
     (["--stage", "train-sft", "--grid", "train_policy.sft.lr"], "expected KEY=V1,V2"),
     (["--from", "/no/such/run"], "--from /no/such/run: not a directory"),
-    # params.yaml's default games.val_fraction is 0: refused before any stage trains
-    (["--from", "tests", "--stage", "train-sft", "--grid", "train_policy.sft.lr=1e-4"], "games.val_fraction > 0"),
+    # no val split: refused before any stage trains
+    (["--from", "tests", "--stage", "train-sft", "--grid", "train_policy.sft.lr=1e-4", "-S", "games.val_fraction=0"],
+     "games.val_fraction > 0"),
 ])
 def test_choose_hparams_refuses_bad_options_in_one_line(tmp_path, monkeypatch, args, needle):
     monkeypatch.chdir(REPO)
@@ -228,7 +229,7 @@ def test_choose_tiers_plays_every_candidate_on_val_and_picks_per_game_inside_the
 
 
 @pytest.mark.parametrize("args, needle", [
-    ([], "games.val_fraction > 0"),
+    (["-S", "games.val_fraction=0"], "games.val_fraction > 0"),
     (["-S", "games.val_fraction=0.5", "--low", "0.7", "--high", "0.2"], "--low 0.7 is above --high 0.2"),
     (["-S", "games.val_fraction=0.5", "--candidates", "no_such_game@x"], "games.groups"),
 ])
