@@ -122,18 +122,24 @@ def scored_episodes(scored: list[tuple[dict, list[float]]]) -> list[Episode]:
     return out
 
 
-def optimizer_steps(episodes: list[Episode], batch_size: int, rng: random.Random) -> list[list[Episode]]:
-    """The episodes in a shuffled order, cut into steps of at least ``batch_size`` replies (whole episodes)."""
-    order = list(episodes)
+def optimizer_steps(episodes: list[Episode], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """The episodes' indices in a shuffled order, cut into steps of at least ``batch_size`` replies (whole
+    episodes)."""
+    order = list(range(len(episodes)))
     rng.shuffle(order)
     steps, current, replies = [], [], 0
-    for e in order:
-        current.append(e)
-        replies += e.replies
+    for k in order:
+        current.append(k)
+        replies += episodes[k].replies
         if replies >= batch_size:
             steps.append(current)
             current, replies = [], 0
     return steps + ([current] if current else [])
+
+
+def gathered(per_episode: list[list[torch.Tensor]], keys: list[int]) -> torch.Tensor:
+    """The per-reply tensors of the episodes ``keys``, in order, as ``[replies, longest]``."""
+    return padded([x for k in keys for x in per_episode[k]])
 
 
 def padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -186,25 +192,19 @@ def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed
                                   weight_decay=cfg.weight_decay)
     budget = cfg.batch_size * params.rollout_text.max_new_tokens  # dr_grpo's constant
     rng = random.Random(seed)
-    index = {id(e): k for k, e in enumerate(episodes)}
     losses, clipped, kls, moving = [], [], [], []
     clock = time.perf_counter()
     for _ in range(cfg.epochs):
-        for batch in optimizer_steps(episodes, cfg.batch_size, rng):
+        for ks in optimizer_steps(episodes, cfg.batch_size, rng):
             # a stop drops the update now rather than a step later: the round's update is saved only whole, and
             # its rerun starts from the round's episodes on disk
             interrupt.check()
-            ks = [index[id(e)] for e in batch]
-
-            def gathered(per_episode, keys=ks):
-                return padded([x for k in keys for x in per_episode[k]])
-
-            logp = reply_logps(model, [s for e in batch for s in e.sequences], temperature)
+            logp = reply_logps(model, [s for k in ks for s in episodes[k].sequences], temperature)
             mask = padded([torch.ones(len(x)) for x in logp])
             adv = torch.tensor([a for k in ks for a in episodes[k].advantages])
-            loss, info = token_loss(padded(logp), gathered(old), adv, mask, cfg.clip_eps, cfg.beta,
-                                    gathered(refs) if refs is not None else None, cfg.loss_type, budget,
-                                    gathered(weights) if weights is not None else None)
+            loss, info = token_loss(padded(logp), gathered(old, ks), adv, mask, cfg.clip_eps, cfg.beta,
+                                    gathered(refs, ks) if refs is not None else None, cfg.loss_type, budget,
+                                    gathered(weights, ks) if weights is not None else None)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)

@@ -49,7 +49,7 @@ from pipeline.models import tiny
 from pipeline.params import Params
 from pipeline.rl_text.serving import PolicyPlayer
 from pipeline.text.play import play_episodes, summarize
-from pipeline.text.policies import make_games, require_policy
+from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards
 
 if TYPE_CHECKING:
@@ -101,8 +101,6 @@ def round_episodes(params: Params, jobs: list[tuple[Game, Task]], r: int,
 def train_jobs(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
     """The train tasks the rounds draw from: ``rl_text.max_train_tasks`` per group (null: ``games.max_train_tasks``,
     the tasks rollout-text played)."""
-    from pipeline.text.policies import game_tasks
-
     return [(g, t) for g in games for t in game_tasks(params, g, "train", cap=params.rl_text.max_train_tasks)]
 
 
@@ -136,8 +134,6 @@ def round_sampling(params: Params) -> Sampling:
 def val_jobs_of(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
     """The (game, task) pairs of the val rounds: every val task, or ``rl_text.max_val_tasks`` per group (never
     evaluation's ``games.max_eval_tasks``, which training stages do not watch); none without a val split."""
-    from pipeline.text.policies import game_tasks
-
     if params.games.val_fraction == 0 or params.rl_text.val_trajectories == 0:
         return []
     cap = params.rl_text.max_val_tasks or 0
@@ -161,12 +157,11 @@ class Learner(Protocol):
 
     #: what it writes under data/rl_text besides model/ (stages/rl_text.py removes another algorithm's)
     outputs: frozenset[str]
+    token_ids: bool  #: whether the rounds play token in, token out (the sampler's ids and log-probs kept)
 
     def schema(self, dense: bool) -> pa.Schema:
         """The rows of a round's part (``dense``: with a dense reward's ``turn_rewards``)."""
         ...
-
-    token_ids: bool  #: whether the rounds play token in, token out (the sampler's ids and log-probs kept)
 
     def learn(self, state: Round, model, tokenizer) -> tuple[object, dict]:
         """The round's update of ``model``; the updated model and the stats to log."""
