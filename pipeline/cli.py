@@ -454,17 +454,25 @@ def choose_hparams(
     through: Annotated[str | None, typer.Option(help="also run every stage after --stage up to this one: "
                                                 "train-sft, train-dpo or rl-text (default: --stage itself)")] = None,
     grid: Annotated[list[str] | None, typer.Option(help="KEY=V1,V2,... (one or more; their product)")] = None,
+    candidate: Annotated[list[str] | None, typer.Option(help="one value that is not a product: 'KEY=V KEY=V' "
+                                                        "(repeat; '' trains with the preset's values)")] = None,
+    exp: Annotated[list[str] | None, typer.Option(help="a finished DVC experiment of this commit, one per "
+                                                  "training seed (repeat), instead of --from, e.g. "
+                                                  "smollm2-learn-seed-0")] = None,
     k: KOpt = 2,
     out: Annotated[Path | None, typer.Option(help="scratch dir (default: .cache/choose_hparams)")] = None,
 ) -> None:
     """A training stage's hyperparameters chosen on the val split: every grid value retrains the stage in a scratch
     tree linked to a finished run's data/ and plays its policy on val; prints each value's val success and the
-    value picked (a tie keeps the first). Nothing under --from is written."""
-    from pipeline.tools import REPO
+    value picked (a tie keeps the first). Over seeds: one --exp per training seed, each value trained with its
+    seed; the value picked has the highest mean. Nothing under --from is written; a rerun resumes."""
+    from pipeline.tools import REPO, ToolError
     from pipeline.tools.choose_hparams import choose_hparams as choose  # the stages: only for this command
 
+    if exp and source:
+        raise ToolError("--exp and --from: give one (an experiment's data is copied out of DVC's cache)")
     choose(preset, set_ or [], source or REPO / "data", [p for p in policies.split(",") if p], stage_, through,
-           grid or [], k, out or REPO / ".cache" / "choose_hparams")
+           grid or [], k, out or REPO / ".cache" / "choose_hparams", candidate or [], exp or [])
 
 
 @choose_app.command("tiers")

@@ -52,3 +52,56 @@ def test_a_chain_runs_the_stages_between_two_in_the_dags_order():
     assert chain("train-dpo", "rl-text") == ["train-dpo", "rl-text"]
     with pytest.raises(ToolError, match="not downstream"):
         chain("train-dpo", "train-sft")
+
+
+def test_candidates_are_settings_beside_the_grids_product():
+    from pipeline.tools.choose_hparams import candidate_sets
+
+    assert candidate_sets(["a=1,2", "b=x"], ["", "c=3 d=4"]) == [["a=1", "b=x"], ["a=2", "b=x"], [], ["c=3", "d=4"]]
+    with pytest.raises(ToolError, match="KEY=VALUE"):
+        candidate_sets([], ["rl_text.lr"])
+
+
+def test_across_seeds_gives_each_value_its_mean_and_its_paired_difference_from_the_first():
+    """Val success of two values over three seeds, by hand: A 0.40, 0.50, 0.60 (mean 50.0, s.e. 0.1/sqrt(3) =
+    5.8 points); B 0.45, 0.50, 0.70: differences +5, 0, +10 points, mean +5.0, s.d. 5, s.e. 5/sqrt(3) = 2.9; two of
+    three seeds above 0."""
+    from pipeline.tools.choose_hparams import across_seeds
+
+    rows = [{"run": f"s{i}", "label": lab, "success_rate": v}
+            for lab, vals in (("A", (0.40, 0.50, 0.60)), ("B", (0.45, 0.50, 0.70))) for i, v in enumerate(vals)]
+    lines = across_seeds(rows, ["A", "B"])
+    assert lines[2] == "| A | 40.0 | 50.0 | 60.0 | 50.0 ± 5.8 |  |  |"
+    assert lines[3] == "| B | 45.0 | 50.0 | 70.0 | 55.0 ± 7.6 | +5.0 ± 2.9 | 2/3 |"
+
+
+def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_what_is_done(tmp_path, monkeypatch):
+    """Over two experiments (seeds 3 and 7) and two candidates, rl-text runs once per (experiment, candidate) with
+    that experiment's seed; the rows are on disk as they are made, and the same command again trains nothing."""
+    import pipeline.core.stage as stage_mod
+    from pipeline.tools import choose_hparams as ch
+
+    runs = {}
+    for name, seed in (("p-seed-3", 3), ("p-seed-7", 7)):
+        data = tmp_path / "exps" / name / "data"
+        (data / "train_policy" / "dpo").mkdir(parents=True)
+        runs[name] = (data, seed)
+    monkeypatch.setattr(ch, "materialize", lambda name, out: runs[name])
+    trained = []
+    monkeypatch.setattr(stage_mod, "execute", lambda name, params: trained.append(
+        (name, params.seed, params.rl_text.lr)))
+    success = {(3, 1e-4): 0.5, (3, 2e-4): 0.6, (7, 1e-4): 0.4, (7, 2e-4): 0.45}
+    monkeypatch.setattr(ch, "val_rows", lambda params, policy, k: [
+        {"group": "twenty_questions", "success": i < 100 * success[(params.seed, params.rl_text.lr)], "turns": 3}
+        for i in range(100)])
+    args = dict(preset=None, overrides=["games.val_fraction=0.2"], source=tmp_path, policies=[], stage="rl-text",
+                through=None, grid=[], k=1, out=tmp_path / "out", candidates=["rl_text.lr=0.0001",
+                                                                              "rl_text.lr=0.0002"],
+                exps=["p-seed-3", "p-seed-7"])
+    rows = ch.choose_hparams(**args)
+    assert sorted(trained) == [("rl-text", 3, 1e-4), ("rl-text", 3, 2e-4), ("rl-text", 7, 1e-4), ("rl-text", 7, 2e-4)]
+    assert [(r["run"], r["label"], r["success_rate"]) for r in rows] == [
+        ("p-seed-3", "rl: rl_text.lr=0.0001", 0.5), ("p-seed-3", "rl: rl_text.lr=0.0002", 0.6),
+        ("p-seed-7", "rl: rl_text.lr=0.0001", 0.4), ("p-seed-7", "rl: rl_text.lr=0.0002", 0.45)]
+    trained.clear()
+    assert len(ch.choose_hparams(**args)) == 4 and trained == []  # resumed: every row was already made

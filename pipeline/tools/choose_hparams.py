@@ -9,7 +9,15 @@ it makes plays every ``val`` task (``games.val_fraction`` of the train tasks, ca
 ``--k`` times with the evaluation sampling and the same seed for every value. ``--policies`` first plays the run's
 own policies on val (no training). Prints val success ± standard error pooled over the groups and per group, mean
 turns on wins, and the value picked (highest pooled val success; a tie keeps the first, so list the incumbent
-first). Writes every row to ``OUT/results.json``. Nothing under ``--from`` is written.
+first). Writes every row to ``OUT/results.json`` as it is made: a rerun skips the rows already there. Nothing under
+``--from`` is written.
+
+Values are the product of ``--grid``'s axes, then each ``--candidate`` (a set of ``KEY=VALUE`` settings, for
+candidates that are not a product, e.g. a credit with a reward). Over training seeds: each ``--exp NAME`` is a
+finished DVC experiment of the checkout's commit (``curio sweep seeds``' ``PRESET-seed-K``); its data/ is copied
+out of DVC's cache (the workspace is left as it is), every value is trained again with that experiment's seed, and
+the table gives each value's val success per seed, its mean ± s.e. across seeds and its paired difference from the
+first row; the value picked has the highest mean across seeds.
 """
 
 from __future__ import annotations
@@ -115,46 +123,161 @@ def stages_to_run(stage: str | None, through: str | None, grid: list[str]) -> li
     return chain(stage, through)
 
 
+def candidate_sets(grid: list[str], candidates: list[str]) -> list[list[str]]:
+    """The overrides each value trains with: the product of ``--grid``'s axes, then each ``--candidate`` (its
+    ``KEY=VALUE`` settings split on spaces; an empty one trains with the preset's values as they are)."""
+    axes = grid_axes(grid)
+    sets = [[f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
+            for combo in (itertools.product(*(values for _, values in axes)) if axes else ())]
+    for c in candidates:
+        settings = c.split()
+        bad = [x for x in settings if not x.partition("=")[1] or not x.partition("=")[0]]
+        if bad:
+            raise ToolError(f"--candidate {c!r}: expected KEY=VALUE settings separated by spaces")
+        sets.append(settings)
+    return sets
+
+
+def label_of(sets: list[str]) -> str:
+    return " ".join(sets) or "(the preset's values)"
+
+
+def materialize(name: str, out: Path) -> tuple[Path, int]:
+    """Experiment ``name``'s data/ at its commit, copied out of DVC's cache into ``OUT/exps/NAME/data`` once (a
+    rerun reuses a finished copy), and its training seed. The checkout's workspace is left as it is."""
+    import shutil
+
+    from dvc.api import DVCFileSystem
+
+    from pipeline.tools.seed_table import FINISHED, experiments
+
+    found = experiments()
+    if found.get(name, {}).get("state") != FINISHED:
+        known = ", ".join(n for n, e in sorted(found.items()) if e["state"] == FINISHED) or "none"
+        raise ToolError(f"--exp {name}: no finished experiment of this commit by that name (finished: {known})")
+    fs = DVCFileSystem(str(REPO), rev=found[name]["rev"])
+    params = yaml.safe_load(fs.read_text("params.yaml")) or {}
+    dest = out / "exps" / name
+    if not (dest / ".complete").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        src = str(params.get("data_dir") or "data").rstrip("/")
+        for entry in fs.ls(src, detail=False):
+            rel = Path(entry).name
+            if rel not in ("seeds", LOCK_DIR):
+                fs.get(entry, str(dest / "data" / rel), recursive=fs.isdir(entry))
+        (dest / ".complete").write_text(found[name]["rev"])
+    return dest / "data", int(params.get("seed", 0))
+
+
+def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
+    """Each value's val success per training seed, its mean ± s.e. across seeds, and its paired difference from
+    the first value (per seed, over the same val tasks and episodes), with how many seeds agree in sign."""
+    runs = list(dict.fromkeys(r["run"] for r in results))
+    by = {(r["run"], r["label"]): r["success_rate"] for r in results}
+    lines = [f"| val success, % | {' | '.join(runs)} | mean ± s.e. over seeds | − first, ± s.e. | seeds > 0 |",
+             "|---|" + "---|" * (len(runs) + 3)]
+    first = labels[0]
+    for label in labels:
+        vals = [by.get((run, label)) for run in runs]
+        got = [v for v in vals if v is not None]
+        diffs = [by[(run, label)] - by[(run, first)] for run in runs
+                 if (run, label) in by and (run, first) in by]
+        cells = " | ".join("" if v is None else f"{100 * v:.1f}" for v in vals)
+        diff = "" if label == first or not diffs else f"{100 * mean(diffs):+.1f} ± {100 * se(diffs):.1f}"
+        agree = "" if label == first or not diffs else f"{sum(d > 0 for d in diffs)}/{len(diffs)}"
+        lines.append(f"| {label} | {cells} | {100 * mean(got):.1f} ± {100 * se(got):.1f} | {diff} | {agree} |")
+    return lines
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def se(xs: list[float]) -> float:
+    """Standard error of the mean across seeds (0 for one seed)."""
+    if len(xs) < 2:
+        return 0.0
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
+
+
 def choose_hparams(preset: str | None, overrides: list[str], source: Path, policies: list[str], stage: str | None,
-                   through: str | None, grid: list[str], k: int, out: Path) -> list[dict]:
-    """Play the run's own policies, then every grid value's retrained ones, on val; every row (also in
-    ``OUT/results.json``)."""
+                   through: str | None, grid: list[str], k: int, out: Path, candidates: list[str] | None = None,
+                   exps: list[str] | None = None) -> list[dict]:
+    """Play the run's own policies, then every value's retrained ones, on val, for the finished run at ``source``
+    or for each experiment of ``exps`` (one training seed each, trained with its own seed); every row (also in
+    ``OUT/results.json``, where a rerun finds the rows already made and skips them)."""
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
+    if candidates and not stage:
+        raise ToolError("--candidate needs --stage")
     stages = stages_to_run(stage, through, grid)
-    axes = grid_axes(grid)
-    if not source.is_dir():
-        raise ToolError(f"--from {source}: not a directory (a finished run's data/)")
+    values = candidate_sets(grid, candidates or [])
     os.environ.setdefault("TQDM_DISABLE", "1")
     base = [*(preset_overrides(preset) if preset else []), *overrides, "tracking.enabled=false"]
-    source = source.resolve()
-    results = []
-    params = load_params("params.yaml", [*base, f"data_dir={source}"])
-    require_val_split(params)  # checked before any training: every value is scored on val
-    groups = eval_groups(params)
-    for policy in policies:
-        t0 = time.perf_counter()
-        results.append(report(f"{policy} (the run's)", val_rows(params, policy, k), groups))
-        results[-1]["seconds"] = round(time.perf_counter() - t0, 1)
-    for combo in itertools.product(*(values for _, values in axes)) if axes else ():
-        sets = [f"{key}={value}" for (key, _), value in zip(axes, combo, strict=True)]
-        label = " ".join(sets)
-        work = out / stage / ("_".join(sets).replace("/", "-"))
-        link_upstream(source, work / "data", remade(stage))
-        params = load_params("params.yaml", [*base, *sets, f"data_dir={work / 'data'}",
-                                             f"metrics_dir={work / 'metrics'}"])
-        t0 = time.perf_counter()
-        for name in stages:
-            execute(name, params)
-        trained = time.perf_counter() - t0
-        for policy in (POLICY[s] for s in stages if s in POLICY):  # the last one is the value's figure
-            results.append(report(f"{policy}: {label}", val_rows(params, policy, k), groups))
-            results[-1].update(sets=sets, policy=policy, train_seconds=round(trained, 1),
-                               seconds=round(time.perf_counter() - t0, 1))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    grid_rows = [r for r in results if "sets" in r and r["policy"] == POLICY[stages[-1]]] if stages else []
-    if grid_rows:
-        best = max(grid_rows, key=lambda r: r["success_rate"])  # max keeps the first of a tie
-        print(f"picked on val: {' '.join(best['sets'])} ({best['success_rate']:.1%} ± {best['se']:.1%})")
+    if exps:
+        runs = [(name, None) for name in exps]
+    elif not source.is_dir():
+        raise ToolError(f"--from {source}: not a directory (a finished run's data/)")
+    else:
+        runs = [(str(source), source.resolve())]
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else []
+    done = {(r.get("run"), r["label"]) for r in results}
+
+    def keep(row: dict) -> None:  # every row on disk as it is made: a killed choice resumes at the next one
+        results.append(row)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = results_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(results_path)
+
+    require_val_split(load_params("params.yaml", base))  # checked before any training: every value scored on val
+    labels = [f"{policy} (the run's)" for policy in policies]
+    last = POLICY[stages[-1]] if stages else None
+    for sets in values:
+        labels += [f"{POLICY[s]}: {label_of(sets)}" for s in stages if s in POLICY]
+    for run, src in runs:
+        seed_set: list[str] = []
+        if src is None:
+            src, seed = materialize(run, out)
+            seed_set = [f"seed={seed}"]
+        params = load_params("params.yaml", [*base, *seed_set, f"data_dir={src}"])
+        groups = eval_groups(params)
+        for policy in policies:
+            label = f"{policy} (the run's)"
+            if (run, label) in done:
+                continue
+            t0 = time.perf_counter()
+            row = report(f"{label} [{run}]", val_rows(params, policy, k), groups)
+            keep({**row, "label": label, "run": run, "seconds": round(time.perf_counter() - t0, 1)})
+        for sets in values:
+            made = [f"{POLICY[s]}: {label_of(sets)}" for s in stages if s in POLICY]
+            if all((run, m) in done for m in made):
+                continue
+            slug = ("_".join(sets) or "preset").replace("/", "-").replace(" ", "")
+            work = out / stage / run / slug if exps else out / stage / slug
+            link_upstream(src, work / "data", remade(stage))
+            params = load_params("params.yaml", [*base, *seed_set, *sets, f"data_dir={work / 'data'}",
+                                                 f"metrics_dir={work / 'metrics'}"])
+            t0 = time.perf_counter()
+            for name in stages:
+                execute(name, params)
+            trained = time.perf_counter() - t0
+            for policy, label in zip((POLICY[s] for s in stages if s in POLICY), made, strict=True):
+                row = report(f"{label} [{run}]", val_rows(params, policy, k), groups)
+                keep({**row, "label": label, "run": run, "sets": sets, "policy": policy,
+                      "train_seconds": round(trained, 1), "seconds": round(time.perf_counter() - t0, 1)})
+    if len(runs) > 1:
+        print("\n".join(across_seeds(results, labels)), flush=True)
+    rows = [r for r in results if r.get("policy") == last and "sets" in r]
+    if rows:
+        by_label: dict[str, list[float]] = {}
+        for r in rows:
+            by_label.setdefault(r["label"], []).append(r["success_rate"])
+        best = max(by_label, key=lambda lab: mean(by_label[lab]))  # max keeps the first of a tie
+        spread = (f"± {100 * se(by_label[best]):.1f} over {len(by_label[best])} seeds" if len(runs) > 1 else
+                  f"± {100 * next(r['se'] for r in rows if r['label'] == best):.1f}")
+        print(f"picked on val: {best} ({100 * mean(by_label[best]):.1f} % {spread})")
     return results
