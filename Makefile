@@ -93,12 +93,12 @@ endif
 vllm: $(VLLM_STAMP)  ## vLLM's server in .venv-vllm (backend: vllm starts it from there)
 
 # `dvc plots show` offline: Vega, Vega-Lite, Vega-Embed from the npm registry, inlined into DVC's HTML template
-# (pipeline/vega.py); nothing vendored into the repo. Without npm, DVC's page loads them from a CDN.
+# (pipeline/reporting/vega.py); nothing vendored into the repo. Without npm, DVC's page loads them from a CDN.
 VEGA := .cache/vega
-$(VEGA)/dvc_plots.html: pipeline/vega.py
+$(VEGA)/dvc_plots.html: pipeline/reporting/vega.py
 	@if command -v npm >/dev/null; then \
 	  npm install --silent --no-audit --no-fund --prefix $(VEGA) vega@5 vega-lite@5 vega-embed@6 && \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.vega; \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.reporting.vega; \
 	else echo "npm not found: dvc plots show will load Vega from its CDN"; fi
 
 plots-offline: $(STAMP) $(VEGA)/dvc_plots.html
@@ -110,7 +110,7 @@ browser:
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq chromium >/dev/null; }
 
 run: $(STAMP) nethack-clock plots-offline  ## the default DAG: dvc repro (nested under one MLflow pipeline run), then the report
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.run_dvc
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pipeline.orchestration.run_dvc
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc metrics show
 	@echo "report: $$(PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/curio report)"
 

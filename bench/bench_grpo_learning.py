@@ -150,7 +150,7 @@ def rl_text_summary(metrics: dict) -> dict:
 def one_run(run: Path, ref: str, scratch: Path, name: str) -> dict:
     import yaml
 
-    from pipeline.breakdown import paired_difference, task_means
+    from pipeline.reporting.breakdown import paired_difference, task_means
     from pipeline.tools.compare_runs import evaluation_rows
 
     seed = yaml.safe_load((run / "params.yaml").read_text())["seed"]

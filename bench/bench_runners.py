@@ -61,7 +61,7 @@ def main() -> None:
 
     from pipeline.core.config import _set_dotted, parse_override
     from pipeline.core.stage import execute
-    from pipeline.flows import eval_sweep_flow
+    from pipeline.orchestration.flows import eval_sweep_flow
     from pipeline.params import load_params
 
     torch.set_num_threads(1)

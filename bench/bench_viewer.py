@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from pipeline.core.runners import run_chunked
 from pipeline.nethack.play import FRAME_STEP_SCHEMA, TTY_SIZE
+from pipeline.reporting.viewer import PAGES, page_data, render_page
 from pipeline.text.play import EPISODE_SCHEMA
-from pipeline.viewer import PAGES, page_data, render_page
 
 GROUPS = ["twenty_questions", "wordle", "guess_my_city", "mastermind", "battleship"]
 

@@ -207,7 +207,7 @@ def pipeline(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
     # SIGTERM stops the stage that runs (it saves its progress) or the pipeline before its next stage
     with stopping("curio pipeline", p.runner.grace_s), \
             hold(p.data_dir, ["pipeline"], "curio pipeline"):  # each stage also holds its outputs' locks
-        from pipeline.flows import pipeline_flow  # Prefect: only for the commands that run flows
+        from pipeline.orchestration.flows import pipeline_flow  # Prefect: only for the commands that run flows
 
         overrides = dict(parse_override(o) for o in set_ or [])
         state = pipeline_flow(params_file=params, overrides=overrides or None, force=force, return_state=True)
@@ -228,7 +228,7 @@ def eval_sweep(params: ParamsOpt = "params.yaml",
     """Evaluate checkpoints × splits × seeds in parallel, per group; writes data/eval_sweep/results.{parquet,md,json}
     and success.png / mean_turns.png (mean ± std over seeds)."""
     _load(params, set_)  # before Prefect and torch load: the kernels
-    from pipeline.flows import eval_sweep_flow  # Prefect, as above
+    from pipeline.orchestration.flows import eval_sweep_flow  # Prefect, as above
 
     overrides = dict(parse_override(o) for o in set_ or [])
     eval_sweep_flow(params_file=params, checkpoints=checkpoint, splits=split, seeds=seed, groups=group,
@@ -261,7 +261,7 @@ def logo(group: str, params: ParamsOpt = "params.yaml", set_: SetOpt = None,
 @boundary
 def serve(limit: Annotated[int | None, typer.Option(help="max concurrent flow runs")] = None) -> None:
     """Serve the `pipeline` and `eval-sweep` deployments; then `prefect deployment run 'eval-sweep/default'`."""
-    from pipeline.flows import serve as serve_flows  # Prefect, as above
+    from pipeline.orchestration.flows import serve as serve_flows  # Prefect, as above
 
     serve_flows(limit=limit)
 
@@ -274,7 +274,7 @@ def report(params: ParamsOpt = "params.yaml", set_: SetOpt = None,
     path."""
     from pathlib import Path
 
-    from pipeline.report import write_report  # the report's plotting: only for this command
+    from pipeline.reporting.report import write_report  # the report's plotting: only for this command
 
     p = _load(params, set_)
     typer.echo(write_report(p, out=Path(out) if out else None).resolve())
@@ -607,7 +607,7 @@ def bench_fresh_clone(
                                                    "removed)")] = None,
     budget_min: Annotated[float, typer.Option(help="the budget the total is held against, minutes")] = 12.0,
     side_by_side: Annotated[bool, typer.Option(help="the DAG's branches at the same time (python -m "
-                                                    "pipeline.run_dvc --side-by-side)")] = False,
+                                                    "pipeline.orchestration.run_dvc --side-by-side)")] = False,
     no_warm: Annotated[bool, typer.Option(help="no warm start: each stage command loads its own libraries")] = False,
     results: Annotated[Path | None, typer.Option(help="also write the headline and timings as markdown here "
                                                       "(docs/results/current/default-run.md)")] = None,
@@ -637,7 +637,7 @@ def soak(interruptions: Annotated[int, typer.Option("-n", "--interruptions", min
          set_: SetOpt = None,
          keep: Annotated[Path | None, typer.Option(help="leave both projects in this directory")] = None,
          make_run: Annotated[bool, typer.Option(help="each run as `make run` runs the DAG (python -m "
-                                                     "pipeline.run_dvc: its warm start too)")] = False,
+                                                     "pipeline.orchestration.run_dvc: its warm start too)")] = False,
          stages: Annotated[str | None, typer.Option(help="STAGE[,STAGE...]: interrupt these stages only")] = None,
          target: Annotated[str | None, typer.Option(help="run the DAG up to this stage (dvc repro TARGET)")] = None,
          ) -> None:

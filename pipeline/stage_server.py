@@ -1,6 +1,6 @@
 """The warm start's server: torch, transformers, TRL and Curio's code loaded once, a copy per command DVC runs.
 
-    python -m pipeline.stage_server SOCKET [--loading-fd FD]   # pipeline.run_dvc starts it under `make run`
+    python -m pipeline.stage_server SOCKET [--loading-fd FD]   # `make run` (pipeline.orchestration.run_dvc) starts it
 
 It loads what the stages load (:data:`PRELOAD`, every module of ``pipeline`` and ``stages``), then listens on the
 Unix socket ``SOCKET``, bound only once everything is loaded. Until then it holds the lock on ``FD``
@@ -51,7 +51,7 @@ VERBOSE_ENV = "CURIO_WARM_VERBOSE"  # "1": the server says when it is ready, and
 # (4 s), TRL. The others a stage loads (sample-factory, NLE, datasets, pandas) come with Curio's modules.
 PRELOAD = ("torch", "transformers", "transformers.trainer", "trl")
 # Curio's modules that are not loaded: Prefect's flows (not run under dvc repro) and this module.
-SKIP = ("pipeline.flows", "pipeline.flow_workspace", "pipeline.stage_server")
+SKIP = ("pipeline.orchestration.flows", "pipeline.orchestration.flow_workspace", "pipeline.stage_server")
 # Variables a request may differ in: DVC's own (DVC_STAGE, DVC_ROOT, ...), the shell's and the warm start's. DVC
 # runs a command with `$SHELL -c`, and bash then drops the prompts PS1 and PS2 and resets PS4 (a virtualenv's
 # `activate` exports PS1): no library reads them.

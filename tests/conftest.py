@@ -168,8 +168,8 @@ RUN_LOG = "run.log"  # beside a tiny run's data: what its `dvc repro` printed, i
 
 
 def build_trained(root: Path) -> Path:
-    """Every text stage of :data:`SMALL` as `make run` runs them (``python -m pipeline.run_dvc``): ``dvc repro
-    evaluate-text`` (check-params and the eleven text stages) under one MLflow pipeline run whose process makes
+    """Every text stage of :data:`SMALL` as `make run` runs them (``python -m pipeline.orchestration.run_dvc``): ``dvc
+    repro evaluate-text`` (check-params and the eleven text stages) under one MLflow pipeline run whose process makes
     the stages' MLflow calls, each stage's ``curio`` command served by one warm start (its lines, one per command
     run in a copy, ``CURIO_WARM_VERBOSE``, go to ``RUN_LOG`` with DVC's)."""
     from pipeline.core.stage import READS_ENV
@@ -180,8 +180,8 @@ def build_trained(root: Path) -> Path:
     env = command_env(proj, {READS_ENV: str(proj / READS_LOG), "PYTHONPATH": str(proj), "CURIO_WARM_VERBOSE": "1",
                              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
     with open(proj / RUN_LOG, "w") as log:  # stdin: a closed one would make a command run itself
-        res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc", "evaluate-text"], cwd=proj, env=env,
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+        res = subprocess.run([sys.executable, "-m", "pipeline.orchestration.run_dvc", "evaluate-text"], cwd=proj,
+                             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
     assert res.returncode == 0, (proj / RUN_LOG).read_text()[-6000:]
     return proj
 

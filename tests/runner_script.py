@@ -31,7 +31,7 @@ def square(_state, index: int, marks: str) -> list[dict]:
 def peak_cells(params_file: str, out: Path, workers: int) -> int:
     """How many eval-sweep cells ran at once on the local runner with ``eval_sweep.max_workers = workers``."""
     import stages.evaluate_text
-    from pipeline.flows import eval_sweep_flow
+    from pipeline.orchestration.flows import eval_sweep_flow
 
     state = {"running": 0, "peak": 0}
     lock = threading.Lock()
@@ -62,7 +62,7 @@ def main(params_file: str, out: Path) -> None:
     from pipeline.core.config import RunnerConfig
     from pipeline.core.runners import ChunkJob, run_chunked, use_runner
     from pipeline.core.stage import execute
-    from pipeline.flows import eval_sweep_flow
+    from pipeline.orchestration.flows import eval_sweep_flow
     from pipeline.params import load_params
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this file

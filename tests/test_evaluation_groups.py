@@ -162,7 +162,7 @@ def sweep_row(checkpoint, group, seed, success, turns):
 
 
 def test_sweep_markdown_has_mean_and_std_over_seeds_per_group_and_plots(tmp_path):
-    from pipeline.flows import aggregate_over_seeds, plot_sweep, results_markdown
+    from pipeline.orchestration.flows import aggregate_over_seeds, plot_sweep, results_markdown
 
     rows = [sweep_row("base", "wordle", 0, 0.4, 4.0), sweep_row("base", "wordle", 1, 0.6, 5.0),
             sweep_row("base", "mastermind", 0, 0.2, 8.0), sweep_row("base", "mastermind", 1, 0.2, 8.0),

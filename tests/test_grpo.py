@@ -419,8 +419,8 @@ def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bo
     """`curio compare rounds`: every round's policy on held-out through evaluate-text's own stage (same tasks,
     episodes, seed), so the kept round's row is the run's own RL row to the task; paired against DPO by hand; a
     rerun scores nothing again."""
-    from pipeline.breakdown import task_means
     from pipeline.core.artifacts import read_rows
+    from pipeline.reporting.breakdown import task_means
     from pipeline.tools.compare_rl_text import make_project
     from pipeline.tools.compare_rounds import compare_rounds
 

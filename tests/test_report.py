@@ -12,7 +12,7 @@ import numpy as np
 from conftest import REPO, curio, make_project
 from PIL import Image
 
-from pipeline.report import binomial_se, labeller_rows, ledger_rows, matched_steps, render, summaries
+from pipeline.reporting.report import binomial_se, labeller_rows, ledger_rows, matched_steps, render, summaries
 
 EVAL_TEXT = {"base/success_rate": 0.25, "base/episodes": 48, "base/mean_turns": 9.0,
              "sft/success_rate": 0.5, "sft/episodes": 48, "sft/mean_turns": 8.0,
@@ -114,7 +114,7 @@ def test_dvc_yaml_plots_point_at_files_stages_write():
     """Every data file of the top-level plots is an output of some stage (a renamed file breaks the report)."""
     import yaml
 
-    from pipeline.report import plot_definitions
+    from pipeline.reporting.report import plot_definitions
 
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())
     outs = {next(iter(o)) if isinstance(o, dict) else o for s in spec["stages"].values() for o in s.get("outs", [])}

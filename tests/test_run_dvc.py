@@ -1,5 +1,5 @@
-"""`make run`'s runner (pipeline.run_dvc): plain `dvc repro`, or with --side-by-side the DAG's independent branches
-at the same time, dvc.lock as `dvc repro` leaves it."""
+"""`make run`'s runner (pipeline.orchestration.run_dvc): plain `dvc repro`, or with --side-by-side the DAG's independent
+branches at the same time, dvc.lock as `dvc repro` leaves it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import run_dvc
 from pipeline.core.dag import ancestors, branches, dag_order, stage_parents
+from pipeline.orchestration import run_dvc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,8 +148,8 @@ def test_make_run_is_plain_dvc_repro_without_side_by_side(tmp_path, argv):
         tracking:
           enabled: false
     """))
-    res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc", *argv], cwd=project, capture_output=True,
-                         text=True, env={**_env(), "PYTHONPATH": str(REPO)})
+    res = subprocess.run([sys.executable, "-m", "pipeline.orchestration.run_dvc", *argv], cwd=project,
+                         capture_output=True, text=True, env={**_env(), "PYTHONPATH": str(REPO)})
     assert res.returncode == 0, res.stderr
     assert "beside dvc repro" not in res.stdout
     assert _runs(project) == ({"c": 1, "d": 1} if not argv else {"c": 1})

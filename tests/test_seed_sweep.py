@@ -1,4 +1,4 @@
-"""A seed sweep: its tables on numbers worked by hand (pipeline/seeds.py), and ``curio sweep seeds`` on DVC's
+"""A seed sweep: its tables on numbers worked by hand (pipeline/reporting/seeds.py), and ``curio sweep seeds`` on DVC's
 experiment queue, stopped and resumed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import make_project, run_in_project
 
-from pipeline.seeds import SeedRun, cost, labeller_lags, nethack_lines, seed_tables, text_lines
+from pipeline.reporting.seeds import SeedRun, cost, labeller_lags, nethack_lines, seed_tables, text_lines
 
 
 def rows(policy: str, a: int, b: int) -> list[dict]:
@@ -169,8 +169,8 @@ def test_the_report_shows_a_sweeps_tables(tmp_path):
 
     from conftest import REPO
 
-    from pipeline.report import render, seed_sweeps
-    from pipeline.seeds import seed_summary
+    from pipeline.reporting.report import render, seed_sweeps
+    from pipeline.reporting.seeds import seed_summary
 
     (tmp_path / "seeds" / "default").mkdir(parents=True)
     (tmp_path / "seeds" / "default" / "seeds.json").write_text(json.dumps(seed_summary(RUNS)))
@@ -185,8 +185,8 @@ def test_the_report_shows_a_sweeps_labeller_lag_and_reads_a_seeds_json_written_b
 
     from conftest import REPO
 
-    from pipeline.report import render, seed_sweeps
-    from pipeline.seeds import seed_summary
+    from pipeline.reporting.report import render, seed_sweeps
+    from pipeline.reporting.seeds import seed_summary
 
     stages = {"rl-nethack": {"oni_classification/oni_labels": 30, "oni_classification/oni_pending": 10},
               "evaluate-nethack": {"motif/return": 1.0, "oni_classification/return": 2.0}}

@@ -235,7 +235,7 @@ def test_the_report_reads_each_stages_params_from_dvc_yaml_without_importing_it(
     import subprocess
     import sys
 
-    from pipeline import report_meta
+    from pipeline.reporting import report_meta
 
     monkeypatch.chdir(REPO)
     report_meta._dvc_yaml_stages.cache_clear()
@@ -246,7 +246,7 @@ def test_the_report_reads_each_stages_params_from_dvc_yaml_without_importing_it(
     finally:
         report_meta._dvc_yaml_stages.cache_clear()
         report_meta.declared_params.cache_clear()
-    probe = ("import sys; from pipeline.report_meta import declared_params as d; "
+    probe = ("import sys; from pipeline.reporting.report_meta import declared_params as d; "
              "print(d('bootstrap'), 'stages.bootstrap' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.split("]")[1].split() == ["False", "False"]

@@ -454,8 +454,8 @@ def test_a_soak_of_some_stages_reruns_them_from_the_uninterrupted_runs_inputs(tm
     assert (straight / "data/b/part-0.parquet").exists()  # the uninterrupted run is left as it was
     assert persistent_outs(straight / "dvc.yaml", "b") == ["data/b"]
     assert forced_command(("dvc", "repro", "b"), stages, "b") == ("dvc", "repro", "--force", "--single-item", "b")
-    assert forced_command(("python", "-m", "pipeline.run_dvc"), stages, "c") == (
-        "python", "-m", "pipeline.run_dvc", "--force", "--single-item", "c")
+    assert forced_command(("python", "-m", "pipeline.orchestration.run_dvc"), stages, "c") == (
+        "python", "-m", "pipeline.orchestration.run_dvc", "--force", "--single-item", "c")
 
 def test_profile_of_an_unknown_stage_is_one_line_exit_2():
     res = run(["profile", "rollout-txt"])

@@ -1,4 +1,5 @@
-"""The report's offline dataset pages (pipeline/viewer.py) and its deeper tables (pipeline/breakdown.py).
+"""The report's offline dataset pages (pipeline/reporting/viewer.py) and its deeper tables
+(pipeline/reporting/breakdown.py).
 
 The browser test opens every page kind in headless Chromium, drives a filter and a replay step through the URL
 fragment (the pages keep their state there), reads the result from the DOM, and checks from Chromium's network
@@ -19,15 +20,15 @@ import pyarrow as pa
 import pytest
 from conftest import curio, make_project
 
-from pipeline.breakdown import paired_difference, paired_rows, success_by, task_means
 from pipeline.core.artifacts import dataset_hash
 from pipeline.core.runners import run_chunked
 from pipeline.core.samples import log_samples, sample_indices
 from pipeline.nethack.play import EPISODE_SCHEMA as NETHACK_EPISODE_SCHEMA
 from pipeline.nethack.play import FRAME_STEP_SCHEMA, REPLAY_STEP_SCHEMA, TTY_SIZE
+from pipeline.reporting.breakdown import paired_difference, paired_rows, success_by, task_means
+from pipeline.reporting.viewer import KEYFRAME, frame_deltas
 from pipeline.text.multiturn_pairs import MULTITURN_PAIR_SCHEMA
 from pipeline.text.play import EPISODE_SCHEMA
-from pipeline.viewer import KEYFRAME, frame_deltas
 
 SHOTS_ENV = "CURIO_SCREENSHOTS"  # a directory to keep the page screenshots in (default: the test's tmp dir)
 
@@ -374,7 +375,7 @@ def test_recorded_frames_are_the_terminal_nle_showed():
 
 
 def test_stage_runs_log_a_sample_of_each_dataset_as_a_table(pages):
-    """What a stage's MLflow run logs (pipeline.viewer.log_samples), recorded from the Tracker's messages."""
+    """What a stage's MLflow run logs (pipeline.reporting.viewer.log_samples), recorded from the Tracker's messages."""
     from pipeline.core.tracking import Tracker
 
     sent: list = []
@@ -416,7 +417,7 @@ def test_a_stage_run_page_shows_its_table_in_mlflow(tmp_path):
 
 
 def test_a_large_dataset_is_sampled_and_the_page_says_so(tmp_path):
-    from pipeline.viewer import PAGES, ROW_CAP, page_data
+    from pipeline.reporting.viewer import PAGES, ROW_CAP, page_data
 
     rows = [episode(i % 24) | {"seed": i} for i in range(ROW_CAP["episodes"] + 100)]
     write(tmp_path / "rollout_text", rows, EPISODE_SCHEMA)
@@ -431,7 +432,7 @@ def test_a_large_dataset_is_sampled_and_the_page_says_so(tmp_path):
 def test_paprika_pairs_with_reference_log_probs(tmp_path):
     """Default pairs (PAPRIKA: whole trajectories) as reflogprobs stores them: the turns that made the pair and the
     reference log-probs with their margin."""
-    from pipeline.viewer import PAGES, complete_dataset, page_data
+    from pipeline.reporting.viewer import PAGES, complete_dataset, page_data
 
     msgs = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Guess."}]
     row = {"group": "wordle", "task_id": "t0", "prompt": msgs,
@@ -465,7 +466,7 @@ def test_paprika_pairs_with_reference_log_probs(tmp_path):
 def test_pages_of_datasets_without_the_new_columns_say_so(tmp_path):
     """An annotation dataset written before the stages kept per-row cost, and an evaluation whose replays dataset is
     empty (replay_episodes = 0): the pages show what there is and say why the rest is missing."""
-    from pipeline.viewer import PAGES, page_data
+    from pipeline.reporting.viewer import PAGES, page_data
 
     spec = {p.stage: p for p in PAGES}
     write(tmp_path / "annotate_nethack", [{"pair": 0, "episode_first": 0, "step_first": 1, "caption_first": "a",

@@ -2,7 +2,7 @@
 runs in a copy of one process that has loaded torch, transformers and Curio once, with the same output, exit code,
 working directory and signals as when it loads them itself; a command that starts while the server loads waits for
 it; a request from another environment is declined and runs itself; a SIGKILL of the command leaves nothing running;
-`python -m pipeline.run_dvc` starts and stops the server."""
+`python -m pipeline.orchestration.run_dvc` starts and stops the server."""
 
 from __future__ import annotations
 
@@ -189,9 +189,9 @@ def test_sigterm_reaches_the_copy_and_a_sigkill_leaves_nothing_running(server, p
 
 
 def test_make_run_serves_the_stages_curio_commands(tmp_path):
-    """`python -m pipeline.run_dvc`: the server starts, DVC's `curio` command (started while the server loads) runs
-    in a copy, the server stops. From a shell whose virtualenv is activated (its prompt exported), with bash as
-    $SHELL, which DVC runs the command with (bash drops the prompt: the command still runs in a copy)."""
+    """`python -m pipeline.orchestration.run_dvc`: the server starts, DVC's `curio` command (started while the server
+    loads) runs in a copy, the server stops. From a shell whose virtualenv is activated (its prompt exported), with bash
+    as $SHELL, which DVC runs the command with (bash drops the prompt: the command still runs in a copy)."""
     stages = {"params": {"cmd": "curio params -S seed=9 > out/params.json", "outs": ["out/params.json"]}}
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["tracking"]["enabled"] = False
@@ -201,15 +201,15 @@ def test_make_run_serves_the_stages_curio_commands(tmp_path):
     env = base_env(SHELL="/bin/bash", PS1="(.venv) $ ", PS2="> ", PS4="+++ ")
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env=env)
-    res = subprocess.run([sys.executable, "-m", "pipeline.run_dvc"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-m", "pipeline.orchestration.run_dvc"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "curio: warm start: `curio params -S seed=9` runs in a copy" in res.stderr, res.stderr
     assert '"seed": 9' in (tmp_path / "out/params.json").read_text()
     leftover = subprocess.run(["pgrep", "-f", "pipeline.stage_server"], capture_output=True, text=True).stdout.split()
     assert not [pid for pid in leftover if Path(f"/proc/{pid}/cwd").exists()
                 and os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)]
-    off = subprocess.run([sys.executable, "-m", "pipeline.run_dvc", "-f", "-s", "params"], cwd=tmp_path,
+    off = subprocess.run([sys.executable, "-m", "pipeline.orchestration.run_dvc", "-f", "-s", "params"], cwd=tmp_path,
                          env={**env, "CURIO_WARM": "0"}, capture_output=True, text=True, timeout=600)
     assert off.returncode == 0 and "warm start" not in off.stderr, off.stderr
     assert '"seed": 9' in (tmp_path / "out/params.json").read_text()
@@ -242,8 +242,8 @@ def test_sigterm_to_make_run_stops_the_stage_in_its_copy_and_leaves_nothing_runn
     err = project / "make-run.err"
     try:
         with open(err, "w") as f:
-            run = subprocess.Popen([sys.executable, "-m", "pipeline.run_dvc"], cwd=project, env=env, stderr=f,
-                                   stdout=subprocess.DEVNULL, start_new_session=True)
+            run = subprocess.Popen([sys.executable, "-m", "pipeline.orchestration.run_dvc"], cwd=project, env=env,
+                                   stderr=f, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 300
         while not copies(err) or "waiting for" not in err.read_text():
             assert run.poll() is None, err.read_text()

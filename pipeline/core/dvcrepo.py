@@ -1,8 +1,8 @@
 """DVC's own API, in this process: which stages ``dvc status`` flags, and ``dvc commit --force`` of finished ones.
 
 The Prefect ``pipeline`` flow asks before each stage whether DVC holds it current, and records each stage it ran
-(``pipeline.flows``); as ``dvc`` commands that was two processes a stage, each loading DVC (~1.3 s each on a
-2-core machine, most of a stage's bookkeeping when it resumes to completion). :class:`dvc.repo.Repo` answers the same
+(``pipeline.orchestration.flows``); as ``dvc`` commands that was two processes a stage, each loading DVC (~1.3 s each on
+a 2-core machine, most of a stage's bookkeeping when it resumes to completion). :class:`dvc.repo.Repo` answers the same
 questions, with the same lock on the repository, opened anew for each so it reads what the stages just wrote.
 """
 

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from pipeline.core.config import RunnerConfig
 
-# As in pipeline/flows.py, before prefect reads its settings: no analytics, and the ephemeral API gets more than
-# its default 20 s to start on a loaded machine.
+# As in pipeline/orchestration/flows.py, before prefect reads its settings: no analytics, and the ephemeral API gets
+# more than its default 20 s to start on a loaded machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 

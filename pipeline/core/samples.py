@@ -1,5 +1,5 @@
 """A few rows of a dataset, evenly spaced and JSON-safe: what a stage run logs to MLflow as a table, and how the
-report's dataset pages (pipeline/viewer.py) sample a dataset too large for one page."""
+report's dataset pages (pipeline/reporting/viewer.py) sample a dataset too large for one page."""
 
 from __future__ import annotations
 

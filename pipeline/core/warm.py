@@ -2,10 +2,10 @@
 
 A stage process spends seconds loading torch, transformers and the stage's code before its work starts (about 6 s
 for a training stage on a 2-core machine), and ``make run`` starts nineteen of them. Under ``make run``
-(``pipeline.run_dvc``) one process, :mod:`pipeline.stage_server`, loads all of that once; each ``curio`` command DVC
-runs then asks it for a copy of itself (``fork``) to run the command in, and waits for it. The copy runs with this
-process's arguments, environment, working directory, standard input, output and error, so DVC sees what it would
-have seen: the same output, the same exit code. A command that starts while the server is still loading (the first
+(``pipeline.orchestration.run_dvc``) one process, :mod:`pipeline.stage_server`, loads all of that once; each ``curio``
+command DVC runs then asks it for a copy of itself (``fork``) to run the command in, and waits for it. The copy runs
+with this process's arguments, environment, working directory, standard input, output and error, so DVC sees what it
+would have seen: the same output, the same exit code. A command that starts while the server is still loading (the first
 stages of a run, the stage a resumed run starts with) waits for it, as it would otherwise spend the same seconds
 loading the same libraries itself, beside the server, on the same cores. This process stays the one DVC knows:
 SIGTERM, SIGINT and SIGHUP sent to it go on to the copy (which saves its progress and stops,

@@ -15,7 +15,7 @@
 3. Only each row's chosen configuration is then played once on the held-out split (``eval``) of every group in
    ``games.groups``: success ± standard error (= mean@k), pass@k and mean turns on wins. The shared DPO policy is
    scored on val and held-out the same way (the same tasks, k, temperature and seed), so each row also gets its
-   paired difference from DPO over the same tasks, d̄ ± SE(d̄) (pipeline.breakdown.paired_difference). The row
+   paired difference from DPO over the same tasks, d̄ ± SE(d̄) (pipeline.reporting.breakdown.paired_difference). The row
    with the best val success is the comparison's choice (``chosen_row``). Writes ``compare.md`` (the table),
    ``compare.json`` and ``rl_compare.json`` (success vs environment samples of the chosen runs' rollouts, a
    dvc-plottable list of rows) into the project dir. The held-out split never informs a choice.
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.breakdown import paired_difference, task_means
 from pipeline.core.config import _set_dotted, parse_override
 from pipeline.params import load_params
+from pipeline.reporting.breakdown import paired_difference, task_means
 from pipeline.text.play import pass_at_k, summarize
 from pipeline.tools import REPO, ToolError
 

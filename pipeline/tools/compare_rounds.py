@@ -8,7 +8,7 @@ already scored is read back), and prints per round, the DPO policy counting as r
 
 - val success (what chose the kept round) and the training episodes played so far;
 - held-out success ± binomial s.e. (= mean@k), pass@k, and the paired difference from the DPO policy over the same
-  tasks (d̄ ± SE(d̄), :func:`pipeline.breakdown.paired_difference`);
+  tasks (d̄ ± SE(d̄), :func:`pipeline.reporting.breakdown.paired_difference`);
 - rl-text's minutes up to that round's checkpoint (its files' times: from the stage's start, its end less its
   ``seconds``).
 

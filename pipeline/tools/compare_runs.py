@@ -8,7 +8,7 @@ two runs. Exit code 1 when a data out or a metric differs.
 
 Where both runs evaluated the text track, how far apart their held-out rows are: each policy's success rate in
 BEFORE and AFTER and their paired difference over the same held-out tasks, AFTER − BEFORE, with its standard error
-(``pipeline.breakdown``), to tell a change of rounding from one of behaviour.
+(``pipeline.reporting.breakdown``), to tell a change of rounding from one of behaviour.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 from pyarrow import ArrowException
 
-from pipeline.breakdown import held_out, paired_difference, task_means
 from pipeline.core.artifacts import read_rows
 from pipeline.core.errors import CurioError
+from pipeline.reporting.breakdown import held_out, paired_difference, task_means
 from pipeline.tools import ToolError
 
 TIMING = re.compile(r"(^|_|/)(seconds|secs|minutes|wall|per_s|per_sec|fps|elapsed)($|_|/)|_s$")

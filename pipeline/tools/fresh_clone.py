@@ -3,9 +3,9 @@ per-stage seconds, the headline `make run` prints, and the total against a budge
 
 Clones this checkout (``git clone`` of ``--ref``, committed work only) into a temp dir, builds the venv with the
 Makefile's own recipe (or symlinks ``--venv`` to skip the build and time the DAG alone, with the clone's own NetHack
-clock library built beside it), runs the default DAG (``python -m pipeline.run_dvc``, what ``make run`` runs) and
-prints each stage's seconds (a stage `dvc repro` runs: from the moment dvc starts it to the next stage's start; a
-stage run beside it: its own wall time), the venv build, the headline (``dvc metrics show``), the total and the
+clock library built beside it), runs the default DAG (``python -m pipeline.orchestration.run_dvc``, what ``make run``
+runs) and prints each stage's seconds (a stage `dvc repro` runs: from the moment dvc starts it to the next stage's
+start; a stage run beside it: its own wall time), the venv build, the headline (``dvc metrics show``), the total and the
 budget. ``--results FILE`` also writes them as markdown tables, the form docs/results/current/ keeps a headline in.
 
 ``--avx2`` caps the instruction set of torch's three kernel libraries at AVX2, as on an AVX2-only machine:
@@ -35,7 +35,8 @@ from pipeline.tools import REPO
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 AVX2_TEXT = " ".join(f"{k}={v}" for k, v in AVX2_ENV.items())
 STAGE_LINE = re.compile(r"^Running stage '([^']+)':")  # dvc repro's own (the stages of its branch, in order)
-SIDE_DONE = re.compile(r"Stage '([^']+)' finished in ([0-9.]+) s \(beside dvc repro\)")  # pipeline.run_dvc's
+# pipeline.orchestration.run_dvc's line for a stage it ran beside dvc repro
+SIDE_DONE = re.compile(r"Stage '([^']+)' finished in ([0-9.]+) s \(beside dvc repro\)")
 MAIN_DONE = re.compile(r"^dvc repro .*: done in")
 WAIT = "(waiting for branches beside, dvc commit)"
 BESIDE = " (beside)"
@@ -70,12 +71,14 @@ def timed_dag(cwd: Path, env: dict[str, str], log, side_by_side: bool = False) -
     """Run the DAG, streaming its output to ``log``; per-stage seconds, the total, and the exit code.
 
     A stage ``dvc repro`` runs counts from its "Running stage" line to the next one (or to the end of that
-    ``dvc repro``); a stage run beside it (``pipeline.run_dvc``) counts its own wall time, and is marked so.
+    ``dvc repro``); a stage run beside it (``pipeline.orchestration.run_dvc``) counts its own wall time, and is marked
+    so.
     """
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
     current, started = None, t0
-    cmd = [str(cwd / ".venv/bin/python"), "-m", "pipeline.run_dvc", *(["--side-by-side"] if side_by_side else [])]
+    cmd = [str(cwd / ".venv/bin/python"), "-m", "pipeline.orchestration.run_dvc",
+           *(["--side-by-side"] if side_by_side else [])]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
@@ -173,7 +176,7 @@ def printed(run: Run, options: Options) -> list[str]:
 
 def results_markdown(run: Run, options: Options, command: str) -> str:
     """The run as docs/results/current/ keeps a headline: the command, the machine, the headline, the timings."""
-    from pipeline.report import in_pipeline_order
+    from pipeline.reporting.report import in_pipeline_order
 
     total = run.dag_s + (run.build_s or 0.0)
     lines = ["# The default run from a fresh clone", "",

@@ -2,8 +2,8 @@
 
 Each seed's experiment is read at its commit through DVC's file system (``dvc.api.DVCFileSystem``): every stage's
 metrics file (git-tracked in the experiment's commit) and evaluate-text's held-out rows (in DVC's cache). The tables
-are pipeline/seeds.py's; they are printed and written to ``data/seeds/NAME/seeds.md`` and ``seeds.json`` (NAME: the
-sweep's, ``default`` without presets), where the report finds them.
+are pipeline/reporting/seeds.py's; they are printed and written to ``data/seeds/NAME/seeds.md`` and ``seeds.json``
+(NAME: the sweep's, ``default`` without presets), where the report finds them.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.breakdown import held_out
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
-from pipeline.seeds import SeedRun, seed_summary, seed_tables
+from pipeline.reporting.breakdown import held_out
+from pipeline.reporting.seeds import SeedRun, seed_summary, seed_tables
 from pipeline.tools import ToolError
 
 ROW_COLUMNS = ["policy", "group", "task_id", "split", "success"]

@@ -35,12 +35,12 @@ also waits for every vLLM server to end (60 s at most, else a problem).
 sample-factory does not save its environments' state, so rl-nethack after an interruption (and what reads it) is a
 valid continuation, not the same bits; the soak says so beside those stages.
 
-``--make-run``: each run (both projects') is `python -m pipeline.run_dvc ARGS`, what `make run` runs, instead of
-`dvc repro ARGS`: the pipeline's MLflow run around `dvc repro`, its own repair of an unreadable dvc.lock (listed at the
-end as the soak's are), and the warm start (pipeline.stage_server and the copies it forks for the stages' commands, in
-the same process group, so each interruption reaches them too and the soak waits for every one of them to end). A
-`curio` stage's clock then starts when its copy does: after an interruption the next run's server loads again, and
-the stage it resumes with waits for it (seconds, where most stages of the small budget take one or two).
+``--make-run``: each run (both projects') is `python -m pipeline.orchestration.run_dvc ARGS`, what `make run` runs,
+instead of `dvc repro ARGS`: the pipeline's MLflow run around `dvc repro`, its own repair of an unreadable dvc.lock
+(listed at the end as the soak's are), and the warm start (pipeline.stage_server and the copies it forks for the stages'
+commands, in the same process group, so each interruption reaches them too and the soak waits for every one of them to
+end). A `curio` stage's clock then starts when its copy does: after an interruption the next run's server loads again,
+and the stage it resumes with waits for it (seconds, where most stages of the small budget take one or two).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def environment(root: Path) -> dict[str, str]:
 
 
 DVC_REPRO = ("dvc", "repro")
-MAKE_RUN = (sys.executable, "-m", "pipeline.run_dvc")  # `make run`'s command: `dvc repro ARGS` within it
+MAKE_RUN = (sys.executable, "-m", "pipeline.orchestration.run_dvc")  # `make run`'s command: `dvc repro ARGS` within it
 IN_COPY = re.compile(r"^curio: warm start: `(.+)` runs in a copy")  # pipeline.stage_server, CURIO_WARM_VERBOSE=1
 NOT_IN_COPY = re.compile(r"^curio: the warm start (declined|was still loading|did not start)")  # pipeline.core.warm
 REPAIRED = re.compile(r"^curio: (.*dvc\.lock was unreadable.*)")  # make run's repair, at its start
@@ -592,7 +592,7 @@ def run_soak(interruptions: int = 100, seed: int = 0, kill_share: float = 0.5, o
     base = keep or Path(tempfile.mkdtemp(prefix="curio-soak-"))
     base.mkdir(parents=True, exist_ok=True)
     command = (*(MAKE_RUN if make_run else DVC_REPRO), *((target,) if target else ()))
-    how = "python -m pipeline.run_dvc" if make_run else "dvc repro"
+    how = "python -m pipeline.orchestration.run_dvc" if make_run else "dvc repro"
     print(f"soak: {interruptions} interruptions, seed {seed}, each run `{how}`, in {base}", flush=True)
     try:
         # both runs in the same directory, one after the other: paths written into outputs (a Trainer's saved

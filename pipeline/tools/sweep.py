@@ -5,7 +5,7 @@ Each seed is a DVC experiment of the checkout's commit, named ``seed-K`` (``PRES
 arguments (``curio preset``), and run by DVC's queue (``dvc queue start -j 1``: one at a time, each in a copy of the
 checkout under ``.dvc/tmp/exps``). ``dvc exp show`` lists them beside the baseline; ``dvc queue logs NAME`` shows one's
 output. The command follows each seed's output until every seed has finished, then prints the sweep's tables
-(pipeline/seeds.py) and writes them to ``data/seeds/NAME/`` (``seeds.md``, ``seeds.json``).
+(pipeline/reporting/seeds.py) and writes them to ``data/seeds/NAME/`` (``seeds.md``, ``seeds.json``).
 
 Resumable: a seed whose experiment finished is not run again; one that is queued or running is followed; one that
 failed (or was killed) is removed from the queue and queued again. Stopped (SIGINT / SIGTERM), the command kills the
@@ -154,7 +154,8 @@ def shared_stores(params: Any) -> None:
 
 
 def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) -> list[str]:
-    """Queue, run and follow the seeds; the sweep's tables (pipeline/seeds.py) once every seed has finished."""
+    """Queue, run and follow the seeds; the sweep's tables (pipeline/reporting/seeds.py) once every seed has
+    finished."""
     from pipeline.core.kernels import settle
     from pipeline.core.tracking import pipeline_run
     from pipeline.core.warm import ENABLE_ENV

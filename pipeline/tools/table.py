@@ -6,7 +6,7 @@ success pooled over the evaluated groups and per group, each with its binomial s
 won episodes, and the change from base in points with the standard error of that difference (independent
 episodes: sqrt(se_policy² + se_base²)). Under it, each policy's paired difference from the policy before it
 (sft − base, dpo − sft, rl − dpo) over the tasks both played: the mean of the per-task differences in mean success
-and its standard error (pipeline.breakdown.paired_difference), tighter than the unpaired one.
+and its standard error (pipeline.reporting.breakdown.paired_difference), tighter than the unpaired one.
 
 ``--win-turns`` adds, per policy and group, how many episodes were won at each turn and how many repeated one of
 their own earlier replies word for word: where a change in mean turns on wins comes from. On a shown-candidates
@@ -20,10 +20,10 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from pipeline.breakdown import paired_difference, task_means
 from pipeline.core.artifacts import read_rows
 from pipeline.envs.base import make_game
 from pipeline.envs.gamekit import ShownCandidates
+from pipeline.reporting.breakdown import paired_difference, task_means
 from pipeline.text.play import pass_at_k
 
 

@@ -1,4 +1,4 @@
-// The dataset page's script (pipeline/viewer.py inlines it, after `const KEYFRAME = …`). The rows are the JSON in
+// The dataset page's script (pipeline/reporting/viewer.py inlines it, after `const KEYFRAME = …`). The rows are the JSON in
 // #data; the filters, the sort column (`sort=col`, `sort=-col` descending), the selected row, the list page and the
 // replay step live in location.hash (URLSearchParams syntax), so every view has a link and the page can be driven
 // without clicking.

@@ -7,9 +7,9 @@ policies played the same held-out episodes. From each run's evaluate-text rows a
   (sample s.d. / √seeds), the s.d. across seeds, and beside it the evaluation's own standard error (the mean over
   seeds of each run's binomial s.e., or the stage's s.e. of the mean return);
 - per comparison (SFT − base, DPO − SFT, RL − DPO; NetHack's Motif − extrinsic and every other agent − Motif): the
-  paired difference in every seed (over the same held-out tasks, pipeline.breakdown.paired_difference; NetHack: over
-  the same games) with its evaluation s.e., the mean over seeds ± the s.e. across seeds, how many seeds agree with
-  the mean's sign, and the s.d. across seeds beside the mean evaluation s.e.;
+  paired difference in every seed (over the same held-out tasks, pipeline.reporting.breakdown.paired_difference;
+  NetHack: over the same games) with its evaluation s.e., the mean over seeds ± the s.e. across seeds, how many seeds
+  agree with the mean's sign, and the s.d. across seeds beside the mean evaluation s.e.;
 - for each ONI agent (an online reward, labelled while it trains), its labeller's lag: the share of the distinct
   messages the agent saw that were still queued, unlabelled, when training ended (rl-nethack's ``NAME/oni_pending``
   of ``NAME/oni_labels`` + ``NAME/oni_pending``), per seed, beside its return;
@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.breakdown import paired_difference, task_means
+from pipeline.reporting.breakdown import paired_difference, task_means
 
 #: the text track's policies in pipeline order; each comparison is a policy against the one before it
 TEXT_ORDER = ("base", "sft", "dpo", "rl")

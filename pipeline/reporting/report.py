@@ -14,9 +14,9 @@ The layout every stage follows (a new stage fits by doing the same):
 
 ``curio report`` (the last stage of dvc.yaml) writes the summaries and ``data/report.html``: headline tables,
 learning curves, evaluation bars with standard errors, success by difficulty / category / group and each policy's
-paired difference from base (pipeline/breakdown.py), the NetHack comparison and the LLM ledger, with every image
-inlined (no network needed to view it); and beside it ``report_pages/STAGE.html``, one offline page per dataset to
-read the rows themselves (pipeline/viewer.py), linked from the report's dataset table.
+paired difference from base (pipeline/reporting/breakdown.py), the NetHack comparison and the LLM ledger, with every
+image inlined (no network needed to view it); and beside it ``report_pages/STAGE.html``, one offline page per dataset to
+read the rows themselves (pipeline/reporting/viewer.py), linked from the report's dataset table.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from pipeline.core.artifacts import atomic_write_bytes, atomic_write_json
-from pipeline.report_meta import LEDGER_NOTE, run_section
+from pipeline.reporting.report_meta import LEDGER_NOTE, run_section
 from pipeline.text.config import POLICIES
 
 # track -> [(stage, metric key pattern with a `name` group, summary section)]; a new stage adds a line here.
@@ -211,7 +211,7 @@ def render(metrics_root: Path, dvc_yaml: Path, stages: dict[str, dict[str, Any]]
            episodes: list[dict] | None = None, datasets: list[list[Any]] | None = None, run: str = "",
            sweeps: dict[str, dict[str, Any]] | None = None) -> str:
     """``episodes``: evaluate-text's rows (the deeper tables); ``datasets``: [stage, dataset, rows, page href];
-    ``run``: the "Run" section's HTML (:func:`pipeline.report_meta.run_section`), first; ``sweeps``: the seed
+    ``run``: the "Run" section's HTML (:func:`pipeline.reporting.report_meta.run_section`), first; ``sweeps``: the seed
     sweeps' tables (``seeds.json`` of ``curio sweep seeds``, by sweep name), after the headline."""
     parts = [run] if run else []
     heads = summaries(stages)
@@ -378,7 +378,7 @@ def _dataset_table(datasets: list[list[Any]]) -> str:
 
 
 def _deeper_tables(episodes: list[dict]) -> str:
-    from pipeline.breakdown import held_out, paired_rows, success_by
+    from pipeline.reporting.breakdown import held_out, paired_rows, success_by
 
     rows = held_out(episodes)
     out = []
@@ -393,15 +393,15 @@ def _deeper_tables(episodes: list[dict]) -> str:
     if paired:
         out.append("<h3>Each policy against base on the same tasks</h3><p>d̄ = mean over the T held-out tasks both "
                    "played of (policy's mean success − base's) on that task; SE = sqrt(Σ(d<sub>t</sub> − d̄)² / "
-                   "(T(T−1))) (pipeline/breakdown.py).</p>"
+                   "(T(T−1))) (pipeline/reporting/breakdown.py).</p>"
                    + _table(["policy", "paired difference d̄", "standard error", "tasks T", "d̄ / SE"], paired))
     return "".join(out)
 
 
 def _seed_tables(summary: dict[str, Any]) -> str:
-    """A sweep's tables from its ``seeds.json`` (pipeline/seeds.py's ``seed_summary``), as the text tables lay them
-    out (``table_cells``)."""
-    from pipeline.seeds import Lag, Line, lag_cells, table_cells
+    """A sweep's tables from its ``seeds.json`` (pipeline/reporting/seeds.py's ``seed_summary``), as the text tables lay
+    them out (``table_cells``)."""
+    from pipeline.reporting.seeds import Lag, Line, lag_cells, table_cells
 
     seeds = [r["seed"] for r in summary["runs"]]
     body = ""
@@ -448,7 +448,7 @@ def _evaluation_rows(params: Any) -> list[dict]:
 def write_report(params: Any, dvc_yaml: Path = Path("dvc.yaml"), out: Path | None = None) -> Path:
     """Write the track summaries, the HTML report and its dataset pages (``report_pages/`` beside it); returns the
     report's path."""
-    from pipeline.viewer import PAGES_DIR, write_pages
+    from pipeline.reporting.viewer import PAGES_DIR, write_pages
 
     root = params.metrics_path()
     stages = stage_metrics(root)

@@ -1,8 +1,8 @@
 """`make run`: `dvc repro` with every stage's MLflow run nested under one pipeline run.
 
-    python -m pipeline.run_dvc                  # `dvc repro`, one stage at a time (what `make run` runs)
-    python -m pipeline.run_dvc ARGS...          # `dvc repro ARGS...` (targets, -f, ...)
-    python -m pipeline.run_dvc --side-by-side   # the DAG's independent branches at the same time
+    python -m pipeline.orchestration.run_dvc                  # `dvc repro`, one stage at a time (what `make run` runs)
+    python -m pipeline.orchestration.run_dvc ARGS...          # `dvc repro ARGS...` (targets, -f, ...)
+    python -m pipeline.orchestration.run_dvc --side-by-side   # the DAG's independent branches at the same time
 
 `--side-by-side`: the text track and the NetHack track share no stage, so while `dvc repro` runs the longest
 branch, this process runs each other branch's stages (their dvc.yaml `cmd`, in dependency order, only those

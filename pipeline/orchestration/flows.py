@@ -30,7 +30,7 @@ from pipeline.params import (
     Params,  # noqa: E402
     load_params,  # noqa: E402
 )
-from pipeline.report import stage_metrics, summaries, write_report  # noqa: E402
+from pipeline.reporting.report import stage_metrics, summaries, write_report  # noqa: E402
 from pipeline.text.play import summarize  # noqa: E402
 from pipeline.text.policies import eval_groups  # noqa: E402
 
@@ -67,7 +67,7 @@ def _publish(summary: dict[str, str], params: Params) -> None:
     """Prefect artifacts of a pipeline run: what ran, the headline numbers, a link to the report."""
     from prefect.artifacts import create_markdown_artifact
 
-    from pipeline.artifact_links import files_markdown
+    from pipeline.orchestration.artifact_links import files_markdown
 
     lines = ["| stage | status |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary.items())]
     for track, sections in summaries(stage_metrics(params.metrics_path())).items():
@@ -91,13 +91,13 @@ def pipeline_flow(params_file: str = "params.yaml", overrides: dict[str, Any] | 
     ``dvc commit``ted, so ``dvc.lock`` stays consistent. Overrides never touch params.yaml (a DVC experiment is
     ``dvc exp run -S``): an overridden run writes its own outputs, data and metrics, to
     ``DATA_DIR/prefect/<flow run name>/`` where DVC does not look, reading the unchanged outputs of upstream
-    stages it does not run from ``data/`` (:mod:`pipeline.flow_workspace`). A run that cannot be made (a bad
-    param, an unknown stage, an upstream the overrides change) ends Failed with one line, having created nothing.
+    stages it does not run from ``data/`` (:mod:`pipeline.orchestration.flow_workspace`). A run that cannot be made (a
+    bad param, an unknown stage, an upstream the overrides change) ends Failed with one line, having created nothing.
     """
     from prefect.states import Failed
 
     from pipeline.core.suggest import did_you_mean
-    from pipeline.flow_workspace import Refused
+    from pipeline.orchestration.flow_workspace import Refused
 
     logger = get_run_logger()
 
@@ -139,7 +139,7 @@ def _workspace(params_file: str, params: Params, overrides: dict[str, Any], orde
     here); ``Refused`` (nothing created) when the overrides change an upstream it does not run."""
     from prefect.runtime import flow_run
 
-    from pipeline.flow_workspace import describe, plan, warning, workspace_overrides
+    from pipeline.orchestration.flow_workspace import describe, plan, warning, workspace_overrides
     from pipeline.params_check import NAME as PARAMS_CHECK
 
     logger = get_run_logger()
@@ -330,7 +330,7 @@ def _publish_sweep(rows: list[dict], out: Path, plots: list[Path]) -> None:
     """The sweep as Prefect artifacts: a table (mean ± std over seeds) and the markdown with links to the files."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    from pipeline.artifact_links import files_markdown
+    from pipeline.orchestration.artifact_links import files_markdown
 
     table = [{k: round(v, 4) if isinstance(v, float) else v for k, v in a.items()} for a in aggregate_over_seeds(rows)]
     create_table_artifact(table, key="eval-sweep-table", description="mean and std over seeds per cell")
