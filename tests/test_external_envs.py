@@ -23,7 +23,7 @@ from conftest import REPO, curio, make_project, stage_here
 from pipeline.core.artifacts import read_manifest, read_part, read_rows
 from pipeline.core.config import ConfigError
 from pipeline.core.stage import StageContext, stage_module
-from pipeline.envs.external import EVAL_SEED_BASE, TURN_LIMIT, observation_text
+from pipeline.envs.external import EVAL_SEED_BASE, TURN_LIMIT, ExternalEnvError, observation_text
 from pipeline.params import load_params
 from pipeline.text.policies import game_tasks, make_games
 
@@ -135,6 +135,18 @@ def test_an_openenv_server_that_speaks_chat_messages_is_played_by_them():
                 break
     assert replies[-1].done and 1 <= len(replies) <= 5  # the game's own end, within its 5 moves
     assert all(re.fullmatch(r"Not \d: (higher|lower)\.|Right!|Out of moves: it was \d\.", r.reply) for r in replies)
+
+
+def test_a_textarena_game_that_ends_with_a_reward_that_is_no_number_is_one_line():
+    # ThreeCardMonte-v0 (textarena 0.7.4) passes its reason as the reward of a second invalid move
+    (game,) = make_games(load_params("params.yaml", [groups("textarena:ThreeCardMonte-v0")]))
+    state = game.reset(game.tasks("eval")[0], random.Random(0))
+    first = game.step(state, "the left cup")  # TextArena's one allowed invalid move: a warning, the game goes on
+    assert not first.done and "Reason: 0.0" in first.reply  # the swapped arguments show here too
+    with pytest.raises(ExternalEnvError, match=r"^textarena:ThreeCardMonte-v0: the game ended episode "
+                       r"textarena:ThreeCardMonte-v0-eval-0000 \(seed 1000000\), turn 2 with a reward of 'Bad "
+                       r"action\. Use `\[k\]`\.', not a number \(a fault of the game's code\); choose another game$"):
+        game.step(state, "the right cup")
 
 
 def test_the_built_in_model_needs_a_game_with_a_scripted_player(tmp_path):

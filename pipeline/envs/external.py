@@ -325,7 +325,12 @@ class TextArenaGame(ExternalGame):
                 text, reward = self._messages(state.handle), 0.0
                 if done:
                     rewards, game_info = state.handle.close()
-                    reward = float((rewards or {}).get(0, 0.0))
+                    raw = (rewards or {}).get(0, 0.0)
+                    if isinstance(raw, bool) or not isinstance(raw, int | float):
+                        raise ExternalEnvError(f"{self.name}: the game ended episode {self.where(state)} with a "
+                                               f"reward of {raw!r}, not a number (a fault of the game's code); "
+                                               "choose another game")
+                    reward = float(raw)
                     reason = (game_info or {}).get(0, {}).get("reason")
                     text = f"{text}\n{reason}".strip() if reason else text
             out.append((text, reward, bool(done)))
