@@ -33,7 +33,7 @@ from pipeline.core.config import ConfigError, dvc_set_param, parse_override, pre
 from pipeline.core.errors import CurioError, disk_full
 from pipeline.core.locks import WAIT_ENV, hold
 from pipeline.core.registry import STAGES
-from pipeline.params import load_params
+from pipeline.params import kept_values, load_params
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a closed network
 
@@ -320,7 +320,7 @@ def generate(check: Annotated[bool, typer.Option(help="write nothing; exit 1 if 
     this command's parser, in the current checkout. params.yaml keeps the values it holds unless --defaults."""
     from pathlib import Path
 
-    from pipeline.generate import current_params, kept_values  # imports every stage: only for this command
+    from pipeline.generate import current_params  # imports every stage: only for this command
     from pipeline.generate import generate as write
 
     stale = write(check=check, defaults=defaults, cli=parser())

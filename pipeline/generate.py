@@ -363,17 +363,6 @@ def current_params(path: Path) -> Params | None:
         return None
 
 
-def kept_values(params: Params) -> list[str]:
-    """``key=value (default d)`` for each value of ``params`` that is not the schema's default."""
-    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(d, dict) and d:
-            return {k: v for name, sub in d.items() for k, v in leaves(sub, f"{prefix}{name}.").items()}
-        return {prefix.rstrip("."): d}
-
-    mine, default = leaves(params.model_dump(mode="json")), leaves(Params().model_dump(mode="json"))
-    return [f"{k}={v!r} (default {default.get(k)!r})" for k, v in mine.items() if default.get(k) != v]
-
-
 def outputs(root: Path = Path("."), defaults: bool = False, cli: Any = None) -> dict[Path, str]:
     """Each generated file and what it should hold; docs/cli.md when given the ``curio`` parser (``cli``:
     :func:`pipeline.cli.parser`, which imports this module, so it is passed in)."""

@@ -133,6 +133,17 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | dict[st
     return params
 
 
+def kept_values(params: Params) -> list[str]:
+    """``key=value (default d)`` for each value of ``params`` that is not the schema's default."""
+    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(d, dict) and d:
+            return {k: v for name, sub in d.items() for k, v in leaves(sub, f"{prefix}{name}.").items()}
+        return {prefix.rstrip("."): d}
+
+    mine, default = leaves(params.model_dump(mode="json")), leaves(Params().model_dump(mode="json"))
+    return [f"{k}={v!r} (default {default.get(k)!r})" for k, v in mine.items() if default.get(k) != v]
+
+
 #: rl-text's algorithms that play with the weights they train at every step, in the stage's process: hf only
 #: (GRPO and filtered BC play each round's weights on the configured backend: pipeline/rl_text/serving.py).
 IN_PROCESS_RL = ("archer", "chai")

@@ -54,7 +54,7 @@ def test_check_names_a_stale_dvc_yaml_and_generate_rewrites_it(tmp_path):
 
 def test_generate_keeps_the_values_of_params_yaml_unless_asked_for_the_defaults(tmp_path):
     """params.yaml's shape and help come from the schema; its values are the user's baseline until --defaults."""
-    from pipeline.generate import kept_values
+    from pipeline.params import kept_values
 
     copy_generated(tmp_path, ("dvc.yaml", "pipeline/core/registry.py", "docs/params.md", "docs/metrics.md"))
     (tmp_path / "params.yaml").write_text("seed: 3\nrollout_text:\n  top_p: 0.9\n")  # hand-written, partial

@@ -96,8 +96,7 @@ def _when(ms: int | None) -> str:
 
 def run_section(params: Any) -> str:
     """The "Run" section's HTML: commit, date, params hash, non-default params, links to each stage's MLflow run."""
-    from pipeline.generate import kept_values
-    from pipeline.params import Params
+    from pipeline.params import Params, kept_values
 
     esc = html.escape
     rows, ui = stage_runs(params)
