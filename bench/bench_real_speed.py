@@ -104,7 +104,7 @@ def _hf_play(params, batch: int, drop_finished: float, dtype: str, cpu_linear: s
     from pipeline.text.policies import game_tasks, load_policy_backend, make_games
 
     games = make_games(params)
-    pool = [(g, t) for g in games for t in game_tasks(params, g, "train")]
+    pool = [(g, t) for g in games for t in game_tasks(params.games, g, "train")]
     jobs = [(g, t, i // len(pool)) for i, (g, t) in enumerate(pool[i % len(pool)] for i in range(batch))]
     backend = load_policy_backend(params.model_copy(update={"policy": params.policy.model_copy(
         update={"drop_finished": drop_finished, "dtype": dtype, "cpu_linear": cpu_linear})}), "base",

@@ -69,10 +69,10 @@ def evaluate_policy(params: Params, policy: str, split: str, seed: int, k: int, 
                     groups: list[str] | None = None) -> list[dict]:
     """Play every task of ``split`` in ``groups`` (default: the evaluation groups) k times with the named
     policy; episode rows."""
-    groups = eval_groups(params) if groups is None else groups
+    groups = eval_groups(params.games) if groups is None else groups
     backend = load_policy_backend(params, policy, groups=groups)
     games = make_games(params, groups)
-    jobs = [(g, t, s) for g in games for t in game_tasks(params, g, split) for s in range(k)]
+    jobs = [(g, t, s) for g in games for t in game_tasks(params.games, g, split) for s in range(k)]
     sampling = sampling_from_config(params.rollout_text, temperature=temperature)
     try:
         return play_episodes(backend, jobs, sampling, seed=seed,
@@ -153,7 +153,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
             params_hash=params.section_hash(STAGE.params), upstream=upstream, schema=EPISODE_SCHEMA, desc="policies",
         )
     rows = read_rows(out)
-    groups = eval_groups(params)
+    groups = eval_groups(params.games)
     results = {p: summarize([r for r in rows if r["policy"] == p]) for p in policies}
     per_group = group_summaries(rows, policies, groups)
     plots = params.plots_path()

@@ -138,7 +138,7 @@ def run_curriculum(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.rollout_text
     out = params.data_path("rollout_text")
     policy = load_policy_backend(params, "base")
-    jobs = [(g, t) for g in make_games(params) for t in game_tasks(params, g, "train")]
+    jobs = [(g, t) for g in make_games(params) for t in game_tasks(params.games, g, "train")]
     bar = tqdm(total=0, desc="rollout episodes", unit="ep")
     rounds = CurriculumRounds(params, jobs, out, policy, on_turn=bar.update)
     bar.total = rounds.num_rounds * rounds.per_round * cfg.trajectories_per_task
@@ -155,7 +155,8 @@ def run_curriculum(params: Params, ctx: StageContext) -> StageResult:
 
 def rollout_state(params: Params) -> tuple[ChatBackend, dict[str, tuple[Game, Task]]]:
     """What every rollout chunk shares, built once per process: the base policy and the train tasks by key."""
-    tasks = {task_key(g.name, t.task_id): (g, t) for g in make_games(params) for t in game_tasks(params, g, "train")}
+    tasks = {task_key(g.name, t.task_id): (g, t) for g in make_games(params)
+             for t in game_tasks(params.games, g, "train")}
     return load_policy_backend(params, "base"), tasks
 
 
@@ -176,7 +177,7 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     out = params.data_path("rollout_text")
     # Chunks as data (task keys): any runner's worker loads the policy once and plays the chunks it is given.
     with environment_accounting() as environment:
-        keys = [task_key(g.name, t.task_id) for g in make_games(params) for t in game_tasks(params, g, "train")]
+        keys = [task_key(g.name, t.task_id) for g in make_games(params) for t in game_tasks(params.games, g, "train")]
         chunks = [keys[i : i + cfg.tasks_per_chunk] for i in range(0, len(keys), cfg.tasks_per_chunk)]
         bar = tqdm(total=len(keys) * cfg.trajectories_per_task, desc="rollout episodes", unit="ep")
         run_chunked(out, num_chunks=len(chunks),

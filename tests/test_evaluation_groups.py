@@ -68,8 +68,8 @@ def test_evaluate_text_reports_success_and_turns_per_group(tmp_path):
 
 # -- leave-one-group-out -----------------------------------------------------------------------------------
 def test_eval_groups_default_to_the_training_groups(tmp_path):
-    assert eval_groups(params_in(tmp_path)) == GROUPS[:2]
-    assert eval_groups(params_in(tmp_path, "games.eval_groups=[mastermind]")) == ["mastermind"]
+    assert eval_groups(params_in(tmp_path).games) == GROUPS[:2]
+    assert eval_groups(params_in(tmp_path, "games.eval_groups=[mastermind]").games) == ["mastermind"]
     with pytest.raises(ConfigError, match="games.eval_groups"):
         params_in(tmp_path, "games.eval_groups=[]")
 

@@ -102,12 +102,12 @@ def test_tasks_are_the_environments_seeds_and_the_splits_are_disjoint():
     for group in (f"{GUESS}@train=40,eval=10", "openenv:http://127.0.0.1:9@train=40,eval=10"):
         params = load_params("params.yaml", [groups(group), "games.val_fraction=0.25"])
         (game,) = make_games(params)  # no server is contacted for the tasks: they are seeds
-        train, val, held_out = (seeds(game_tasks(params, game, s)) for s in ("train", "val", "eval"))
+        train, val, held_out = (seeds(game_tasks(params.games, game, s)) for s in ("train", "val", "eval"))
         assert len(train) == 30 and len(val) == 10 and len(held_out) == 10
         assert not set(train) & set(val) and not set(train) & set(held_out) and not set(val) & set(held_out)
         assert sorted(train + val) == list(range(40))  # val is carved out of the train seeds
         assert held_out == list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 10))
-        assert seeds(game_tasks(params, make_games(params)[0], "val")) == val  # the same val every run
+        assert seeds(game_tasks(params.games, make_games(params)[0], "val")) == val  # the same val every run
 
 
 def test_an_openenv_observation_says_its_chat_messages_else_its_text_fields():
@@ -209,7 +209,7 @@ def test_an_openenv_game_plays_through_every_text_stage(tmp_path, base):
             "evaluate_text.policies=[base, rl]", "games.val_fraction=0.25", "rl_text.max_val_tasks=2",
             "rl_text.val_trajectories=2"])
         (game,) = make_games(params)
-        train_seeds, val_seeds = (set(seeds(game_tasks(params, game, s))) for s in ("train", "val"))
+        train_seeds, val_seeds = (set(seeds(game_tasks(params.games, game, s))) for s in ("train", "val"))
         (tmp_path / "data").mkdir()
         os.symlink(base, tmp_path / "data" / "bootstrap")
         run = {name: stage_module(name).run(params, StageContext()).metrics

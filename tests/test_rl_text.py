@@ -185,16 +185,16 @@ def test_val_split_is_carved_from_train_deterministically_and_none_leaves_train_
     default = Params()
     base = default.model_copy(update={"games": default.games.model_copy(update={"val_fraction": 0.0})})
     game = make_games(base)[0]
-    assert game_tasks(base, game, "train") == game.tasks("train")
+    assert game_tasks(base.games, game, "train") == game.tasks("train")
     with pytest.raises(ValueError, match="val_fraction"):
-        game_tasks(base, game, "val")
+        game_tasks(base.games, game, "val")
     carved = base.model_copy(update={"games": base.games.model_copy(update={"val_fraction": 0.2})})
-    train, val = game_tasks(carved, game, "train"), game_tasks(carved, game, "val")
+    train, val = game_tasks(carved.games, game, "train"), game_tasks(carved.games, game, "val")
     assert len(val) == round(0.2 * len(game.tasks("train"))) and not {t.task_id for t in train} & {
         t.task_id for t in val}
     assert sorted(t.task_id for t in train + val) == sorted(t.task_id for t in game.tasks("train"))
-    assert val == game_tasks(carved, make_games(carved)[0], "val")  # the same tasks every run
-    assert not {t.task_id for t in val} & {t.task_id for t in game_tasks(carved, game, "eval")}
+    assert val == game_tasks(carved.games, make_games(carved)[0], "val")  # the same tasks every run
+    assert not {t.task_id for t in val} & {t.task_id for t in game_tasks(carved.games, game, "eval")}
 
 
 def test_rl_text_dispatches_on_algorithm_and_drops_the_other_algorithms_outputs(tmp_path, monkeypatch):

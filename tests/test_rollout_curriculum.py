@@ -140,7 +140,7 @@ def test_disabled_curriculum_plays_every_train_task_k_times_in_chunks(tmp_path):
 def test_default_rounds_match_the_uniform_episode_budget(tmp_path):
     params = params_in(tmp_path, "rollout_text.curriculum.enabled=true", "rollout_text.curriculum.tasks_per_round=5")
     games = rollout.make_games(params)
-    jobs = [(g, t) for g in games for t in rollout.game_tasks(params, g, "train")]
+    jobs = [(g, t) for g in games for t in rollout.game_tasks(params.games, g, "train")]
     rounds = rollout.CurriculumRounds(params, jobs, tmp_path / "rollout_text")
     assert rounds.num_rounds == 4  # ceil(16 tasks / 5 per round): as many plays as every task once (or a few more)
     by_group = rollout.CurriculumRounds(

@@ -182,7 +182,7 @@ def test_grpo_rounds_of_smollm2_on_one_server_and_the_served_weights_are_the_tra
     try:
         backend.load_weights(second)
         game = make_games(params)[0]
-        jobs = [(game, t, 0) for t in game_tasks(params, game, "val")[:4]]
+        jobs = [(game, t, 0) for t in game_tasks(params.games, game, "val")[:4]]
         greedy = params.rollout_text.model_copy(update={"temperature": 0.0})
         from pipeline.llm import sampling_from_config
 

@@ -301,7 +301,7 @@ def eval_sweep_flow(params_file: str = "params.yaml", checkpoints: list[str] | N
     params = _params(params_file, overrides)
     cfg = params.eval_sweep
     k = trajectories_per_task or params.evaluate_text.trajectories_per_task
-    groups = list(groups or cfg.groups or eval_groups(params))
+    groups = list(groups or cfg.groups or eval_groups(params.games))
     cells = [(c, s, seed) for c in checkpoints or cfg.checkpoints for s in splits or cfg.splits
              for seed in seeds or cfg.seeds]
     # params.runner picks where the cells run: eval_sweep.max_workers threads here, or Dask / Ray workers

@@ -101,7 +101,7 @@ def round_episodes(params: Params, jobs: list[tuple[Game, Task]], r: int,
 def train_jobs(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
     """The train tasks the rounds draw from: ``rl_text.max_train_tasks`` per group (null: ``games.max_train_tasks``,
     the tasks rollout-text played)."""
-    return [(g, t) for g in games for t in game_tasks(params, g, "train", cap=params.rl_text.max_train_tasks)]
+    return [(g, t) for g in games for t in game_tasks(params.games, g, "train", cap=params.rl_text.max_train_tasks)]
 
 
 def episode_jobs(jobs: list[tuple[Game, Task]], keys: list[tuple[str, int]]) -> list[tuple[Game, Task, int]]:
@@ -137,7 +137,7 @@ def val_jobs_of(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
     if params.games.val_fraction == 0 or params.rl_text.val_trajectories == 0:
         return []
     cap = params.rl_text.max_val_tasks or 0
-    return [(g, t) for g in games for t in game_tasks(params, g, "val", cap=cap)]
+    return [(g, t) for g in games for t in game_tasks(params.games, g, "val", cap=cap)]
 
 
 def val_success(params: Params, policy: ChatBackend, val_jobs) -> float | None:

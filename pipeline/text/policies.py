@@ -18,7 +18,7 @@ from pipeline.llm.base import ChatBackend
 from pipeline.llm.config import LLMConfig
 from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
-from pipeline.text.config import parse_noise
+from pipeline.text.config import GamesConfig, parse_noise
 from pipeline.text.scripted import ScriptedPolicy
 
 
@@ -87,9 +87,9 @@ def load_policy_backend(params: ParamsSlice, name_or_path: str, batch_size: int 
     return make_backend(cfg, role="policy")
 
 
-def eval_groups(params: ParamsSlice) -> list[str]:
+def eval_groups(games: GamesConfig) -> list[str]:
     """The task groups evaluation plays: ``games.eval_groups``, or the training groups when that is null."""
-    return list(params.games.eval_groups or params.games.groups)
+    return list(games.eval_groups or games.groups)
 
 
 def make_games(params: ParamsSlice, groups: list[str] | None = None) -> list[Game]:
@@ -101,24 +101,24 @@ def make_games(params: ParamsSlice, groups: list[str] | None = None) -> list[Gam
     for game in games:
         game.free_answers = params.policy.free_answers
         if params.policy.format_prompt != "game":
-            game.format_note = format_note(game, params.policy.format_prompt, game_tasks(params, game, "train")[0])
+            first = game_tasks(params.games, game, "train")[0]
+            game.format_note = format_note(game, params.policy.format_prompt, first)
     return games
 
 
-def game_tasks(params: ParamsSlice, game: Game, split: Split | Literal["val"], cap: int | None = None
-               ) -> list[Task]:
-    """Tasks of ``split``: ``eval`` is the game's held-out split; ``val`` is ``games.val_fraction`` of its train
-    tasks, carved out of ``train`` (the same ones every run), for choosing hyperparameters without the held-out
-    split. Caps: ``max_train_tasks`` on train, ``max_eval_tasks`` on val and eval; ``cap`` instead when given
-    (0 = none)."""
+def game_tasks(games: GamesConfig, game: Game, split: Split | Literal["val"], cap: int | None = None) -> list[Task]:
+    """Tasks of ``split``, as the ``games`` params section says: ``eval`` is the game's held-out split; ``val`` is
+    ``games.val_fraction`` of its train tasks, carved out of ``train`` (the same ones every run), for choosing
+    hyperparameters without the held-out split. Caps: ``max_train_tasks`` on train, ``max_eval_tasks`` on val and
+    eval; ``cap`` instead when given (0 = none)."""
     tasks = game.tasks("eval" if split == "eval" else "train")
-    if split != "eval" and params.games.val_fraction > 0:
+    if split != "eval" and games.val_fraction > 0:
         order = list(range(len(tasks)))
         random.Random(f"val-split/{game.name}").shuffle(order)
-        val = set(order[: max(1, round(params.games.val_fraction * len(tasks)))])
+        val = set(order[: max(1, round(games.val_fraction * len(tasks)))])
         tasks = [t for i, t in enumerate(tasks) if (i in val) == (split == "val")]
     elif split == "val":
         raise ValueError("split 'val' needs games.val_fraction > 0")
     if cap is None:
-        cap = params.games.max_train_tasks if split == "train" else params.games.max_eval_tasks
+        cap = games.max_train_tasks if split == "train" else games.max_eval_tasks
     return tasks[:cap] if cap else tasks

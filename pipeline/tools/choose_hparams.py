@@ -244,7 +244,7 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
             src, seed = materialize(run, out)
             seed_set = [f"seed={seed}"]
         params = load_params("params.yaml", [*base, *seed_set, f"data_dir={src}"])
-        groups = eval_groups(params)
+        groups = eval_groups(params.games)
         for policy in policies:
             label = f"{policy} (the run's)"
             if (run, label) in done:

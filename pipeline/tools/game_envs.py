@@ -36,7 +36,7 @@ def served_tasks(params: Any, group: str, split: str) -> tuple[Game, list[Task]]
         raise ToolError(f"{group!r}: {e}") from None
     game = make_games(params, [group])[0]
     try:
-        tasks = game_tasks(params, game, split)  # type: ignore[arg-type]
+        tasks = game_tasks(params.games, game, split)  # type: ignore[arg-type]
     except ValueError as e:  # val without games.val_fraction
         raise ToolError(f"{group} {split}: {e}") from None
     if not tasks:
