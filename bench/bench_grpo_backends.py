@@ -61,7 +61,7 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
         :max(1, val_tasks // len(games))]]
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
-    player = PolicyPlayer(params)
+    player = PolicyPlayer(params.policy, params.rollout_text.batch_size)
     times: dict[str, float] = {}
     try:
         start = time.perf_counter()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import os
 import statistics
@@ -58,6 +59,14 @@ def evaluate_module():
         return importlib.import_module("stages.evaluate_text")
     except ModuleNotFoundError:
         return importlib.import_module("stages.evaluate")
+
+
+def player(policy_player, params):
+    """The code on ``sys.path``'s ``PolicyPlayer``: of the policy section and the batch size, or (before they were
+    passed) of the whole params."""
+    if "batch_size" in inspect.signature(policy_player).parameters:
+        return policy_player(params.policy, params.rollout_text.batch_size)
+    return policy_player(params)
 
 
 def accepted_params(run: Path, scratch: Path) -> tuple[Path, list[str]]:
@@ -126,7 +135,7 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     try:  # the val pass plays on the configured backend (pipeline.rl_text.serving), or on hf before it
         from pipeline.rl_text.serving import PolicyPlayer
 
-        success = rounds.val_success(params, PolicyPlayer(params).backend(dpo, model, tokenizer), val)
+        success = rounds.val_success(params, player(PolicyPlayer, params).backend(dpo, model, tokenizer), val)
     except ModuleNotFoundError:
         success = rounds.val_success(params, model, tokenizer, dpo, val)
     val_s = time.perf_counter() - start
@@ -167,7 +176,7 @@ def play(run: Path, tasks: int, out: Path) -> int:
     episodes = [(g, t, s) for g, t in picked for s in range(params.rl_text.trajectories_per_task)]
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
-    policy = PolicyPlayer(params).backend(dpo, model, tokenizer)
+    policy = PolicyPlayer(params.policy, params.rollout_text.batch_size).backend(dpo, model, tokenizer)
     rows = play_episodes(policy, episodes, sampling_from_config(params.rollout_text),
                          seed=chunk_seed(params.seed, "bench", 0), token_ids=True,
                          max_format_retries=params.rollout_text.max_format_retries)

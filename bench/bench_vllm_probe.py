@@ -59,7 +59,8 @@ def main() -> int:
     ids = probe_ids(tokenizer)
     print(f"server: {server_python()}; model {model_dir}; probe {len(ids)} tokens; "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; load average {os.getloadavg()[0]:.1f}")
-    player = PolicyPlayer(load_params(str(REPO / "params.yaml"), ["policy.backend=vllm"]))
+    params = load_params(str(REPO / "params.yaml"), ["policy.backend=vllm"])
+    player = PolicyPlayer(params.policy, params.rollout_text.batch_size)
     try:
         backend = player.backend(model_dir, model, tokenizer)
         served = backend.prompt_logprobs([ids])[0]

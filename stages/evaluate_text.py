@@ -27,7 +27,7 @@ NAME = "evaluate-text"
 
 
 def _needs(params: Params) -> list[str]:
-    return policy_deps(params, *params.evaluate_text.policies)  # the policies it evaluates
+    return policy_deps(params.policy, *params.evaluate_text.policies)  # the policies it evaluates
 
 
 METRIC_HELP = {

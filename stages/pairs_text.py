@@ -40,7 +40,8 @@ NAME = "pairs-text"
 
 def _needs(params: Params) -> list[str]:
     # the base policy continues the conversations of the multi-turn strategy only
-    return ["data/annotate_text", *(policy_deps(params, "base") if params.pairs_text.strategy == "multiturn" else [])]
+    multiturn = params.pairs_text.strategy == "multiturn"
+    return ["data/annotate_text", *(policy_deps(params.policy, "base") if multiturn else [])]
 
 
 METRIC_HELP = {

@@ -25,7 +25,7 @@ NAME = "reflogprobs"
 
 
 def _needs(params: Params) -> list[str]:
-    return ["data/pairs_text", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # the reference
+    return ["data/pairs_text", *policy_deps(params.policy, params.train_policy.dpo.init, served=False)]  # the reference
 
 
 METRIC_HELP = {

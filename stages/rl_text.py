@@ -36,7 +36,7 @@ from pipeline.text.policies import policy_deps
 
 def _needs(params: Params) -> list[str]:
     reward_model = ["data/reward_model_text"] if params.rl_text.reward == "motif" else []
-    return policy_deps(params, "dpo", served=False) + reward_model  # every algorithm starts from the DPO policy
+    return policy_deps(params.policy, "dpo", served=False) + reward_model  # every algorithm starts from the DPO policy
 
 
 METRIC_HELP = {

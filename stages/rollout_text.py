@@ -39,7 +39,7 @@ NAME = "rollout-text"
 
 
 def _needs(params: Params) -> list[str]:
-    return policy_deps(params, "base")  # the policy it plays
+    return policy_deps(params.policy, "base")  # the policy it plays
 
 
 METRIC_HELP = {

@@ -32,7 +32,7 @@ NAME = "train-dpo"
 
 
 def _needs(params: Params) -> list[str]:
-    return ["data/reflogprobs", *policy_deps(params, params.train_policy.dpo.init, served=False)]  # its init
+    return ["data/reflogprobs", *policy_deps(params.policy, params.train_policy.dpo.init, served=False)]  # its init
 
 
 METRIC_HELP = {

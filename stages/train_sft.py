@@ -19,7 +19,7 @@ NAME = "train-sft"
 
 
 def _needs(params: Params) -> list[str]:
-    return ["data/pairs_text", *policy_deps(params, "base", served=False)]  # trained from the base policy
+    return ["data/pairs_text", *policy_deps(params.policy, "base", served=False)]  # trained from the base policy
 
 
 METRIC_HELP = phase_metric_help("sft", "trajectories", "SFT trajectories")

@@ -160,7 +160,8 @@ def test_the_rl_server_reads_no_generation_config(served, bootstrapped, tmp_path
     from pipeline.rl_text.serving import PolicyPlayer
 
     weights = bootstrapped / "data" / "bootstrap" / "model"
-    player = PolicyPlayer(load_params("params.yaml", ["policy.backend=vllm"]))
+    params = load_params("params.yaml", ["policy.backend=vllm"])
+    player = PolicyPlayer(params.policy, params.rollout_text.batch_size)
     try:
         player.backend(weights, *load_policy(weights))
         (pid,) = pids(served)
@@ -203,7 +204,8 @@ def test_the_served_weights_are_checked_after_each_load(served, bootstrapped, tm
     model, tokenizer = load_policy(first)
     moved = perturbed(model, 0.5)
     tiny.save(moved, tokenizer, tmp_path / "round-000")
-    player = PolicyPlayer(load_params("params.yaml", ["policy.backend=vllm"]))
+    params = load_params("params.yaml", ["policy.backend=vllm"])
+    player = PolicyPlayer(params.policy, params.rollout_text.batch_size)
     try:
         player.backend(first, model, tokenizer)
         if not stale:

@@ -206,7 +206,8 @@ def run_rounds(params: Params, ctx: StageContext, learner: Learner, name: str) -
     curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
     scratch = keyed_dir(out / "checkpoints", run_key(key, init_hash)) if "checkpoints" in learner.outputs else None
-    player = PolicyPlayer(params)  # the configured backend; on vLLM, the run's one server
+    # the configured backend; on vLLM, the run's one server
+    player = PolicyPlayer(params.policy, params.rollout_text.batch_size)
     start = rounds_dir / "round-start"  # the DPO policy's own val result: round 0 of the early stopping
     current, episodes, history, timings = Path(init), 0, [], {}
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pipeline.core.config import ConfigError
 from pipeline.llm.base import ChatBackend
-from pipeline.params import Params
+from pipeline.text.config import PolicyConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +87,11 @@ def probe_tolerance(dtype: str) -> float:
 
 class PolicyPlayer:
     """The backend an online algorithm plays its policy with, round after round (``backend``), and the one server
-    of a vLLM run; ``close`` stops it."""
+    of a vLLM run; ``close`` stops it. ``policy``: the ``policy`` params section; ``batch_size``: how many episodes
+    play at once (``rollout_text.batch_size``)."""
 
-    def __init__(self, params: Params) -> None:
-        self.params = params
+    def __init__(self, policy: PolicyConfig, batch_size: int) -> None:
+        self.policy, self.batch_size = policy, batch_size
         self.server = None  # pipeline.llm.vllm.VLLMBackend of a vllm policy, once started
         self.serving: Path | None = None
         self.digest: str | None = None
@@ -99,11 +100,11 @@ class PolicyPlayer:
 
     def backend(self, weights: Path, model, tokenizer) -> ChatBackend:
         """A backend playing the policy whose weights are saved in ``weights`` (``model`` holds them in memory)."""
-        policy = self.params.policy
+        policy = self.policy
         if policy.backend == "hf":
             from pipeline.llm.hf import HFBackend
 
-            return HFBackend(weights, batch_size=self.params.rollout_text.batch_size, model_obj=model,
+            return HFBackend(weights, batch_size=self.batch_size, model_obj=model,
                              tokenizer=tokenizer, drop_finished=policy.drop_finished, dtype=policy.dtype,
                              cpu_linear=policy.cpu_linear, kv_cache_bytes=int(policy.kv_cache_gib * 2**30))
         if policy.backend != "vllm":
@@ -136,7 +137,7 @@ class PolicyPlayer:
     def _start(self, weights: Path):
         from pipeline.llm.vllm import VLLMBackend
 
-        policy, batch = self.params.policy, self.params.rollout_text.batch_size
+        policy, batch = self.policy, self.batch_size
         return VLLMBackend(str(weights), device=policy.device, dtype=policy.dtype, server_args=SERVER_ARGS,
                            weight_updates=True, max_concurrency=batch, max_tokens=8192, timeout_s=900.0)
 
@@ -147,7 +148,7 @@ class PolicyPlayer:
             self.serving = None
 
     def metrics(self) -> dict[str, float]:
-        if self.params.policy.backend != "vllm":
+        if self.policy.backend != "vllm":
             return {}
         probe = {"rl/served_probe_gap": max(self.probe_gaps)} if self.probe_gaps else {}
         return {"rl/server_starts": self.starts, **probe}

@@ -18,7 +18,7 @@ from pipeline.llm.base import ChatBackend
 from pipeline.llm.config import LLMConfig
 from pipeline.models.gguf import resolve_model
 from pipeline.models.tiny import is_builtin
-from pipeline.text.config import GamesConfig, parse_noise
+from pipeline.text.config import GamesConfig, PolicyConfig, parse_noise
 from pipeline.text.scripted import ScriptedPolicy
 
 
@@ -41,13 +41,14 @@ POLICY_DEPS = {"base": "data/bootstrap", "sft": "data/train_policy/sft", "dpo": 
                "rl": "data/rl_text"}
 
 
-def policy_deps(params: ParamsSlice, *names: str, served: bool = True) -> list[str]:
-    """The data deps holding the named policies (a stage's ``needs``, :class:`pipeline.core.stage.Stage`): the
-    base policy only when it is the built-in model (a real ``policy.model`` is the model itself), and, for a
-    policy ``served`` by its backend (not trained from), none for the scripted backend, which loads no weights."""
-    if served and params.policy.backend == "scripted":
+def policy_deps(policy: PolicyConfig, *names: str, served: bool = True) -> list[str]:
+    """The data deps holding the named policies (a stage's ``needs``, :class:`pipeline.core.stage.Stage`), from the
+    ``policy`` params section: the base policy only when it is the built-in model (a real ``policy.model`` is the
+    model itself), and, for a policy ``served`` by its backend (not trained from), none for the scripted backend,
+    which loads no weights."""
+    if served and policy.backend == "scripted":
         return []
-    return [POLICY_DEPS[n] for n in names if n in POLICY_DEPS and (n != "base" or is_builtin(params.policy.model))]
+    return [POLICY_DEPS[n] for n in names if n in POLICY_DEPS and (n != "base" or is_builtin(policy.model))]
 
 
 def require_policy(params: ParamsSlice, name: str) -> str:
