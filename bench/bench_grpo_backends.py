@@ -55,9 +55,11 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
                                                f"policy.backend={backend}"])
     games = make_games(params)
     per_group = max(1, tasks // len(games))
-    jobs = [(g, t, s) for g in games for _, t in [j for j in train_jobs(params, games) if j[0] is g][:per_group]
+    train = train_jobs(params.games, params.rl_text.max_train_tasks, games)
+    jobs = [(g, t, s) for g in games for _, t in [j for j in train if j[0] is g][:per_group]
             for s in range(params.rl_text.trajectories_per_task)]
-    val = [(g, t) for g in games for _, t in [v for v in rounds.val_jobs_of(params, games) if v[0] is g][
+    every_val = rounds.val_jobs_of(params.games, params.rl_text, games)
+    val = [(g, t) for g in games for _, t in [v for v in every_val if v[0] is g][
         :max(1, val_tasks // len(games))]]
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
@@ -68,7 +70,8 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
         policy = player.backend(dpo, model, tokenizer)
         times["start_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        rows = play_episodes(policy, jobs, rounds.round_sampling(params), token_ids=True,
+        sampling = rounds.round_sampling(params.rl_text.sampling, params.rollout_text.max_new_tokens)
+        rows = play_episodes(policy, jobs, sampling, token_ids=True,
                              seed=chunk_seed(params.seed, "bench", 0),
                              max_format_retries=params.rollout_text.max_format_retries)
         times["play_s"] = time.perf_counter() - start

@@ -54,7 +54,7 @@ def child(run: Path, tasks: int) -> dict:
     game_list = make_games(params)
     games = {g.name: g for g in game_list}
     keyed = [(task_key(r["group"], r["task_id"]), r["sample"]) for r in rows]
-    jobs = episode_jobs(train_jobs(params, game_list), keyed)
+    jobs = episode_jobs(train_jobs(params.games, params.rl_text.max_train_tasks, game_list), keyed)
     dpo = params.data_path("train_policy", "dpo")
     model, tokenizer = load_policy(dpo, params.policy.device)
     policy = HFBackend(dpo, batch_size=params.rollout_text.batch_size, model_obj=model, tokenizer=tokenizer,

@@ -81,7 +81,7 @@ def main() -> int:
     game = make_games(params)[0]
     k = params.rl_text.trajectories_per_task
     jobs = [(game, t, s) for t in game.tasks("train")[: args.tasks] for s in range(k)]
-    default = round_sampling(params)
+    default = round_sampling(params.rl_text.sampling, params.rollout_text.max_new_tokens)
     sides = {"untruncated (rl_text.sampling)": default,
              f"min-p {args.min_p} kept": Sampling(temperature=default.temperature, min_p=args.min_p, top_k=0,
                                                   max_tokens=default.max_tokens)}

@@ -69,6 +69,14 @@ def player(policy_player, params):
     return policy_player(params)
 
 
+def val_jobs(rounds, params, game_list: list) -> list:
+    """``val_jobs_of`` of the code on ``sys.path``: from the games and rl_text sections, or (before they were passed)
+    from the whole params."""
+    if "games_cfg" in inspect.signature(rounds.val_jobs_of).parameters:
+        return rounds.val_jobs_of(params.games, params.rl_text, game_list)
+    return rounds.val_jobs_of(params, game_list)
+
+
 def accepted_params(run: Path, scratch: Path) -> tuple[Path, list[str]]:
     """A params file the code on ``sys.path`` reads: the run's params.yaml, less each key that code refuses as
     unknown (a key added after ``REF``), written into ``scratch``; and those keys."""
@@ -128,7 +136,7 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     model = model.merge_and_unload().eval()
     # the val pass: pipeline/rl_text/rounds.py's since the rounds were shared, grpo's before
     rounds = grpo if hasattr(grpo, "val_jobs_of") else importlib.import_module("pipeline.rl_text.rounds")
-    val = rounds.val_jobs_of(params, game_list)
+    val = val_jobs(rounds, params, game_list)
     cap = val_tasks // max(1, len(game_list))
     val = [j for g in game_list for j in [v for v in val if v[0] is g][:cap]]
     start = time.perf_counter()
@@ -170,7 +178,7 @@ def play(run: Path, tasks: int, out: Path) -> int:
 
     params = load_params(run / "params.yaml", [f"data_dir={run / 'data'}", "tracking.enabled=false"])
     games = make_games(params)
-    jobs = train_jobs(params, games)
+    jobs = train_jobs(params.games, params.rl_text.max_train_tasks, games)
     per_group = max(1, tasks // len(games))
     picked = [j for g in games for j in [j for j in jobs if j[0] is g][:per_group]]
     episodes = [(g, t, s) for g, t in picked for s in range(params.rl_text.trajectories_per_task)]

@@ -387,13 +387,15 @@ def test_rl_rounds_draw_from_their_own_count_of_train_tasks_and_never_from_val()
     base = ["games.groups=[twenty_questions]", "games.max_train_tasks=2", "games.val_fraction=0.2"]
     games = make_games(load_params("params.yaml", base))
     follow = load_params("params.yaml", base)  # null: the tasks rollout-text played
-    assert [t.task_id for _, t in train_jobs(follow, games)] == [t.task_id for t in game_tasks(follow.games, games[0],
-                                                                                                "train")][:2]
+    def jobs(params):
+        return train_jobs(params.games, params.rl_text.max_train_tasks, games)
+
+    assert [t.task_id for _, t in jobs(follow)] == [t.task_id for t in game_tasks(follow.games, games[0], "train")][:2]
     five = load_params("params.yaml", [*base, "rl_text.max_train_tasks=5"])
     every = load_params("params.yaml", [*base, "rl_text.max_train_tasks=0"])
     val = {t.task_id for t in game_tasks(every.games, games[0], "val")}
-    assert len(train_jobs(five, games)) == 5 and train_jobs(five, games)[:2] == train_jobs(follow, games)
-    all_train = {t.task_id for _, t in train_jobs(every, games)}
+    assert len(jobs(five)) == 5 and jobs(five)[:2] == jobs(follow)
+    all_train = {t.task_id for _, t in jobs(every)}
     assert len(all_train) + len(val) == len(games[0].tasks("train")) and not all_train & val
 
 
@@ -408,11 +410,11 @@ def test_rl_val_rounds_take_their_own_cap_not_evaluations():
     game = make_games(params)[0]
     every_val = game_tasks(params.games, game, "val", cap=0)
     assert len(game_tasks(params.games, game, "val")) == 2 < len(every_val)  # evaluation's cap
-    assert [t for _, t in val_jobs_of(params, [game])] == every_val
+    assert [t for _, t in val_jobs_of(params.games, params.rl_text, [game])] == every_val
     capped = load_params("params.yaml", [*base, "rl_text.max_val_tasks=3"])
-    assert [t for _, t in val_jobs_of(capped, [game])] == every_val[:3]
-    assert val_jobs_of(load_params("params.yaml", ["games.groups=[twenty_questions]", "games.val_fraction=0"]),
-                       [game]) == []
+    assert [t for _, t in val_jobs_of(capped.games, capped.rl_text, [game])] == every_val[:3]
+    no_val = load_params("params.yaml", ["games.groups=[twenty_questions]", "games.val_fraction=0"])
+    assert val_jobs_of(no_val.games, no_val.rl_text, [game]) == []
 
 
 def test_compare_rounds_plays_each_round_as_evaluate_text_played_the_kept_one(bootstrapped, tmp_path):
@@ -492,7 +494,7 @@ def test_hf_plays_token_in_token_out_and_its_log_probs_are_the_trainers(smollm2_
                                          "rollout_text.max_new_tokens=24"])
     model, tok = load_policy(smollm2_dir)
     game = make_games(params)[0]
-    sampling = round_sampling(params)
+    sampling = round_sampling(params.rl_text.sampling, params.rollout_text.max_new_tokens)
     assert sampling.top_k == 0 and sampling.min_p == 0.0 and sampling.temperature == 1.0
     jobs = [(game, t, s) for t in game.tasks("train")[:2] for s in range(2)]
     backend = HFBackend(smollm2_dir, model_obj=model, tokenizer=tok)

@@ -182,7 +182,7 @@ def test_rl_text_curriculum_picks_from_its_own_rollouts_and_a_resume_picks_the_s
                                                                for part in results["resumed"][2]]
     # The picks are the curriculum's over the stage's own episodes, round by round.
     jobs = [(g, t) for g in make_games(params) for t in game_tasks(params.games, g, "train")]
-    curriculum = online_curriculum(params, jobs, lambda i: rounds[i])
+    curriculum = online_curriculum(params.rl_text, params.seed, jobs, lambda i: rounds[i])
     for i, part in enumerate(rounds):
         assert [(task_key(r["group"], r["task_id"]), r["sample"]) for r in part] == curriculum.episodes(i)
     assert sum(v for k, v in metrics.items() if k.endswith("/pulls")) == 3 * 2

@@ -75,6 +75,7 @@ from pipeline.rl_text.rounds import (
     round_episodes,
     train_jobs,
 )
+from pipeline.text.config import RLTextConfig
 from pipeline.text.critic import DoubleCritic, load_encoder
 from pipeline.text.play import play_episodes, summarize
 from pipeline.text.policies import make_games, require_policy
@@ -317,17 +318,18 @@ def train_loop(params: Params, ctx: StageContext, actor: bool,
     """
     processes, config_file = requested()
     if processes > 1 or config_file:
-        check_batches(params, processes, actor)
+        check_batches(params.rl_text, processes, actor)
         # the whole stage in each process (stages/rl_text.py runs rl_text.algorithm's module)
         return launched_stage(STAGES[NAME], NAME, params, ctx, num_processes=processes, config_file=config_file)
     return train_processes(params, ctx, actor, acting, extra_outputs)
 
 
-def check_batches(params: Params, processes: int, actor: bool) -> None:
-    """Each process takes an equal share of every global batch (as in train-sft / train-dpo): ConfigError else."""
-    sizes = {"rl_text.critic.batch_size": params.rl_text.critic.batch_size}
+def check_batches(cfg: RLTextConfig, processes: int, actor: bool) -> None:
+    """Each process takes an equal share of every global batch of the ``rl_text`` params section (as in train-sft /
+    train-dpo): ConfigError else."""
+    sizes = {"rl_text.critic.batch_size": cfg.critic.batch_size}
     if actor:
-        sizes["rl_text.archer.batch_size"] = params.rl_text.archer.batch_size
+        sizes["rl_text.archer.batch_size"] = cfg.archer.batch_size
     for key, size in sizes.items():
         if size % processes:
             raise ConfigError(f"train_policy.num_processes: {processes} processes cannot split {key}={size}")
@@ -409,10 +411,11 @@ def start_loop(params: Params, actor: bool, acting: Callable[[HFBackend, DoubleC
         loop.start = done[-1] + 1 if done else 0
     loop.start = from_main(loop.start, accelerator)  # the others load the checkpoint the main process resumes from
     loop.games = make_games(params)
-    loop.jobs = train_jobs(params, loop.games)
+    loop.jobs = train_jobs(params.games, params.rl_text.max_train_tasks, loop.games)
     loop.sampling = sampling_from_config(params.rollout_text)
     loop.curriculum = online_curriculum(  # read by the main process only: it holds the episodes
-        params, loop.jobs, lambda i: json.loads((loop.out / "episodes" / f"round-{i:03d}.json").read_text()))
+        params.rl_text, params.seed, loop.jobs,
+        lambda i: json.loads((loop.out / "episodes" / f"round-{i:03d}.json").read_text()))
     loop.rewarder = make_turn_rewards(params, params_key(params))
     load_models(loop)
     loop.backend = HFBackend(loop.init, batch_size=params.rollout_text.batch_size, model_obj=loop.policy,
@@ -438,7 +441,7 @@ def start_processes(params: Params, actor: bool) -> tuple[Accelerator | None, st
     # an encoder's unused parts (e.g. a BERT pooler) get no gradient: DDP must not wait for them
     accelerator = Accelerator(cpu=not params.policy.device.startswith("cuda"),
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    check_batches(params, accelerator.num_processes, actor)  # an accelerate config file's process count
+    check_batches(params.rl_text, accelerator.num_processes, actor)  # an accelerate config file's processes
     return accelerator, str(accelerator.device)
 
 
@@ -469,7 +472,8 @@ def play_round(loop: Loop, r: int) -> None:
     """Round ``r``'s episodes, played by every process (its share) with their turn rewards; the main process
     writes them (``episodes/``) and adds their transitions to the replay buffer as part r."""
     params, accelerator, main, curriculum = loop.params, loop.accelerator, loop.main, loop.curriculum
-    keys = round_episodes(params, loop.jobs, r, curriculum) if main or curriculum is None else None
+    mine = main or curriculum is None
+    keys = round_episodes(params.rl_text, params.seed, loop.jobs, r, curriculum) if mine else None
     episodes = episode_jobs(loop.jobs, keys if curriculum is None else from_main(keys, accelerator))
     if accelerator is not None:  # each process plays a contiguous part; gathered back in order
         with accelerator.split_between_processes(episodes) as part:
@@ -534,7 +538,7 @@ def end_loop(loop: Loop, extra_outputs: Callable[[Path, DoubleCritic], None] | N
         extra_outputs(final, loop.critic)
     loop.replay.data.mark_complete(loop.params.rl_text.rounds)
     result = finish(loop.params, loop.out)
-    result.metrics.update(curriculum_metrics(loop.params, loop.curriculum))
+    result.metrics.update(curriculum_metrics(loop.params.rl_text, loop.curriculum))
     if loop.rewarder is not None:
         result.metrics.update(loop.rewarder.metrics())
     return result

@@ -48,6 +48,7 @@ from pipeline.llm.hf import load_policy
 from pipeline.models import tiny
 from pipeline.params import Params
 from pipeline.rl_text.serving import PolicyPlayer
+from pipeline.text.config import GamesConfig, RLSamplingConfig, RLTextConfig
 from pipeline.text.play import play_episodes, summarize
 from pipeline.text.policies import game_tasks, make_games, require_policy
 from pipeline.text.turn_rewards import make_turn_rewards
@@ -70,38 +71,38 @@ def params_key(params: Params) -> str:
     return params.section_hash(PARAMS)
 
 
-def online_curriculum(params: Params, jobs: list[tuple[Game, Task]],
+def online_curriculum(cfg: RLTextConfig, seed: int, jobs: list[tuple[Game, Task]],
                       rows_of: Callable[[int], list[dict]]) -> OnlineCurriculum | None:
-    """The curriculum that picks each round's tasks (None: ``rl_text.curriculum.enabled`` is off); ``rows_of``
-    gives a finished round's episode rows (``group``, ``task_id``, ``sample``, ``score``)."""
+    """The curriculum that picks each round's tasks (None: ``rl_text.curriculum.enabled`` is off), from the
+    ``rl_text`` params section and the training ``seed``; ``rows_of`` gives a finished round's episode rows
+    (``group``, ``task_id``, ``sample``, ``score``)."""
     from pipeline.text.curriculum import OnlineCurriculum, task_key
 
-    cfg = params.rl_text
     if not cfg.curriculum.enabled:
         return None
     by_group = cfg.curriculum.arms == "group_difficulty"
     arm_of = {task_key(g.name, t.task_id): f"{g.name}/{t.difficulty}" if by_group else t.difficulty for g, t in jobs}
     return OnlineCurriculum(arm_of, cfg.curriculum.alpha, cfg.tasks_per_round, cfg.trajectories_per_task,
-                            rng_of=lambda i: random.Random(chunk_seed(params.seed, f"{NAME}/curriculum", i)),
+                            rng_of=lambda i: random.Random(chunk_seed(seed, f"{NAME}/curriculum", i)),
                             rows_of=rows_of)
 
 
-def round_episodes(params: Params, jobs: list[tuple[Game, Task]], r: int,
+def round_episodes(cfg: RLTextConfig, seed: int, jobs: list[tuple[Game, Task]], r: int,
                    curriculum: OnlineCurriculum | None) -> list[tuple[str, int]]:
-    """Round ``r``'s episodes as (task key, sample): the curriculum's picks, or a uniform sample of ``jobs``."""
+    """Round ``r``'s episodes as (task key, sample): the curriculum's picks, or a uniform sample of ``jobs`` as the
+    ``rl_text`` params section sizes it, drawn from the training ``seed``."""
     from pipeline.text.curriculum import task_key
 
     if curriculum is not None:
         return curriculum.episodes(r)
-    cfg = params.rl_text
-    picked = random.Random(chunk_seed(params.seed, NAME, r)).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
+    picked = random.Random(chunk_seed(seed, NAME, r)).sample(jobs, min(cfg.tasks_per_round, len(jobs)))
     return [(task_key(g.name, t.task_id), s) for g, t in picked for s in range(cfg.trajectories_per_task)]
 
 
-def train_jobs(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
-    """The train tasks the rounds draw from: ``rl_text.max_train_tasks`` per group (null: ``games.max_train_tasks``,
-    the tasks rollout-text played)."""
-    return [(g, t) for g in games for t in game_tasks(params.games, g, "train", cap=params.rl_text.max_train_tasks)]
+def train_jobs(games_cfg: GamesConfig, cap: int | None, games: list[Game]) -> list[tuple[Game, Task]]:
+    """The train tasks the rounds draw from: ``cap`` per group (``rl_text.max_train_tasks``; null: the ``games``
+    params section's ``max_train_tasks``, the tasks rollout-text played)."""
+    return [(g, t) for g in games for t in game_tasks(games_cfg, g, "train", cap=cap)]
 
 
 def episode_jobs(jobs: list[tuple[Game, Task]], keys: list[tuple[str, int]]) -> list[tuple[Game, Task, int]]:
@@ -111,11 +112,11 @@ def episode_jobs(jobs: list[tuple[Game, Task]], keys: list[tuple[str, int]]) -> 
     return [(*task_of[key], s) for key, s in keys]
 
 
-def curriculum_metrics(params: Params, curriculum: OnlineCurriculum | None) -> dict[str, float]:
-    """Pulls and mean learning potential per arm after the last round."""
+def curriculum_metrics(cfg: RLTextConfig, curriculum: OnlineCurriculum | None) -> dict[str, float]:
+    """Pulls and mean learning potential per arm after the last round (``rl_text.rounds``)."""
     if curriculum is None:
         return {}
-    c = curriculum.state_before(params.rl_text.rounds)
+    c = curriculum.state_before(cfg.rounds)
     out: dict[str, float] = {}
     for arm in c.arms:
         out[f"curriculum/{arm}/pulls"] = c.pulls[arm]
@@ -123,21 +124,21 @@ def curriculum_metrics(params: Params, curriculum: OnlineCurriculum | None) -> d
     return out
 
 
-def round_sampling(params: Params) -> Sampling:
+def round_sampling(cfg: RLSamplingConfig, max_new_tokens: int) -> Sampling:
     """How the rounds sample the policy: ``rl_text.sampling`` (its own truncation, the model's generation config
-    adding none), ``rollout_text.max_new_tokens`` per reply."""
-    cfg = params.rl_text.sampling
+    adding none), ``max_new_tokens`` per reply (``rollout_text.max_new_tokens``)."""
     return Sampling(temperature=cfg.temperature, top_p=cfg.top_p, min_p=cfg.min_p, top_k=cfg.top_k,
-                    max_tokens=params.rollout_text.max_new_tokens)
+                    max_tokens=max_new_tokens)
 
 
-def val_jobs_of(params: Params, games: list[Game]) -> list[tuple[Game, Task]]:
-    """The (game, task) pairs of the val rounds: every val task, or ``rl_text.max_val_tasks`` per group (never
-    evaluation's ``games.max_eval_tasks``, which training stages do not watch); none without a val split."""
-    if params.games.val_fraction == 0 or params.rl_text.val_trajectories == 0:
+def val_jobs_of(games_cfg: GamesConfig, cfg: RLTextConfig, games: list[Game]) -> list[tuple[Game, Task]]:
+    """The (game, task) pairs of the val rounds, from the ``games`` and ``rl_text`` params sections: every val task,
+    or ``rl_text.max_val_tasks`` per group (never evaluation's ``games.max_eval_tasks``, which training stages do not
+    watch); none without a val split."""
+    if games_cfg.val_fraction == 0 or cfg.val_trajectories == 0:
         return []
-    cap = params.rl_text.max_val_tasks or 0
-    return [(g, t) for g in games for t in game_tasks(params.games, g, "val", cap=cap)]
+    cap = cfg.max_val_tasks or 0
+    return [(g, t) for g in games for t in game_tasks(games_cfg, g, "val", cap=cap)]
 
 
 def val_success(params: Params, policy: ChatBackend, val_jobs) -> float | None:
@@ -201,9 +202,9 @@ def run_rounds(params: Params, ctx: StageContext, learner: Learner, name: str) -
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
     game_list = make_games(params)
     games = {g.name: g for g in game_list}
-    jobs = train_jobs(params, game_list)
-    val_jobs = val_jobs_of(params, game_list)
-    curriculum = online_curriculum(params, jobs, lambda i: read_part(rollouts.path, i))
+    jobs = train_jobs(params.games, cfg.max_train_tasks, game_list)
+    val_jobs = val_jobs_of(params.games, cfg, game_list)
+    curriculum = online_curriculum(cfg, params.seed, jobs, lambda i: read_part(rollouts.path, i))
     rewarder = make_turn_rewards(params, key)
     scratch = keyed_dir(out / "checkpoints", run_key(key, init_hash)) if "checkpoints" in learner.outputs else None
     # the configured backend; on vLLM, the run's one server
@@ -252,7 +253,7 @@ def run_rounds(params: Params, ctx: StageContext, learner: Learner, name: str) -
     atomic_write_json(params.plots_path("rl_rounds.json"), history)
     rows = [row for r in range(cfg.rounds) if r in rollouts.finished() for row in read_part(rollouts.path, r)]
     metrics = {f"rollouts/{k}": v for k, v in summarize(rows).items()} if rows else {}
-    metrics.update(curriculum_metrics(params, curriculum))
+    metrics.update(curriculum_metrics(cfg, curriculum))
     metrics.update({"rl/chosen_round": best[1] + 1, "rl/kept_by_val": int(by_val)})
     if by_val:
         metrics.update({"rl/val_success_start": candidates[0][0], "rl/val_success_chosen": best[0]})
@@ -274,8 +275,9 @@ def play_and_learn(state: Round, learner: Learner, current: Path, round_dir: Pat
         model, tokenizer = load_policy(current, params.policy.device)
         if r not in rollouts.finished():
             policy = player.backend(current, model, tokenizer)  # on vLLM: the run's server, the round's weights
-            played = episode_jobs(jobs, round_episodes(params, jobs, r, curriculum))
-            rows = play_episodes(policy, played, round_sampling(params), seed=state.seed,
+            played = episode_jobs(jobs, round_episodes(params.rl_text, params.seed, jobs, r, curriculum))
+            sampling = round_sampling(params.rl_text.sampling, params.rollout_text.max_new_tokens)
+            rows = play_episodes(policy, played, sampling, seed=state.seed,
                                  policy_name=f"rl-round-{r}", token_ids=learner.token_ids,
                                  max_format_retries=params.rollout_text.max_format_retries)
             if rewarder is not None:
