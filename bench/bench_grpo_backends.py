@@ -78,7 +78,7 @@ def child(run: Path, backend: str, tasks: int, val_tasks: int, out: Path) -> dic
         model = get_peft_model(model, peft_config(params.train_policy.lora, model))
         start, cpu, busy = time.perf_counter(), time.process_time(), busy_cpu_s()
         stats = grpo.update(model, tokenizer, [{**r, "turn_rewards": []} for r in rows],
-                            {g.name: g for g in games}, params, 0)
+                            {g.name: g for g in games}, params.rl_text, params.rollout_text.max_new_tokens, 0)
         times["update_s"] = time.perf_counter() - start
         times["update_cpu_s"] = time.process_time() - cpu  # the trainer's own
         times["update_other_cpu_s"] = busy_cpu_s() - busy - times["update_cpu_s"]  # the rest: an idle server's

@@ -70,7 +70,7 @@ def child(run: Path, tasks: int) -> dict:
 
         model = get_peft_model(model, peft_config(params.train_policy.lora, model))
     start = time.perf_counter()
-    stats = update(model, tokenizer, rows, games, params, 0)
+    stats = update(model, tokenizer, rows, games, params.rl_text, params.rollout_text.max_new_tokens, 0)
     update_s = time.perf_counter() - start
     return {"play_s": play_s, "episodes": len(played), "update_s": update_s, "replies": stats["grpo/replies"],
             "capability": torch.backends.cpu.get_cpu_capability()}

@@ -102,7 +102,7 @@ def main() -> int:
         zero = truncated_zero_share(model, rows, args.min_p)
         peft = get_peft_model(model, peft_config(params.train_policy.lora, model))
         start = time.perf_counter()
-        stats = update(peft, tok, rows, {game.name: game}, params, 0)
+        stats = update(peft, tok, rows, {game.name: game}, params.rl_text, params.rollout_text.max_new_tokens, 0)
         whole = time.perf_counter() - start
         tokens = sum(len(t) for r in rows for t in r["reply_token_ids"])
         got = {k: stats.get(f"grpo/{k}", 0.0) for k in ("moving", "old_pass_s", "update_s", "mismatch/gap_mean",

@@ -77,6 +77,14 @@ def val_jobs(rounds, params, game_list: list) -> list:
     return rounds.val_jobs_of(params, game_list)
 
 
+def grpo_update(grpo, model, tokenizer, rows: list[dict], games: dict, params) -> dict:
+    """GRPO's ``update`` of the code on ``sys.path``: of the rl_text section and the reply budget, or (before they
+    were passed) of the whole params."""
+    if "max_new_tokens" in inspect.signature(grpo.update).parameters:
+        return grpo.update(model, tokenizer, rows, games, params.rl_text, params.rollout_text.max_new_tokens, 0)
+    return grpo.update(model, tokenizer, rows, games, params, 0)
+
+
 def accepted_params(run: Path, scratch: Path) -> tuple[Path, list[str]]:
     """A params file the code on ``sys.path`` reads: the run's params.yaml, less each key that code refuses as
     unknown (a key added after ``REF``), written into ``scratch``; and those keys."""
@@ -131,7 +139,7 @@ def child(run: Path, rows_file: Path, val_tasks: int, eval_tasks: int) -> dict:
     model, tokenizer = load_policy(dpo, params.policy.device)
     model = get_peft_model(model, peft_config(params.train_policy.lora, model))
     start = time.perf_counter()
-    stats = grpo.update(model, tokenizer, rows, games, params, 0)
+    stats = grpo_update(grpo, model, tokenizer, rows, games, params)
     update_s = time.perf_counter() - start
     model = model.merge_and_unload().eval()
     # the val pass: pipeline/rl_text/rounds.py's since the rounds were shared, grpo's before

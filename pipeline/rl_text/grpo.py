@@ -36,6 +36,7 @@ from pipeline.core.artifacts import chunk_seed
 from pipeline.core.stage import StageContext, StageResult
 from pipeline.params import Params
 from pipeline.rl_text.rounds import NAME, Round, run_rounds
+from pipeline.text.config import RLTextConfig
 from pipeline.text.grpo import Packed, Steps, pack_episode, reply_logps, rollout_weights, round_advantages, token_loss
 from pipeline.text.play import EPISODE_SCHEMA, REPLY_FIELDS
 from pipeline.text.policies import require_policy
@@ -169,18 +170,21 @@ def scored_logps(net, episodes: list[Episode], temperature: float, max_tokens: i
     return out
 
 
-def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed: int, ref=None) -> dict:
-    """``grpo.epochs`` passes of clipped policy-gradient steps over the round's replies; the stats of the last.
+def update(model, tokenizer, rows: list[dict], games: dict, rl: RLTextConfig, max_new_tokens: int, seed: int,
+           ref=None) -> dict:
+    """``grpo.epochs`` passes of clipped policy-gradient steps over the round's replies; the stats of the last. ``rl``:
+    the ``rl_text`` params section; ``max_new_tokens``: a reply's budget (``rollout_text.max_new_tokens``, dr_grpo's
+    constant).
 
     π_old is one no-grad scoring pass at the weights that played (this ``model``, before any step), and each token's
     rollout-correction weight is taken against the sampler's log-prob of it."""
-    cfg = params.rl_text.grpo
+    cfg = rl.grpo
     scored, skipped = advantages_of(rows, games, cfg)
     episodes = scored_episodes(scored)
     stats: dict = {"grpo/groups_skipped": skipped, "grpo/replies": sum(e.replies for e in episodes)}
     if not episodes:
         return stats
-    temperature = params.rl_text.sampling.temperature
+    temperature = rl.sampling.temperature
     model.eval()  # no dropout: the old log-probs and the ratio see the same function
     clock = time.perf_counter()
     old = scored_logps(model, episodes, temperature)
@@ -190,7 +194,7 @@ def update(model, tokenizer, rows: list[dict], games: dict, params: Params, seed
     refs = scored_logps(ref, episodes, temperature) if ref is not None else None
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
-    budget = cfg.batch_size * params.rollout_text.max_new_tokens  # dr_grpo's constant
+    budget = cfg.batch_size * max_new_tokens  # dr_grpo's constant
     rng = random.Random(seed)
     losses, clipped, kls, moving = [], [], [], []
     clock = time.perf_counter()
@@ -257,7 +261,8 @@ class GRPO:
             # whose episodes are on disk has drawn nothing)
             torch.manual_seed(chunk_seed(params.seed, f"{NAME}/lora", state.index))
             model = get_peft_model(model, adapters)
-        stats = update(model, tokenizer, state.rows(), state.games, params, state.seed, ref)
+        stats = update(model, tokenizer, state.rows(), state.games, params.rl_text, params.rollout_text.max_new_tokens,
+                       state.seed, ref)
         if adapters is not None:
             model = model.merge_and_unload()
         return model, stats
