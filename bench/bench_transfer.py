@@ -95,6 +95,14 @@ def experiment_ref(run: Path, name: str) -> str:
     return refs[0]
 
 
+def run_cache(run: Path) -> Path:
+    """The run's DVC cache directory, read from its config (no dvc command runs in the run)."""
+    from dvc.config import Config
+
+    configured = Config(dvc_dir=run / ".dvc", validate=False)["cache"].get("dir")
+    return (run / ".dvc" / configured).resolve() if configured else run / ".dvc" / "cache"
+
+
 def policy_outs(params: dict) -> list[str]:
     """The data outs holding the policies the run evaluated (the built-in base: bootstrap's model)."""
     policies = params.get("evaluate_text", {}).get("policies") or ["base", "sft", "dpo", "rl"]
@@ -112,8 +120,7 @@ def experiment_checkout(run: Path, name: str, scratch: Path) -> Path:
         git(["clone", "--quiet", "--shared", "--no-checkout", str(run), str(clone)], scratch)
     git(["fetch", "--quiet", str(run), ref], clone)
     git(["checkout", "--quiet", "--detach", "--force", "FETCH_HEAD"], clone)
-    cache = dvc(["cache", "dir"], run)  # the run's cache, read only: its files are hard-linked into the clone
-    dvc(["config", "--local", "cache.dir", cache], clone)
+    dvc(["config", "--local", "cache.dir", str(run_cache(run))], clone)  # its files are hard-linked into the clone
     dvc(["config", "--local", "cache.type", "hardlink,copy"], clone)
     import yaml
 
