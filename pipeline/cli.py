@@ -456,7 +456,7 @@ def choose_hparams(
     grid: Annotated[list[str] | None, typer.Option(help="KEY=V1,V2,... (one or more; their product)")] = None,
     candidate: Annotated[list[str] | None, typer.Option(help="one value that is not a product: 'KEY=V KEY=V' "
                                                         "(repeat; '' trains with the preset's values)")] = None,
-    exp: Annotated[list[str] | None, typer.Option(help="a finished DVC experiment of this commit, one per "
+    exp: Annotated[list[str] | None, typer.Option(help="a finished DVC experiment (of any commit), one per "
                                                   "training seed (repeat), instead of --from, e.g. "
                                                   "smollm2-learn-seed-0")] = None,
     k: KOpt = 2,

@@ -105,3 +105,32 @@ def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_wha
         ("p-seed-7", "rl: rl_text.lr=0.0001", 0.4), ("p-seed-7", "rl: rl_text.lr=0.0002", 0.45)]
     trained.clear()
     assert len(ch.choose_hparams(**args)) == 4 and trained == []  # resumed: every row was already made
+
+
+def test_an_experiment_of_an_earlier_commit_is_found_by_its_ref_and_an_ambiguous_name_is_refused(tmp_path,
+                                                                                                 monkeypatch):
+    """Values are chosen with today's code on the policies a sweep of an earlier commit trained: a finished
+    experiment is found under DVC's refs/exps/<baseline>/<name> whatever the baseline; the same name on two
+    baselines is refused in one line rather than picked at random."""
+    import subprocess
+
+    from pipeline.tools import choose_hparams as ch
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a")
+    first = git("rev-parse", "HEAD")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "b")
+    second = git("rev-parse", "HEAD")
+    git("update-ref", f"refs/exps/{first[:2]}/{first[2:]}/preset-seed-0", first)
+    git("update-ref", f"refs/exps/{first[:2]}/{first[2:]}/preset-seed-1", second)
+    git("update-ref", f"refs/exps/{second[:2]}/{second[2:]}/preset-seed-1", first)
+    monkeypatch.setattr(ch, "REPO", tmp_path)
+
+    assert ch.finished_ref("preset-seed-0") == first
+    assert ch.finished_ref("seed-0") is None  # a name matches whole, never as a suffix of another
+    assert ch.finished_ref("preset-seed-2") is None
+    with pytest.raises(ToolError, match="2 experiments by that name"):
+        ch.finished_ref("preset-seed-1")

@@ -14,10 +14,10 @@ first). Writes every row to ``OUT/results.json`` as it is made: a rerun skips th
 
 Values are the product of ``--grid``'s axes, then each ``--candidate`` (a set of ``KEY=VALUE`` settings, for
 candidates that are not a product, e.g. a credit with a reward). Over training seeds: each ``--exp NAME`` is a
-finished DVC experiment of the checkout's commit (``curio sweep seeds``' ``PRESET-seed-K``); its data/ is copied
-out of DVC's cache (the workspace is left as it is), every value is trained again with that experiment's seed, and
-the table gives each value's val success per seed, its mean ± s.e. across seeds and its paired difference from the
-first row; the value picked has the highest mean across seeds.
+finished DVC experiment (``curio sweep seeds``' ``PRESET-seed-K``, of this commit or an earlier one); its data/ is
+copied out of DVC's cache (the workspace is left as it is), every value is trained again with that experiment's
+seed, and the table gives each value's val success per seed, its mean ± s.e. across seeds and its paired difference
+from the first row; the value picked has the highest mean across seeds.
 """
 
 from __future__ import annotations
@@ -152,10 +152,11 @@ def materialize(name: str, out: Path) -> tuple[Path, int]:
     from pipeline.tools.seed_table import FINISHED, experiments
 
     found = experiments()
-    if found.get(name, {}).get("state") != FINISHED:
+    rev = found[name]["rev"] if found.get(name, {}).get("state") == FINISHED else finished_ref(name)
+    if rev is None:
         known = ", ".join(n for n, e in sorted(found.items()) if e["state"] == FINISHED) or "none"
-        raise ToolError(f"--exp {name}: no finished experiment of this commit by that name (finished: {known})")
-    fs = DVCFileSystem(str(REPO), rev=found[name]["rev"])
+        raise ToolError(f"--exp {name}: no finished experiment by that name (finished on this commit: {known})")
+    fs = DVCFileSystem(str(REPO), rev=rev)
     params = yaml.safe_load(fs.read_text("params.yaml")) or {}
     dest = out / "exps" / name
     if not (dest / ".complete").exists():
@@ -166,8 +167,23 @@ def materialize(name: str, out: Path) -> tuple[Path, int]:
             rel = Path(entry).name
             if rel not in ("seeds", LOCK_DIR):
                 fs.get(entry, str(dest / "data" / rel), recursive=fs.isdir(entry))
-        (dest / ".complete").write_text(found[name]["rev"])
+        (dest / ".complete").write_text(rev)
     return dest / "data", int(params.get("seed", 0))
+
+
+def finished_ref(name: str) -> str | None:
+    """The commit of a finished experiment ``name`` made on any commit (DVC keeps each under
+    ``refs/exps/<baseline>/<name>``), so that values can be chosen with today's code on policies an earlier
+    commit trained; None where there is none, an error where the name is ambiguous."""
+    import subprocess
+
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps/"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.split("\n")
+    revs = [line.split()[0] for line in refs if line.endswith(f"/{name}")]
+    if len(revs) > 1:
+        raise ToolError(f"--exp {name}: {len(revs)} experiments by that name on different commits "
+                        f"(`dvc exp list -A`); remove the older ones with `dvc exp remove`")
+    return revs[0] if revs else None
 
 
 def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
