@@ -461,3 +461,21 @@ def test_profile_of_an_unknown_stage_is_one_line_exit_2():
     res = run(["profile", "rollout-txt"])
     line = assert_one_line(res, "unknown stage 'rollout-txt'")
     assert "rollout-text" in line
+
+
+def test_fresh_clone_bench_keeps_a_relative_directory_as_an_absolute_one(tmp_path, monkeypatch):
+    """`curio bench fresh-clone --keep DIR` with DIR relative: every command runs in the clone (another cwd), so the
+    clone's paths must not be relative to where the bench was started."""
+    from pipeline.tools import fresh_clone as fc
+
+    seen = {}
+
+    def prepare(work, options, env):
+        seen["work"] = work
+        raise RuntimeError("stop after the clone's path is known")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fc, "prepare", prepare)
+    with pytest.raises(RuntimeError, match="stop after"):
+        fc.fresh_clone_run(fc.Options(keep=Path("kept")))
+    assert seen["work"] == tmp_path / "kept" / "curio" and seen["work"].is_absolute()

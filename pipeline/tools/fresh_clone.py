@@ -133,7 +133,7 @@ def prepare(work: Path, options: Options, env: dict[str, str]) -> tuple[str, flo
 
 def fresh_clone_run(options: Options) -> Run:
     """Clone, build, run the default DAG and read its headline; the clone is removed unless ``options.keep``."""
-    root = options.keep or Path(tempfile.mkdtemp(prefix="curio-bench-run-"))
+    root = options.keep.resolve() if options.keep else Path(tempfile.mkdtemp(prefix="curio-bench-run-"))
     work, env, run = root / "curio", environment(options), Run()
     try:
         run.commit, run.build_s = prepare(work, options, env)
