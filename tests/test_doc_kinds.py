@@ -89,3 +89,11 @@ def test_every_figure_a_reference_page_states_is_on_a_results_page(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("The preset took 34.7 min, and its RL 99.9 ± 0.1.\n\n    curio table   # 12.5 s\n")
     assert [f.split(": ")[1] for f in unsourced_figures(page, "34.7 min")] == ["99.9 ± 0.1"]
+
+
+def test_the_trimmed_explanation_pages_stay_under_200_lines():
+    """real-models.md, speed.md, vllm.md and recipes.md explain and show how; their measurements are results pages'.
+    A page that grows past 200 lines has taken up results or history again."""
+    long = {name: n for name in ("real-models.md", "speed.md", "vllm.md", "recipes.md")
+            if (n := len((DOCS / name).read_text().splitlines())) >= 200}
+    assert not long, f"over 200 lines: {long}"
