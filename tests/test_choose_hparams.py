@@ -130,7 +130,8 @@ def test_an_experiment_of_an_earlier_commit_is_found_by_its_ref_and_an_ambiguous
     monkeypatch.setattr(ch, "REPO", tmp_path)
 
     assert ch.finished_ref("preset-seed-0") == first
-    assert ch.finished_ref("seed-0") is None  # a name matches whole, never as a suffix of another
-    assert ch.finished_ref("preset-seed-2") is None
+    for missing in ("seed-0", "preset-seed-2"):  # a name matches whole, never as a suffix of another
+        with pytest.raises(ToolError, match="no finished experiment by that name"):
+            ch.finished_ref(missing)
     with pytest.raises(ToolError, match="2 experiments by that name"):
         ch.finished_ref("preset-seed-1")

@@ -149,13 +149,7 @@ def materialize(name: str, out: Path) -> tuple[Path, int]:
 
     from dvc.api import DVCFileSystem
 
-    from pipeline.tools.seed_table import FINISHED, experiments
-
-    found = experiments()
-    rev = found[name]["rev"] if found.get(name, {}).get("state") == FINISHED else finished_ref(name)
-    if rev is None:
-        known = ", ".join(n for n, e in sorted(found.items()) if e["state"] == FINISHED) or "none"
-        raise ToolError(f"--exp {name}: no finished experiment by that name (finished on this commit: {known})")
+    rev = finished_ref(name)
     fs = DVCFileSystem(str(REPO), rev=rev)
     params = yaml.safe_load(fs.read_text("params.yaml")) or {}
     dest = out / "exps" / name
@@ -171,19 +165,29 @@ def materialize(name: str, out: Path) -> tuple[Path, int]:
     return dest / "data", int(params.get("seed", 0))
 
 
-def finished_ref(name: str) -> str | None:
+def finished_ref(name: str) -> str:
     """The commit of a finished experiment ``name`` made on any commit (DVC keeps each under
     ``refs/exps/<baseline>/<name>``), so that values can be chosen with today's code on policies an earlier
-    commit trained; None where there is none, an error where the name is ambiguous."""
+    commit trained; a one-line error where there is none or the name is ambiguous."""
     import subprocess
 
-    refs = subprocess.run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps/"], cwd=REPO,
-                          capture_output=True, text=True, check=True).stdout.split("\n")
-    revs = [line.split()[0] for line in refs if line.endswith(f"/{name}")]
+    out = subprocess.run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps/"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    # a finished experiment's ref is refs/exps/<baseline[:2]>/<baseline[2:]>/<name>; the queue's stash and exec
+    # refs have other shapes
+    finished = {}
+    for rev, ref in (line.split() for line in out.splitlines()):
+        parts = ref.split("/")
+        if len(parts) == 5:
+            finished.setdefault(parts[4], []).append(rev)
+    revs = finished.get(name, [])
     if len(revs) > 1:
         raise ToolError(f"--exp {name}: {len(revs)} experiments by that name on different commits "
                         f"(`dvc exp list -A`); remove the older ones with `dvc exp remove`")
-    return revs[0] if revs else None
+    if not revs:
+        raise ToolError(f"--exp {name}: no finished experiment by that name (finished: "
+                        f"{', '.join(sorted(finished)) or 'none'})")
+    return revs[0]
 
 
 def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
