@@ -135,3 +135,38 @@ def test_an_experiment_of_an_earlier_commit_is_found_by_its_ref_and_an_ambiguous
             ch.finished_ref(missing)
     with pytest.raises(ToolError, match="2 experiments by that name"):
         ch.finished_ref("preset-seed-1")
+
+
+def test_an_experiment_is_copied_out_of_dvcs_cache_without_the_outs_its_targets_never_ran(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A sweep's experiment runs the text track's targets only: dvc.yaml's other outs (NetHack's) have no hash in
+    its lock. Copying the experiment out of DVC's cache takes what it made and its seed, names what it skipped,
+    and never fails on an out that was never made."""
+    import subprocess
+
+    import yaml
+
+    from pipeline.tools import choose_hparams as ch
+
+    def run(*args):
+        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+
+    (tmp_path / "params.yaml").write_text("seed: 3\n")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "made": {"cmd": "mkdir -p data/made && echo x > data/made/part.txt", "outs": ["data/made"]},
+        "never": {"cmd": "echo y > data/never", "outs": ["data/never"]}}}))
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    run("dvc", "config", "core.analytics", "false")
+    run("dvc", "repro", "-q", "made")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a run")
+    head = run("git", "rev-parse", "HEAD")
+    run("git", "update-ref", f"refs/exps/{head[:2]}/{head[2:]}/p-seed-0", head)
+    monkeypatch.setattr(ch, "REPO", tmp_path)
+
+    data, seed = ch.materialize("p-seed-0", tmp_path / "out")
+    assert seed == 3 and (data / "made" / "part.txt").read_text() == "x\n"
+    assert not (data / "never").exists()
+    assert "not made by the experiment, not copied: never" in capsys.readouterr().out
+    assert (tmp_path / "out" / "exps" / "p-seed-0" / ".complete").read_text() == head

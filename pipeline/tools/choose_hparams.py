@@ -157,10 +157,18 @@ def materialize(name: str, out: Path) -> tuple[Path, int]:
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         src = str(params.get("data_dir") or "data").rstrip("/")
+        never_run = []
         for entry in fs.ls(src, detail=False):
             rel = Path(entry).name
-            if rel not in ("seeds", LOCK_DIR):
+            if rel in ("seeds", LOCK_DIR):
+                continue
+            try:
                 fs.get(entry, str(dest / "data" / rel), recursive=fs.isdir(entry))
+            except FileNotFoundError:  # an out of dvc.yaml that the experiment's targets never ran (no hash)
+                shutil.rmtree(dest / "data" / rel, ignore_errors=True)
+                never_run.append(rel)
+        if never_run:
+            print(f"{name}: not made by the experiment, not copied: {', '.join(sorted(never_run))}", flush=True)
         (dest / ".complete").write_text(rev)
     return dest / "data", int(params.get("seed", 0))
 
