@@ -461,18 +461,22 @@ def choose_hparams(
                                                   "smollm2-learn-seed-0")] = None,
     k: KOpt = 2,
     out: Annotated[Path | None, typer.Option(help="scratch dir (default: .cache/choose_hparams)")] = None,
+    held_out: Annotated[bool, typer.Option("--held-out", help="then report the value picked and the first value "
+                                           "on the held-out split, once, beside --policies, paired per task")] = False,
 ) -> None:
     """A training stage's hyperparameters chosen on the val split: every grid value retrains the stage in a scratch
     tree linked to a finished run's data/ and plays its policy on val; prints each value's val success and the
     value picked (a tie keeps the first). Over seeds: one --exp per training seed, each value trained with its
-    seed; the value picked has the highest mean. Nothing under --from is written; a rerun resumes."""
+    seed; the value picked has the highest mean. With --held-out, the value picked and the first are then played on
+    the held-out split as evaluate-text plays it (never to choose). Nothing under --from is written; a rerun
+    resumes."""
     from pipeline.tools import REPO, ToolError
     from pipeline.tools.choose_hparams import choose_hparams as choose  # the stages: only for this command
 
     if exp and source:
         raise ToolError("--exp and --from: give one (an experiment's data is copied out of DVC's cache)")
     choose(preset, set_ or [], source or REPO / "data", [p for p in policies.split(",") if p], stage_, through,
-           grid or [], k, out or REPO / ".cache" / "choose_hparams", candidate or [], exp or [])
+           grid or [], k, out or REPO / ".cache" / "choose_hparams", candidate or [], exp or [], held_out)
 
 
 @choose_app.command("tiers")

@@ -2,6 +2,8 @@
 run's data/: everything the stage and its downstream stages write must be real directories there, never links into
 the finished run."""
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.tools import ToolError
@@ -170,3 +172,56 @@ def test_an_experiment_is_copied_out_of_dvcs_cache_without_the_outs_its_targets_
     assert not (data / "never").exists()
     assert "not made by the experiment, not copied: never" in capsys.readouterr().out
     assert (tmp_path / "out" / "exps" / "p-seed-0" / ".complete").read_text() == head
+
+
+def test_held_out_reports_the_value_picked_and_the_first_once_paired_per_task(tmp_path, monkeypatch):
+    """Three learning rates over two seeds (3 and 7); 2e-4 has the best mean val success, so only it, the first
+    value (1e-4) and the run's DPO play the held-out split: 4 tasks, one episode each, worked by hand.
+    seed 3: dpo 1000, first 1100, picked 1110; seed 7: dpo 0000, first 1000, picked 1111.
+    picked − first per task: seed 3 (0,0,1,0): +25 ± 25 (s.d. 0.5 over 4 tasks); seed 7 (0,1,1,1): +75 ± 25;
+    across seeds +50 ± 25, 2/2 > 0. picked − dpo: seed 3 (0,1,1,0): +50 ± 28.9; seed 7 (1,1,1,1): +100 ± 0;
+    across +75 ± 25. A second call plays nothing again."""
+    import pipeline.core.stage as stage_mod
+    from pipeline.tools import choose_hparams as ch
+
+    runs = {}
+    for name, seed in (("p-seed-3", 3), ("p-seed-7", 7)):
+        data = tmp_path / "exps" / name / "data"
+        (data / "train_policy" / "dpo").mkdir(parents=True)
+        runs[name] = (data, seed)
+    monkeypatch.setattr(ch, "materialize", lambda name, out: runs[name])
+    monkeypatch.setattr(stage_mod, "execute", lambda name, params: None)
+    val = {1e-4: 0.5, 2e-4: 0.6, 3e-4: 0.3}
+    monkeypatch.setattr(ch, "val_rows", lambda params, policy, k: [
+        {"group": "twenty_questions", "success": i < 100 * val.get(params.rl_text.lr, 0.4), "turns": 3}
+        for i in range(100)])
+    wins = {(3, "dpo", None): "1000", (3, "rl", 1e-4): "1100", (3, "rl", 2e-4): "1110",
+            (7, "dpo", None): "0000", (7, "rl", 1e-4): "1000", (7, "rl", 2e-4): "1111"}
+    played = []
+
+    def held_out(params, policy):
+        lr = params.rl_text.lr if policy == "rl" else None
+        played.append((params.seed, policy, lr, Path(params.data_dir).parent.name))
+        return [{"group": "twenty_questions", "task_id": f"t{i}", "success": w == "1", "turns": 2, "policy": policy}
+                for i, w in enumerate(wins[(params.seed, policy, lr)])]
+
+    monkeypatch.setattr(ch, "held_out_rows", held_out)
+    args = dict(preset=None, overrides=["games.val_fraction=0.2"], source=tmp_path, policies=["dpo"],
+                stage="rl-text", through=None, grid=["rl_text.lr=0.0001,0.0002,0.0003"], k=1, out=tmp_path / "out",
+                exps=["p-seed-3", "p-seed-7"], held_out=True)
+    ch.choose_hparams(**args)
+    assert sorted(played) == [(3, "dpo", None, "p-seed-3"), (3, "rl", 1e-4, "rl_text.lr=0.0001"),
+                              (3, "rl", 2e-4, "rl_text.lr=0.0002"), (7, "dpo", None, "p-seed-7"),
+                              (7, "rl", 1e-4, "rl_text.lr=0.0001"), (7, "rl", 2e-4, "rl_text.lr=0.0002")]
+    lines = ch.report_held_out(tmp_path / "out", ["p-seed-3", "p-seed-7"], ["dpo"],
+                               ["rl: rl_text.lr=0.0001", "rl: rl_text.lr=0.0002", "rl: rl_text.lr=0.0003"],
+                               "rl: rl_text.lr=0.0002", {})  # every cell on disk: nothing played, no params needed
+    assert lines[2] == "| dpo (the run's) | 25.0 ± 21.7 | 0.0 ± 0.0 | 12.5 ± 12.5 |"
+    assert lines[4] == "| rl: rl_text.lr=0.0002 | 75.0 ± 21.7 | 100.0 ± 0.0 | 87.5 ± 12.5 |"
+    assert lines[8] == ("| rl: rl_text.lr=0.0002 − rl: rl_text.lr=0.0001 | +25.0 ± 25.0 | +75.0 ± 25.0 | +50.0 ± 25.0 "
+                        "| 2/2 |")
+    assert lines[9] == "| rl: rl_text.lr=0.0001 − dpo (the run's) | +25.0 ± 25.0 | +25.0 ± 25.0 | +25.0 ± 0.0 | 2/2 |"
+    assert lines[10] == "| rl: rl_text.lr=0.0002 − dpo (the run's) | +50.0 ± 28.9 | +100.0 ± 0.0 | +75.0 ± 25.0 | 2/2 |"
+    played.clear()
+    ch.choose_hparams(**args)
+    assert played == []

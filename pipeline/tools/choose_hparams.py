@@ -18,6 +18,12 @@ finished DVC experiment (``curio sweep seeds``' ``PRESET-seed-K``, of this commi
 copied out of DVC's cache (the workspace is left as it is), every value is trained again with that experiment's
 seed, and the table gives each value's val success per seed, its mean ± s.e. across seeds and its paired difference
 from the first row; the value picked has the highest mean across seeds.
+
+``--held-out`` then reports, once the choice is made (every row there), the value picked and the first value on the
+held-out split, played as evaluate-text plays (its tasks, ``evaluate_text.trajectories_per_task`` episodes and
+``eval_seed``), beside the run's own policies (``--policies``): each one's held-out success per seed and the paired
+differences per task (picked − first; each value − each run policy), with their mean ± s.e. across seeds. It never
+changes the pick; its rows go to ``OUT/held_out.json`` (a rerun skips them).
 """
 
 from __future__ import annotations
@@ -218,6 +224,44 @@ def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
     return lines
 
 
+def held_out_rows(params, policy: str) -> list[dict]:
+    """``policy``'s held-out episodes as evaluate-text plays them (its seed, episodes per task and temperature)."""
+    from stages.evaluate_text import evaluate_chunk  # the policy backends (torch): only to play
+
+    return evaluate_chunk(params, None, 0, policy)
+
+
+def held_out_table(cells: dict[tuple[str, str], dict], runs: list[str], labels: list[str],
+                   pairs: list[tuple[str, str]]) -> list[str]:
+    """Markdown: each label's held-out success per run (seed) and its mean ± s.e. across seeds; then each pair's
+    paired difference per task within a seed (± its s.e. over tasks), mean ± s.e. across seeds and the seeds > 0.
+    ``cells[(run, label)]`` holds ``success_rate``, ``se`` and ``tasks`` ({task key: mean success})."""
+    from pipeline.reporting.breakdown import paired_difference
+
+    head = " | ".join(runs)
+    lines = [f"| held-out success, % | {head} | mean ± s.e. over seeds |", "|---|" + "---|" * (len(runs) + 1)]
+    for label in labels:
+        got = [cells[(run, label)] for run in runs if (run, label) in cells]
+        row = " | ".join(f"{100 * cells[(run, label)]['success_rate']:.1f} ± {100 * cells[(run, label)]['se']:.1f}"
+                         if (run, label) in cells else "" for run in runs)
+        spread = [c["success_rate"] for c in got]
+        lines.append(f"| {label} | {row} | {100 * mean(spread):.1f} ± {100 * se(spread):.1f} |")
+    lines += ["", f"| paired over the same tasks, points | {head} | mean ± s.e. over seeds | seeds > 0 |",
+              "|---|" + "---|" * (len(runs) + 2)]
+    for a, b in pairs:
+        diffs, row = [], []
+        for run in runs:
+            if (run, a) in cells and (run, b) in cells:
+                d, s_e, _ = paired_difference(cells[(run, a)]["tasks"], cells[(run, b)]["tasks"])
+                diffs.append(d)
+                row.append(f"{100 * d:+.1f} ± {100 * s_e:.1f}")
+            else:
+                row.append("")
+        lines.append(f"| {a} − {b} | {' | '.join(row)} | {100 * mean(diffs):+.1f} ± {100 * se(diffs):.1f} | "
+                     f"{sum(d > 0 for d in diffs)}/{len(diffs)} |")
+    return lines
+
+
 def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -232,10 +276,11 @@ def se(xs: list[float]) -> float:
 
 def choose_hparams(preset: str | None, overrides: list[str], source: Path, policies: list[str], stage: str | None,
                    through: str | None, grid: list[str], k: int, out: Path, candidates: list[str] | None = None,
-                   exps: list[str] | None = None) -> list[dict]:
+                   exps: list[str] | None = None, held_out: bool = False) -> list[dict]:
     """Play the run's own policies, then every value's retrained ones, on val, for the finished run at ``source``
     or for each experiment of ``exps`` (one training seed each, trained with its own seed); every row (also in
-    ``OUT/results.json``, where a rerun finds the rows already made and skips them)."""
+    ``OUT/results.json``, where a rerun finds the rows already made and skips them). With ``held_out``, then
+    the value picked, the first value and the run's policies on the held-out split (``OUT/held_out.json``)."""
     from pipeline.core.stage import execute  # torch, MLflow and the stage's module: only to run one
 
     if candidates and not stage:
@@ -266,12 +311,17 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
     last = POLICY[stages[-1]] if stages else None
     for sets in values:
         labels += [f"{POLICY[s]}: {label_of(sets)}" for s in stages if s in POLICY]
+    if held_out and not stage:
+        raise ToolError("--held-out needs --stage (it reports the value picked)")
+    work_params: dict[tuple[str, str], object] = {}  # (run, label) -> the params its policy was trained with
     for run, src in runs:
         seed_set: list[str] = []
         if src is None:
             src, seed = materialize(run, out)
             seed_set = [f"seed={seed}"]
         params = load_params("params.yaml", [*base, *seed_set, f"data_dir={src}"])
+        for policy in policies:
+            work_params[(run, f"{policy} (the run's)")] = params
         groups = eval_groups(params.games)
         for policy in policies:
             label = f"{policy} (the run's)"
@@ -282,13 +332,14 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
             keep({**row, "label": label, "run": run, "seconds": round(time.perf_counter() - t0, 1)})
         for sets in values:
             made = [f"{POLICY[s]}: {label_of(sets)}" for s in stages if s in POLICY]
-            if all((run, m) in done for m in made):
-                continue
             slug = ("_".join(sets) or "preset").replace("/", "-").replace(" ", "")
             work = out / stage / run / slug if exps else out / stage / slug
-            link_upstream(src, work / "data", remade(stage))
             params = load_params("params.yaml", [*base, *seed_set, *sets, f"data_dir={work / 'data'}",
                                                  f"metrics_dir={work / 'metrics'}"])
+            work_params[(run, made[-1])] = params
+            if all((run, m) in done for m in made):
+                continue
+            link_upstream(src, work / "data", remade(stage))
             t0 = time.perf_counter()
             for name in stages:
                 execute(name, params)
@@ -308,4 +359,40 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
         spread = (f"± {100 * se(by_label[best]):.1f} over {len(by_label[best])} seeds" if len(runs) > 1 else
                   f"± {100 * next(r['se'] for r in rows if r['label'] == best):.1f}")
         print(f"picked on val: {best} ({100 * mean(by_label[best]):.1f} % {spread})")
+        if held_out:  # every value has its val rows by now: the loop above made what was missing
+            report_held_out(out, [run for run, _ in runs], policies, [lab for lab in labels if lab in by_label],
+                            best, work_params)
     return results
+
+
+def report_held_out(out: Path, runs: list[str], policies: list[str], values: list[str], best: str,
+                    work_params: dict) -> list[str]:
+    """The value picked and the first value, beside the run's policies, on the held-out split, once every value
+    has its val rows: their table (``held_out_table``); every cell kept in ``OUT/held_out.json`` as it is made."""
+    from pipeline.reporting.breakdown import task_means
+
+    own = [f"{p} (the run's)" for p in policies]
+    picked = list(dict.fromkeys([values[0], best]))
+    path = out / "held_out.json"
+    cells = {(c["run"], c["label"]): c for c in (json.loads(path.read_text()) if path.exists() else [])}
+    for run in runs:
+        for label in own + picked:
+            if (run, label) in cells:
+                continue
+            policy = label.removesuffix(" (the run's)") if label in own else label.partition(":")[0]
+            t0 = time.perf_counter()
+            rows = held_out_rows(work_params[(run, label)], policy)
+            tasks = {f"{g}/{t}": v for (g, t), v in task_means(rows).get(policy, {}).items()}
+            cells[(run, label)] = {"run": run, "label": label, **score(rows), "tasks": tasks,
+                                   "seconds": round(time.perf_counter() - t0, 1)}
+            print(f"{label} [{run}] held-out {cells[(run, label)]['success_rate']:.1%} ± "
+                  f"{cells[(run, label)]['se']:.1%} (n={len(rows)})", flush=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(list(cells.values()), indent=1))
+            tmp.replace(path)
+    pairs = [(picked[-1], picked[0])] if len(picked) > 1 else []
+    pairs += [(value, mine) for value in picked for mine in own]
+    lines = held_out_table(cells, runs, own + picked, pairs)
+    print(f"held-out, once, for the value picked on val ({best}) and the first value:", flush=True)
+    print("\n".join(lines), flush=True)
+    return lines
