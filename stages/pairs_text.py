@@ -46,7 +46,8 @@ def _needs(params: Params) -> list[str]:
 
 METRIC_HELP = {
     "strategy": "pairs_text.strategy: paprika (best against worse trajectory) or multiturn (per-turn candidates)",
-    "tasks": "train tasks with rollouts",
+    "tasks": "train tasks with rollouts (of pairs_text.groups where it names some)",
+    "groups": "the task groups the pairs and the SFT set were made from (pairs_text.groups, or every group rolled out)",
     "pairs": "preference pairs written",
     "sft_trajectories": "trajectories of the SFT set",
     "pairs_with_failed_rejected": "paprika: pairs whose rejected trajectory lost",
@@ -148,7 +149,7 @@ def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[
     if cfg.judge.backend == "rules" and inexact:
         raise ConfigError(f"params: pairs_text.judge: the rules 'exact' judge needs a knowledge base "
                           f"({', '.join(EXACT_GROUPS)}); the rollouts also hold {', '.join(inexact)}: use an "
-                          f"LLM judge (hf, vllm, openai)")
+                          f"LLM judge (hf, vllm, openai), or leave them out with pairs_text.groups")
     chunks = [keys[i : i + cfg.tasks_per_chunk] for i in range(0, len(keys), cfg.tasks_per_chunk)]
     policy = load_policy_backend(params, "base")
     judge = ContinuationJudge(cfg.judge)
@@ -172,6 +173,13 @@ def run(params: Params, ctx: StageContext) -> StageResult:
     cfg = params.pairs_text
     src = params.data_path("annotate_text")
     rows = read_rows(src)
+    held = sorted({r["group"] for r in rows})
+    if cfg.groups is not None:
+        absent = [g for g in cfg.groups if g not in held]
+        if absent:
+            raise ConfigError(f"params: pairs_text.groups: {', '.join(absent)} not in the annotated rollouts "
+                              f"(they hold {', '.join(held)})")
+        rows = [r for r in rows if r["group"] in cfg.groups]
     rng = random.Random(chunk_seed(params.seed, NAME, 0))
     pairs, sft = build(rows, cfg.turn_threshold, cfg.judge_label_strategy, cfg.pairs_per_task, rng)
     upstream = {"annotate_text": dataset_hash(src)}
@@ -212,4 +220,5 @@ def run(params: Params, ctx: StageContext) -> StageResult:
                 desc="sft set")
     metrics["sft_trajectories"] = len(sft)
     metrics["strategy"] = cfg.strategy
+    metrics["groups"] = ",".join(sorted({r["group"] for r in rows}))
     return StageResult(metrics=metrics, outputs=[str(out)])

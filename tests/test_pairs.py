@@ -408,3 +408,27 @@ def test_exact_scores_read_the_city_knowledge_base_too():
     assert s.information_gain == pytest.approx(1 - math.log2(len(europe)) / math.log2(len(every)))
     with pytest.raises(ValueError, match="knowledge base"):
         knowledge_base_candidates(make_game("wordle"), make_game("wordle").tasks("train")[0])
+
+
+def test_pairs_and_the_sft_set_come_from_the_groups_pairs_text_names(tmp_path):
+    """Rollouts of two groups; pairs_text.groups names one: the other's tasks give no pair and no SFT trajectory,
+    the metrics say which groups were used; a group the rollouts do not hold is a one-line params error."""
+    from pipeline.core.artifacts import read_rows
+    from pipeline.core.runners import run_chunked
+    from pipeline.core.stage import execute
+
+    data = tmp_path / "data"
+    rows = [{**traj(s, ok, t), "group": g, "task_id": f"{g}-0"}
+            for g in ("twenty_questions", "bandit") for s, ok, t in ((0, True, 3), (1, False, 20))]
+    run_chunked(data / "annotate_text", num_chunks=1, make_chunk=lambda _: rows, params_hash="h")
+    base = [f"data_dir={data}", f"metrics_dir={tmp_path / 'metrics'}", "tracking.enabled=false"]
+
+    execute("pairs-text", load_params(REPO / "params.yaml", [*base, "pairs_text.groups=[twenty_questions]"]))
+    assert {p["group"] for p in read_rows(data / "pairs_text" / "preferences")} == {"twenty_questions"}
+    assert [r["task_id"] for r in read_rows(data / "pairs_text" / "sft")] == ["twenty_questions-0"]
+    metrics = json.loads((tmp_path / "metrics" / "stages" / "pairs-text.json").read_text())
+    assert metrics["groups"] == "twenty_questions" and metrics["tasks"] == 1
+
+    with pytest.raises(ConfigError, match=r"pairs_text.groups: guess_my_city not in the annotated rollouts "
+                                          r"\(they hold bandit, twenty_questions\)"):
+        execute("pairs-text", load_params(REPO / "params.yaml", [*base, "pairs_text.groups=[guess_my_city]"]))

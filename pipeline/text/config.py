@@ -182,6 +182,9 @@ class PairsTextConfig(Section):
         "as_failure", description="how judge-invalid successes count"
     )
     pairs_per_task: int = Field(1, ge=1, le=100, description="paprika: pairs made per task")
+    groups: list[str] | None = Field(
+        None, description="the task groups of the annotated rollouts that pairs and the SFT set are made from: "
+        "null = every group they hold (e.g. only the knowledge-base games, for the rules 'exact' multiturn judge)")
     # -- strategy: multiturn -------------------------------------------------------------------------------
     states_per_task: int = Field(4, ge=1, description="multiturn: conversation prefixes (states) sampled per task")
     num_candidates: int = Field(3, ge=2, le=64, description="multiturn: candidate next turns sampled per state")
