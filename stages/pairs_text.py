@@ -28,6 +28,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.errors import CurioError
 from pipeline.core.runners import run_chunked
 from pipeline.core.stage import Out, Stage, StageContext, StageResult
+from pipeline.envs.base import Game
 from pipeline.llm import sampling_from_config
 from pipeline.llm.ledger import metric_help as ledger_help
 from pipeline.params import Params
@@ -136,6 +137,15 @@ def build(rows: list[dict], threshold: int, strategy: str, pairs_per_task: int,
     return pairs, sft
 
 
+def check_exact_judge(games: list[Game]) -> None:
+    """The rules 'exact' judge scores games with a knowledge base only, at any tier (``GAME@TIER``)."""
+    inexact = [g.name for g in games if type(g).name not in EXACT_GROUPS]
+    if inexact:
+        raise ConfigError(f"params: pairs_text.judge: the rules 'exact' judge needs a knowledge base "
+                          f"({', '.join(EXACT_GROUPS)}); the rollouts also hold {', '.join(inexact)}: use an "
+                          f"LLM judge (hf, vllm, openai), or leave them out with pairs_text.groups")
+
+
 def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[str, str], h: str,
                     stats: dict[str, int]) -> dict[str, float | int]:
     """Write the per-turn pairs of every task to ``out`` (chunked, resumable); returns the LLM judge's ledger."""
@@ -145,11 +155,8 @@ def build_multiturn(params: Params, rows: list[dict], out: Path, upstream: dict[
         by_task[(r["group"], r["task_id"])].append(r)
     keys = sorted(by_task)
     games = {g.name: g for g in make_games(params, sorted({g for g, _ in keys}))}  # the policy's move parsing
-    inexact = [g for g in games if g not in EXACT_GROUPS]
-    if cfg.judge.backend == "rules" and inexact:
-        raise ConfigError(f"params: pairs_text.judge: the rules 'exact' judge needs a knowledge base "
-                          f"({', '.join(EXACT_GROUPS)}); the rollouts also hold {', '.join(inexact)}: use an "
-                          f"LLM judge (hf, vllm, openai), or leave them out with pairs_text.groups")
+    if cfg.judge.backend == "rules":
+        check_exact_judge(list(games.values()))
     chunks = [keys[i : i + cfg.tasks_per_chunk] for i in range(0, len(keys), cfg.tasks_per_chunk)]
     policy = load_policy_backend(params, "base")
     judge = ContinuationJudge(cfg.judge)

@@ -432,3 +432,14 @@ def test_pairs_and_the_sft_set_come_from_the_groups_pairs_text_names(tmp_path):
     with pytest.raises(ConfigError, match=r"pairs_text.groups: guess_my_city not in the annotated rollouts "
                                           r"\(they hold bandit, twenty_questions\)"):
         execute("pairs-text", load_params(REPO / "params.yaml", [*base, "pairs_text.groups=[guess_my_city]"]))
+
+
+def test_the_exact_judge_scores_knowledge_base_games_at_any_tier():
+    """Tiered groups (``twenty_questions@shown4``) have the knowledge base their game has; bandit has none and is
+    named in the one-line refusal."""
+    from stages.pairs_text import check_exact_judge
+
+    check_exact_judge([make_game("twenty_questions@shown4"), make_game("guess_my_city@shown4"),
+                       make_game("twenty_questions")])
+    with pytest.raises(ConfigError, match="the rollouts also hold bandit@easy3: use an LLM judge"):
+        check_exact_judge([make_game("twenty_questions@shown4"), make_game("bandit@easy3")])
