@@ -77,18 +77,24 @@ def test_across_seeds_gives_each_value_its_mean_and_its_paired_difference_from_t
     assert lines[3] == "| B | 45.0 | 50.0 | 70.0 | 55.0 ± 7.6 | +5.0 ± 2.9 | 2/3 |"
 
 
-def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_what_is_done(tmp_path, monkeypatch):
-    """Over two experiments (seeds 3 and 7) and two candidates, rl-text runs once per (experiment, candidate) with
-    that experiment's seed; the rows are on disk as they are made, and the same command again trains nothing."""
-    import pipeline.core.stage as stage_mod
-    from pipeline.tools import choose_hparams as ch
-
+def two_experiments(ch, tmp_path, monkeypatch) -> None:
+    """Experiments p-seed-3 and p-seed-7 (training seeds 3 and 7), each a data/ with a DPO policy, in place of
+    copies out of DVC's cache."""
     runs = {}
     for name, seed in (("p-seed-3", 3), ("p-seed-7", 7)):
         data = tmp_path / "exps" / name / "data"
         (data / "train_policy" / "dpo").mkdir(parents=True)
         runs[name] = (data, seed)
     monkeypatch.setattr(ch, "materialize", lambda name, out: runs[name])
+
+
+def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_what_is_done(tmp_path, monkeypatch):
+    """Over two experiments (seeds 3 and 7) and two candidates, rl-text runs once per (experiment, candidate) with
+    that experiment's seed; the rows are on disk as they are made, and the same command again trains nothing."""
+    import pipeline.core.stage as stage_mod
+    from pipeline.tools import choose_hparams as ch
+
+    two_experiments(ch, tmp_path, monkeypatch)
     trained = []
     monkeypatch.setattr(stage_mod, "execute", lambda name, params: trained.append(
         (name, params.seed, params.rl_text.lr)))
@@ -184,12 +190,7 @@ def test_held_out_reports_the_value_picked_and_the_first_once_paired_per_task(tm
     import pipeline.core.stage as stage_mod
     from pipeline.tools import choose_hparams as ch
 
-    runs = {}
-    for name, seed in (("p-seed-3", 3), ("p-seed-7", 7)):
-        data = tmp_path / "exps" / name / "data"
-        (data / "train_policy" / "dpo").mkdir(parents=True)
-        runs[name] = (data, seed)
-    monkeypatch.setattr(ch, "materialize", lambda name, out: runs[name])
+    two_experiments(ch, tmp_path, monkeypatch)
     monkeypatch.setattr(stage_mod, "execute", lambda name, params: None)
     val = {1e-4: 0.5, 2e-4: 0.6, 3e-4: 0.3}
     monkeypatch.setattr(ch, "val_rows", lambda params, policy, k: [
