@@ -274,6 +274,15 @@ def se(xs: list[float]) -> float:
     return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
 
 
+def runs_of(source: Path, exps: list[str] | None) -> list[tuple[str, Path | None]]:
+    """(name, data dir) of each run to choose on: the experiments (copied out of DVC's cache later), or ``source``."""
+    if exps:
+        return [(name, None) for name in exps]
+    if not source.is_dir():
+        raise ToolError(f"--from {source}: not a directory (a finished run's data/)")
+    return [(str(source), source.resolve())]
+
+
 def choose_hparams(preset: str | None, overrides: list[str], source: Path, policies: list[str], stage: str | None,
                    through: str | None, grid: list[str], k: int, out: Path, candidates: list[str] | None = None,
                    exps: list[str] | None = None, held_out: bool = False) -> list[dict]:
@@ -289,12 +298,7 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
     values = candidate_sets(grid, candidates or [])
     os.environ.setdefault("TQDM_DISABLE", "1")
     base = [*(preset_overrides(preset) if preset else []), *overrides, "tracking.enabled=false"]
-    if exps:
-        runs = [(name, None) for name in exps]
-    elif not source.is_dir():
-        raise ToolError(f"--from {source}: not a directory (a finished run's data/)")
-    else:
-        runs = [(str(source), source.resolve())]
+    runs = runs_of(source, exps)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else []
     done = {(r.get("run"), r["label"]) for r in results}
@@ -350,19 +354,27 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
                       "train_seconds": round(trained, 1), "seconds": round(time.perf_counter() - t0, 1)})
     if len(runs) > 1:
         print("\n".join(across_seeds(results, labels)), flush=True)
-    rows = [r for r in results if r.get("policy") == last and "sets" in r]
-    if rows:
-        by_label: dict[str, list[float]] = {}
-        for r in rows:
-            by_label.setdefault(r["label"], []).append(r["success_rate"])
-        best = max(by_label, key=lambda lab: mean(by_label[lab]))  # max keeps the first of a tie
-        spread = (f"± {100 * se(by_label[best]):.1f} over {len(by_label[best])} seeds" if len(runs) > 1 else
-                  f"± {100 * next(r['se'] for r in rows if r['label'] == best):.1f}")
-        print(f"picked on val: {best} ({100 * mean(by_label[best]):.1f} % {spread})")
-        if held_out:  # every value has its val rows by now: the loop above made what was missing
-            report_held_out(out, [run for run, _ in runs], policies, [lab for lab in labels if lab in by_label],
-                            best, work_params)
+    best, by_label = pick(results, last, len(runs))
+    if best and held_out:  # every value has its val rows by now: the loop above made what was missing
+        report_held_out(out, [run for run, _ in runs], policies, [lab for lab in labels if lab in by_label],
+                        best, work_params)
     return results
+
+
+def pick(results: list[dict], last: str | None, n_runs: int) -> tuple[str | None, dict[str, list[float]]]:
+    """The value whose policy of the last stage has the best mean val success (across seeds), printed with its
+    spread; None when no value has a row yet."""
+    rows = [r for r in results if r.get("policy") == last and "sets" in r]
+    by_label: dict[str, list[float]] = {}
+    for r in rows:
+        by_label.setdefault(r["label"], []).append(r["success_rate"])
+    if not rows:
+        return None, by_label
+    best = max(by_label, key=lambda lab: mean(by_label[lab]))  # max keeps the first of a tie
+    spread = (f"± {100 * se(by_label[best]):.1f} over {len(by_label[best])} seeds" if n_runs > 1 else
+              f"± {100 * next(r['se'] for r in rows if r['label'] == best):.1f}")
+    print(f"picked on val: {best} ({100 * mean(by_label[best]):.1f} % {spread})")
+    return best, by_label
 
 
 def report_held_out(out: Path, runs: list[str], policies: list[str], values: list[str], best: str,
