@@ -217,12 +217,17 @@ def test_held_out_reports_the_value_picked_and_the_first_once_paired_per_task(tm
     lines = ch.report_held_out(tmp_path / "out", ["p-seed-3", "p-seed-7"], ["dpo"],
                                ["rl: rl_text.lr=0.0001", "rl: rl_text.lr=0.0002", "rl: rl_text.lr=0.0003"],
                                "rl: rl_text.lr=0.0002", {})  # every cell on disk: nothing played, no params needed
-    assert lines[2] == "| dpo (the run's) | 25.0 ± 21.7 | 0.0 ± 0.0 | 12.5 ± 12.5 |"
-    assert lines[4] == "| rl: rl_text.lr=0.0002 | 75.0 ± 21.7 | 100.0 ± 0.0 | 87.5 ± 12.5 |"
-    assert lines[8] == ("| rl: rl_text.lr=0.0002 − rl: rl_text.lr=0.0001 | +25.0 ± 25.0 | +75.0 ± 25.0 | +50.0 ± 25.0 "
-                        "| 2/2 |")
-    assert lines[9] == "| rl: rl_text.lr=0.0001 − dpo (the run's) | +25.0 ± 25.0 | +25.0 ± 25.0 | +25.0 ± 0.0 | 2/2 |"
-    assert lines[10] == "| rl: rl_text.lr=0.0002 − dpo (the run's) | +50.0 ± 28.9 | +100.0 ± 0.0 | +75.0 ± 25.0 | 2/2 |"
+    assert lines[0] == ("| held-out success, % (± evaluation s.e.) | seed 3 | seed 7 | mean ± s.e. over seeds "
+                        "| s.d. across seeds | mean evaluation s.e. |")
+    # s.d. across seeds of (25, 0) is 17.7; the evaluation's binomial s.e. 21.7 (25 % of 4) and 0
+    assert lines[2] == "| dpo (the run's) | 25.0 ± 21.7 | 0.0 ± 0.0 | 12.5 ± 12.5 | 17.7 | 10.8 |"
+    assert lines[4] == "| rl: rl_text.lr=0.0002 | 75.0 ± 21.7 | 100.0 ± 0.0 | 87.5 ± 12.5 | 17.7 | 10.8 |"
+    assert lines[8] == ("| rl: rl_text.lr=0.0002 − rl: rl_text.lr=0.0001 | 25.0 ± 25.0 | 75.0 ± 25.0 | 50.0 ± 25.0 "
+                        "| 35.4 | 25.0 | 2/2 > 0 |")
+    assert lines[9] == ("| rl: rl_text.lr=0.0001 − dpo (the run's) | 25.0 ± 25.0 | 25.0 ± 25.0 | 25.0 ± 0.0 | 0.0 "
+                        "| 25.0 | 2/2 > 0 |")
+    assert lines[10] == ("| rl: rl_text.lr=0.0002 − dpo (the run's) | 50.0 ± 28.9 | 100.0 ± 0.0 | 75.0 ± 25.0 | 35.4 "
+                         "| 14.4 | 2/2 > 0 |")
     played.clear()
     ch.choose_hparams(**args)
     assert played == []

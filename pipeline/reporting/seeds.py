@@ -195,10 +195,10 @@ def table_lines(title: str, lines: list[Line], runs: list[SeedRun], scale: float
     """One table (:func:`table_cells`) as text lines, markdown or plain."""
     if not lines:
         return []
-    return _table_text(*table_cells(title, lines, [run.seed for run in runs], scale, paired), markdown)
+    return table_text(*table_cells(title, lines, [run.seed for run in runs], scale, paired), markdown)
 
 
-def _table_text(header: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
+def table_text(header: list[str], rows: list[list[str]], markdown: bool = True) -> list[str]:
     """A table's header and rows as text lines, markdown (with its separator line) or plain."""
     return [_row(header, markdown), *(["|" + "---|" * len(header)] if markdown else []),
             *(_row(r, markdown) for r in rows)]
@@ -221,7 +221,7 @@ def seed_tables(runs: list[SeedRun], markdown: bool = False) -> list[str]:
         if lines:
             out += ["", *table_lines(title, lines, runs, scale, paired, markdown)]
     if lags := labeller_lags(runs):
-        out += ["", *_table_text(*lag_cells(lags, [run.seed for run in runs]), markdown)]
+        out += ["", *table_text(*lag_cells(lags, [run.seed for run in runs]), markdown)]
     spent = cost(runs)
     ledger = spent["ledger"]
     out += ["", "cost: stages' seconds " + ", ".join(f"{name} {s:.0f}" for name, s in spent["seconds"].items())

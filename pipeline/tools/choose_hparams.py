@@ -233,33 +233,26 @@ def held_out_rows(params, policy: str) -> list[dict]:
 
 def held_out_table(cells: dict[tuple[str, str], dict], runs: list[str], labels: list[str],
                    pairs: list[tuple[str, str]]) -> list[str]:
-    """Markdown: each label's held-out success per run (seed) and its mean ± s.e. across seeds; then each pair's
-    paired difference per task within a seed (± its s.e. over tasks), mean ± s.e. across seeds and the seeds > 0.
-    ``cells[(run, label)]`` holds ``success_rate``, ``se`` and ``tasks`` ({task key: mean success})."""
+    """Markdown, as ``curio table --seeds`` prints a sweep (pipeline.reporting.seeds): each label's held-out
+    success per seed (± its evaluation s.e.), mean ± s.e. across seeds, s.d. across seeds beside the mean evaluation
+    s.e.; then each pair's paired difference per task within a seed, the same columns and the seeds agreeing in sign.
+    ``cells[(run, label)]`` holds ``success_rate``, ``se``, ``tasks`` ({task key: mean success}) and ``seed``."""
     from pipeline.reporting.breakdown import paired_difference
+    from pipeline.reporting.seeds import Line, table_cells, table_text
 
-    head = " | ".join(runs)
-    lines = [f"| held-out success, % | {head} | mean ± s.e. over seeds |", "|---|" + "---|" * (len(runs) + 1)]
-    for label in labels:
-        got = [cells[(run, label)] for run in runs if (run, label) in cells]
-        row = " | ".join(f"{100 * cells[(run, label)]['success_rate']:.1f} ± {100 * cells[(run, label)]['se']:.1f}"
-                         if (run, label) in cells else "" for run in runs)
-        spread = [c["success_rate"] for c in got]
-        lines.append(f"| {label} | {row} | {100 * mean(spread):.1f} ± {100 * se(spread):.1f} |")
-    lines += ["", f"| paired over the same tasks, points | {head} | mean ± s.e. over seeds | seeds > 0 |",
-              "|---|" + "---|" * (len(runs) + 2)]
+    def seed_of(run: str) -> object:
+        return next((c["seed"] for (r, _), c in cells.items() if r == run and "seed" in c), run)
+
+    full = [run for run in runs if all((run, label) in cells for label in labels)]  # seeds with every cell
+    seeds = [seed_of(run) for run in full]
+    per_label = [Line(label, [cells[(run, label)]["success_rate"] for run in full],
+                      [cells[(run, label)]["se"] for run in full]) for label in labels]
+    per_pair = []
     for a, b in pairs:
-        diffs, row = [], []
-        for run in runs:
-            if (run, a) in cells and (run, b) in cells:
-                d, s_e, _ = paired_difference(cells[(run, a)]["tasks"], cells[(run, b)]["tasks"])
-                diffs.append(d)
-                row.append(f"{100 * d:+.1f} ± {100 * s_e:.1f}")
-            else:
-                row.append("")
-        lines.append(f"| {a} − {b} | {' | '.join(row)} | {100 * mean(diffs):+.1f} ± {100 * se(diffs):.1f} | "
-                     f"{sum(d > 0 for d in diffs)}/{len(diffs)} |")
-    return lines
+        diffs = [paired_difference(cells[(run, a)]["tasks"], cells[(run, b)]["tasks"]) for run in full]
+        per_pair.append(Line(f"{a} − {b}", [d for d, _, _ in diffs], [s for _, s, _ in diffs]))
+    return [*table_text(*table_cells("held-out success, % (± evaluation s.e.)", per_label, seeds, 100, False)), "",
+            *table_text(*table_cells("paired over the same tasks, points", per_pair, seeds, 100, True))]
 
 
 def mean(xs: list[float]) -> float:
@@ -393,9 +386,10 @@ def report_held_out(out: Path, runs: list[str], policies: list[str], values: lis
                 continue
             policy = label.removesuffix(" (the run's)") if label in own else label.partition(":")[0]
             t0 = time.perf_counter()
-            rows = held_out_rows(work_params[(run, label)], policy)
+            params = work_params[(run, label)]
+            rows = held_out_rows(params, policy)
             tasks = {f"{g}/{t}": v for (g, t), v in task_means(rows).get(policy, {}).items()}
-            cells[(run, label)] = {"run": run, "label": label, **score(rows), "tasks": tasks,
+            cells[(run, label)] = {"run": run, "label": label, "seed": params.seed, **score(rows), "tasks": tasks,
                                    "seconds": round(time.perf_counter() - t0, 1)}
             print(f"{label} [{run}] held-out {cells[(run, label)]['success_rate']:.1%} ± "
                   f"{cells[(run, label)]['se']:.1%} (n={len(rows)})", flush=True)
