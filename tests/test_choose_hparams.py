@@ -77,6 +77,23 @@ def test_across_seeds_gives_each_value_its_mean_and_its_paired_difference_from_t
     assert lines[3] == "| B | 45.0 | 50.0 | 70.0 | 55.0 ± 7.6 | +5.0 ± 2.9 | 2/3 |"
 
 
+def test_each_value_is_paired_with_the_first_value_of_the_same_policy_seed_by_seed():
+    """Two values, each trained through SFT and DPO, over three seeds, by hand: dpo: B − dpo: A is +10, −1, +9
+    points (mean +6.0, s.d. 6.08, s.e. 3.5; 2 of 3 above 0); sft: B − sft: A is 0 in every seed; the run's own
+    policy (no value) is paired with nothing."""
+    from pipeline.tools.choose_hparams import value_differences
+
+    table = {"dpo (the run's)": (0.5, 0.5, 0.5), "sft: A": (0.5, 0.6, 0.5), "dpo: A": (0.50, 0.60, 0.50),
+             "sft: B": (0.5, 0.6, 0.5), "dpo: B": (0.60, 0.59, 0.59)}
+    rows = [{"run": f"s{i}", "label": lab, "success_rate": v}
+            for lab, vals in table.items() for i, v in enumerate(vals)]
+    lines = value_differences(rows, list(table))
+    assert lines[0] == "| val, paired over the same tasks, points | s0 | s1 | s2 | mean ± s.e. over seeds | seeds > 0 |"
+    assert lines[2:] == ["| sft: B − sft: A | +0.0 | +0.0 | +0.0 | +0.0 ± 0.0 | 0/3 |",
+                         "| dpo: B − dpo: A | +10.0 | -1.0 | +9.0 | +6.0 ± 3.5 | 2/3 |"]
+    assert value_differences(rows, ["dpo (the run's)", "sft: A", "dpo: A"]) == []
+
+
 def two_experiments(ch, tmp_path, monkeypatch) -> None:
     """Experiments p-seed-3 and p-seed-7 (training seeds 3 and 7), each a data/ with a DPO policy, in place of
     copies out of DVC's cache."""

@@ -224,6 +224,29 @@ def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
     return lines
 
 
+def value_differences(results: list[dict], labels: list[str]) -> list[str]:
+    """Each value's val success − the first value's, policy by policy (``dpo: B`` − ``dpo: A``), per training seed
+    (over the same val tasks and episodes), with mean ± s.e. across seeds and the seeds > 0; empty for one value."""
+    runs = list(dict.fromkeys(r["run"] for r in results))
+    by = {(r["run"], r["label"]): r["success_rate"] for r in results}
+    values = [lab for lab in labels if ": " in lab]
+    first = {}  # policy -> its row of the first value
+    for lab in values:
+        first.setdefault(lab.partition(": ")[0], lab)
+    pairs = [(lab, first[lab.partition(": ")[0]]) for lab in values if lab not in first.values()]
+    if not pairs:
+        return []
+    lines = [f"| val, paired over the same tasks, points | {' | '.join(runs)} | mean ± s.e. over seeds | seeds > 0 |",
+             "|---|" + "---|" * (len(runs) + 2)]
+    for a, b in pairs:
+        diffs = [by[(run, a)] - by[(run, b)] if (run, a) in by and (run, b) in by else None for run in runs]
+        got = [d for d in diffs if d is not None]
+        cells = " | ".join("" if d is None else f"{100 * d:+.1f}" for d in diffs)
+        lines.append(f"| {a} − {b} | {cells} | {100 * mean(got):+.1f} ± {100 * se(got):.1f} | "
+                     f"{sum(d > 0 for d in got)}/{len(got)} |")
+    return lines
+
+
 def held_out_rows(params, policy: str) -> list[dict]:
     """``policy``'s held-out episodes as evaluate-text plays them (its seed, episodes per task and temperature)."""
     from stages.evaluate_text import evaluate_chunk  # the policy backends (torch): only to play
@@ -346,7 +369,7 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
                 keep({**row, "label": label, "run": run, "sets": sets, "policy": policy,
                       "train_seconds": round(trained, 1), "seconds": round(time.perf_counter() - t0, 1)})
     if len(runs) > 1:
-        print("\n".join(across_seeds(results, labels)), flush=True)
+        print("\n".join([*across_seeds(results, labels), "", *value_differences(results, labels)]), flush=True)
     best, by_label = pick(results, last, len(runs))
     if best and held_out:  # every value has its val rows by now: the loop above made what was missing
         report_held_out(out, [run for run, _ in runs], policies, [lab for lab in labels if lab in by_label],
