@@ -486,3 +486,12 @@ def test_the_onis_seeds_preset_is_onis_learning_preset_with_four_agents_at_1m_st
     assert all(params.rl_nethack.variants[k] == oni.rl_nethack.variants[k] for k in params.rl_nethack.variants)
     assert params.rl_nethack.train_for_env_steps == 1_000_000 and params.rl_nethack.extended_actions
     assert params.evaluate_nethack == oni.evaluate_nethack
+
+
+def test_the_onis_seeds_preset_at_4m_steps_differs_from_it_only_in_budget():
+    short = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "nethack-oni-seeds.yaml"))
+    params = load_params(REPO / "params.yaml", preset_overrides(REPO / "presets" / "nethack-oni-seeds-4m.yaml"))
+    assert params.rl_nethack.train_for_env_steps == 4_000_000 and params.rl_nethack.timeout_s == 10_800
+    assert params.model_copy(update={"rl_nethack": short.rl_nethack}) == short
+    assert params.rl_nethack.model_copy(update={"train_for_env_steps": 1_000_000, "timeout_s": 3600}) == \
+        short.rl_nethack
