@@ -203,20 +203,26 @@ def check_params(params: Params) -> None:
                           "with the weights it is training, in its own process (the hf backend); set "
                           "policy.backend=hf, or rl_text.algorithm grpo or filtered_bc, which serve each round's "
                           "policy on vllm too")
+    trained = params.games.groups if rl.groups is None else rl.groups
+    if absent := [g for g in trained if g not in params.games.groups]:
+        raise ConfigError(f"params: rl_text.groups: {', '.join(absent)} not in games.groups "
+                          f"({', '.join(params.games.groups)})")
     exact_judge = {"judge": ("rl_text.judge_reward.judge", rl.judge_reward.judge),
                    "motif": ("annotate_utterances.judge", params.annotate_utterances.judge),
                    "oni": ("rl_text.oni.annotator", rl.oni.annotator)}.get(rl.reward)
     if exact_judge is not None and exact_judge[1].backend == "rules":
-        inexact = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
+        inexact = [g for g in trained if game_class(g).name not in EXACT_GROUPS]
         if inexact:
             raise ConfigError(f"params: rl_text.reward: {rl.reward} with the rules 'exact' judge needs a knowledge "
-                              f"base ({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(inexact)}: "
-                              f"set {exact_judge[0]} to an LLM judge (hf, vllm, openai)")
+                              f"base ({', '.join(EXACT_GROUPS)}); the groups it trains on also hold "
+                              f"{', '.join(inexact)}: set {exact_judge[0]} to an LLM judge (hf, vllm, openai), "
+                              f"or rl_text.groups to the others")
     if rl.reward == "infogain":
-        without = [g for g in params.games.groups if game_class(g).name not in EXACT_GROUPS]
+        without = [g for g in trained if game_class(g).name not in EXACT_GROUPS]
         if without:
             raise ConfigError(f"params: rl_text.reward: infogain reads the game's knowledge base "
-                              f"({', '.join(EXACT_GROUPS)}); games.groups also holds {', '.join(without)}")
+                              f"({', '.join(EXACT_GROUPS)}); the groups it trains on also hold {', '.join(without)}: "
+                              f"set rl_text.groups to the others")
     known = {"random", "all", *params.rl_nethack.variants}
     for name in params.evaluate_nethack.policies:
         if name not in known:

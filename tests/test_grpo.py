@@ -259,6 +259,19 @@ def test_infogain_needs_a_knowledge_base():
         load_params("params.yaml", ["rl_text.reward=infogain", "games.groups=[twenty_questions,wordle]"])
 
 
+def test_rl_text_groups_are_a_subset_of_the_games_and_let_infogain_train_beside_a_game_without_a_base():
+    from pipeline.core.config import ConfigError
+
+    both = ["rl_text.reward=infogain", "games.groups=[twenty_questions,wordle]"]
+    assert load_params("params.yaml", [*both, "rl_text.groups=[twenty_questions]"]).rl_text.groups == \
+        ["twenty_questions"]
+    with pytest.raises(ConfigError, match="infogain reads .* the groups it trains on also hold wordle"):
+        load_params("params.yaml", [*both, "rl_text.groups=[wordle]"])
+    with pytest.raises(ConfigError, match=r"rl_text.groups: guess_my_city not in games.groups "
+                                          r"\(twenty_questions, wordle\)"):
+        load_params("params.yaml", [*both, "rl_text.groups=[twenty_questions,guess_my_city]"])
+
+
 @pytest.fixture(scope="module")
 def bootstrapped(tmp_path_factory):
     """A tiny bootstrap run (the built-in policy the stage starts from): its directory."""
@@ -279,6 +292,28 @@ def grpo_params(tmp_path, *extra):
                                        "rl_text.trajectories_per_task=3", "rollout_text.max_new_tokens=8",
                                        "rl_text.grpo.lr=0.001", "policy.free_answers=true", "tracking.enabled=false",
                                        *extra])
+
+
+def test_rl_text_plays_and_keeps_its_val_round_on_its_own_groups_only(bootstrapped, tmp_path, monkeypatch):
+    """games.groups holds two games, rl_text.groups one: every train and val episode of the rounds is of that one."""
+    import pyarrow.parquet as pq
+
+    import pipeline.rl_text.rounds as rounds
+
+    real, val_groups = rounds.val_success, set()
+
+    def val_success(params, policy, val_jobs):
+        val_groups.update(g.name for g, _ in val_jobs)
+        return real(params, policy, val_jobs)
+
+    monkeypatch.setattr(rounds, "val_success", val_success)
+    shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
+    params = grpo_params(tmp_path, "games.groups=[twenty_questions,guess_my_city]",
+                         "rl_text.groups=[guess_my_city]", "rl_text.rounds=1")
+    stage_module("rl-text").run(declaration("rl-text").slice(params), StageContext())
+    rows = pq.read_table(tmp_path / "data" / "rl_text" / "rollouts").to_pylist()
+    assert rows and {r["group"] for r in rows} == {"guess_my_city"}
+    assert val_groups == {"guess_my_city"}
 
 
 def test_grpo_rounds_val_early_stopping_and_resume_mid_round(bootstrapped, tmp_path, monkeypatch):

@@ -410,7 +410,7 @@ def start_loop(params: Params, actor: bool, acting: Callable[[HFBackend, DoubleC
         done = sorted(int(p.name.split("-")[1]) for p in loop.state_dir.glob("round-*") if (p / "DONE").exists())
         loop.start = done[-1] + 1 if done else 0
     loop.start = from_main(loop.start, accelerator)  # the others load the checkpoint the main process resumes from
-    loop.games = make_games(params)
+    loop.games = make_games(params, params.rl_text.groups)
     loop.jobs = train_jobs(params.games, params.rl_text.max_train_tasks, loop.games)
     loop.sampling = sampling_from_config(params.rollout_text)
     loop.curriculum = online_curriculum(  # read by the main process only: it holds the episodes

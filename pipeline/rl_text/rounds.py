@@ -200,7 +200,7 @@ def run_rounds(params: Params, ctx: StageContext, learner: Learner, name: str) -
     rollouts = ChunkedDataset(out / "rollouts", params_hash=key, upstream={"init": init_hash})
     # round models and checkpoints of other params or another init are stale: never resumed
     rounds_dir = keyed_dir(out / "rounds", run_key(key, init_hash))
-    game_list = make_games(params)
+    game_list = make_games(params, params.rl_text.groups)
     games = {g.name: g for g in game_list}
     jobs = train_jobs(params.games, cfg.max_train_tasks, game_list)
     val_jobs = val_jobs_of(params.games, cfg, game_list)

@@ -468,6 +468,10 @@ class RLTextConfig(Section):
     curriculum: RLCurriculumConfig = Field(default_factory=RLCurriculumConfig,
                                            description="PAPRIKA's curriculum picks each round's tasks")
     rounds: int = Field(2, ge=0, description="rounds (iterations): rollouts, then training; the unit of resume")
+    groups: list[str] | None = Field(
+        None, min_length=1, description="the task groups of games.groups the rounds train and keep their val round "
+        "on: null = every group (e.g. only the knowledge-base games, for reward: infogain or the rules 'exact' "
+        "judge, while evaluation plays every group)")
     tasks_per_round: int = Field(64, ge=1, description="train tasks played per round")
     max_train_tasks: int | None = Field(
         None, ge=0, description="train tasks per group the rounds draw from: null = games.max_train_tasks (the "
