@@ -309,7 +309,8 @@ def test_rl_text_plays_and_keeps_its_val_round_on_its_own_groups_only(bootstrapp
     monkeypatch.setattr(rounds, "val_success", val_success)
     shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
     params = grpo_params(tmp_path, "games.groups=[twenty_questions,guess_my_city]",
-                         "rl_text.groups=[guess_my_city]", "rl_text.rounds=1")
+                         "rl_text.groups=[guess_my_city]", "rl_text.rounds=1", "rl_text.max_val_tasks=2",
+                         "rl_text.val_trajectories=1")
     stage_module("rl-text").run(declaration("rl-text").slice(params), StageContext())
     rows = pq.read_table(tmp_path / "data" / "rl_text" / "rollouts").to_pylist()
     assert rows and {r["group"] for r in rows} == {"guess_my_city"}
