@@ -204,19 +204,28 @@ def finished_ref(name: str) -> str:
     return revs[0]
 
 
+def seed_cells(results: list[dict]) -> tuple[list[str], dict[tuple[str, str], float]]:
+    """The runs (training seeds) in the order their rows came, and each (run, label)'s val success."""
+    return (list(dict.fromkeys(r["run"] for r in results)),
+            {(r["run"], r["label"]): r["success_rate"] for r in results})
+
+
+def seed_differences(by: dict[tuple[str, str], float], runs: list[str], a: str, b: str) -> list[float | None]:
+    """``a`` − ``b`` in each run (over the same val tasks and episodes); None where either has no row."""
+    return [by[(run, a)] - by[(run, b)] if (run, a) in by and (run, b) in by else None for run in runs]
+
+
 def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
     """Each value's val success per training seed, its mean ± s.e. across seeds, and its paired difference from
     the first value (per seed, over the same val tasks and episodes), with how many seeds agree in sign."""
-    runs = list(dict.fromkeys(r["run"] for r in results))
-    by = {(r["run"], r["label"]): r["success_rate"] for r in results}
+    runs, by = seed_cells(results)
     lines = [f"| val success, % | {' | '.join(runs)} | mean ± s.e. over seeds | − first, ± s.e. | seeds > 0 |",
              "|---|" + "---|" * (len(runs) + 3)]
     first = labels[0]
     for label in labels:
         vals = [by.get((run, label)) for run in runs]
         got = [v for v in vals if v is not None]
-        diffs = [by[(run, label)] - by[(run, first)] for run in runs
-                 if (run, label) in by and (run, first) in by]
+        diffs = [d for d in seed_differences(by, runs, label, first) if d is not None]
         cells = " | ".join("" if v is None else f"{100 * v:.1f}" for v in vals)
         diff = "" if label == first or not diffs else f"{100 * mean(diffs):+.1f} ± {100 * se(diffs):.1f}"
         agree = "" if label == first or not diffs else f"{sum(d > 0 for d in diffs)}/{len(diffs)}"
@@ -227,8 +236,7 @@ def across_seeds(results: list[dict], labels: list[str]) -> list[str]:
 def value_differences(results: list[dict], labels: list[str]) -> list[str]:
     """Each value's val success − the first value's, policy by policy (``dpo: B`` − ``dpo: A``), per training seed
     (over the same val tasks and episodes), with mean ± s.e. across seeds and the seeds > 0; empty for one value."""
-    runs = list(dict.fromkeys(r["run"] for r in results))
-    by = {(r["run"], r["label"]): r["success_rate"] for r in results}
+    runs, by = seed_cells(results)
     values = [lab for lab in labels if ": " in lab]
     first = {}  # policy -> its row of the first value
     for lab in values:
@@ -239,7 +247,7 @@ def value_differences(results: list[dict], labels: list[str]) -> list[str]:
     lines = [f"| val, paired over the same tasks, points | {' | '.join(runs)} | mean ± s.e. over seeds | seeds > 0 |",
              "|---|" + "---|" * (len(runs) + 2)]
     for a, b in pairs:
-        diffs = [by[(run, a)] - by[(run, b)] if (run, a) in by and (run, b) in by else None for run in runs]
+        diffs = seed_differences(by, runs, a, b)
         got = [d for d in diffs if d is not None]
         cells = " | ".join("" if d is None else f"{100 * d:+.1f}" for d in diffs)
         lines.append(f"| {a} − {b} | {cells} | {100 * mean(got):+.1f} ± {100 * se(got):.1f} | "
