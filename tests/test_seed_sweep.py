@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_project, run_in_project
+from test_howtos import block, shell
 
 from pipeline.reporting.seeds import SeedRun, cost, labeller_lags, nethack_lines, seed_tables, text_lines
 
@@ -100,12 +101,6 @@ def test_each_online_agents_labeller_lag_is_its_queue_over_the_messages_it_saw_p
     assert not any("labeller" in x for x in seed_tables([SeedRun("s", 0, {"evaluate-nethack": {"motif/return": 1.0}})]))
 
 
-TINY = """tracking: {enabled: false}
-games: {groups: [wordle]}
-bootstrap: {episodes: 200, n_layer: 2, n_embd: 64, n_head: 2, vocab_size: 300, epochs: 1}
-"""
-
-
 def sweep_env(proj: Path) -> dict[str, str]:
     """The environment of a user who runs `.venv/bin/curio sweep` without activating the venv: its dvc and curio
     are not on PATH."""
@@ -130,13 +125,17 @@ def descendants_alive(proj: Path) -> list[str]:
     return found
 
 
-def test_a_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished(tmp_path):
+def test_the_how_to_s_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished(tmp_path):
+    """docs/howto/seed-sweep.md's small sweep, its preset and commands read from the page: stopped with SIGTERM as
+    its second seed starts, then the page's commands as written finish the seed not finished and table both."""
     proj = make_project(tmp_path, [])
-    (proj / "tiny.yaml").write_text(TINY)
+    (proj / "tiny.yaml").write_text(block("seed-sweep.md", "sweep-preset") + "\n")
     for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
                  ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p"]):
         run_in_project(args, proj)
-    command = [sys.executable, "-m", "pipeline.cli", "sweep", "seeds", "2", "tiny.yaml", "--target", "bootstrap"]
+    page = block("seed-sweep.md", "sweep-run")
+    assert page.splitlines()[0] == "curio sweep seeds 2 tiny.yaml --target bootstrap"
+    command = [sys.executable, "-m", "pipeline.cli", *page.splitlines()[0].split()[1:]]
     sweep = subprocess.Popen(command, cwd=proj, env=sweep_env(proj), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     said = []
@@ -153,15 +152,13 @@ def test_a_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished(tmp_path):
         time.sleep(0.5)
     assert not descendants_alive(proj)  # the seed that ran and the queue's worker are gone
 
-    again = subprocess.run(command, cwd=proj, env=sweep_env(proj), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "curio sweep: tiny-seed-0: finished" in again.stdout  # not run again
-    assert "curio sweep: tiny-seed-1: queued again" in again.stdout
-    assert "2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)" in again.stdout
+    again = shell(page, proj, timeout=600).stdout  # the sweep again, then the table, as the page writes them
+    assert "curio sweep: tiny-seed-0: finished" in again  # not run again
+    assert "curio sweep: tiny-seed-1: queued again" in again
+    assert again.count("2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)") == 2, again[-3000:]  # sweep, table
+    assert "cost: stages' seconds" in again
     shown = run_in_project(["dvc", "exp", "show", "--csv"], proj)
     assert "tiny-seed-0" in shown and "tiny-seed-1" in shown  # each seed is an experiment of its own
-    table = run_in_project([sys.executable, "-m", "pipeline.cli", "table", "--seeds", "--preset", "tiny.yaml"], proj)
-    assert "2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)" in table and "cost: stages' seconds" in table
 
 
 def test_the_report_shows_a_sweeps_tables(tmp_path):
