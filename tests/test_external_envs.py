@@ -22,6 +22,7 @@ from conftest import REPO, curio, make_project, stage_here
 
 from pipeline.core.artifacts import read_manifest, read_part, read_rows
 from pipeline.core.config import ConfigError
+from pipeline.core.errors import CurioError
 from pipeline.core.stage import StageContext, stage_module
 from pipeline.envs.external import EVAL_SEED_BASE, TURN_LIMIT, ExternalEnvError, observation_text
 from pipeline.params import load_params
@@ -258,6 +259,16 @@ def test_a_textarena_id_that_cannot_be_played_is_refused_in_one_line(tmp_path, b
     assert not (proj / "data" / "rollout_text" / "_manifest.json").exists()
 
 
+def refused_in_one_line(proj: Path, pattern: str) -> None:
+    """rollout-text in this process (:func:`stage_here`) fails as ``curio`` reports in one line with exit 2 (the
+    command's own way of saying it: the unreachable server's case below), matching ``pattern``; nothing written."""
+    with pytest.raises(CurioError) as failed:
+        stage_here("rollout-text", proj)
+    message = str(failed.value)
+    assert failed.value.exit_code == 2 and "\n" not in message and re.search(pattern, message), message
+    assert not list((proj / "data" / "rollout_text").glob("part-*"))
+
+
 def test_an_unreachable_or_malformed_openenv_server_is_one_line(tmp_path, base):
     port = free_port()  # nothing listens there
     proj = project(tmp_path, base, groups(f"openenv:http://127.0.0.1:{port}"), name="unreachable")
@@ -267,16 +278,14 @@ def test_an_unreachable_or_malformed_openenv_server_is_one_line(tmp_path, base):
 
     with Server(free_port(), "--malformed") as server:
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="malformed")
-        fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
-                          r"malformed observation at .*-train-0000 \(seed 0\), reset: no text field \(fields: count\)")
+        refused_in_one_line(proj, r"malformed observation at .*-train-0000 \(seed 0\), reset: no text field "
+                                  r"\(fields: count\)")
     with Server(free_port(), "--two-fields") as server:
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="two-fields")
-        fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
-                          r"the server's action has 2 text fields \(move, note")
+        refused_in_one_line(proj, r"the server's action has 2 text fields \(move, note")
     with Server(free_port(), "--max-sessions", "3") as server:  # a chunk plays 2 tasks x 2 episodes at once
         proj = project(tmp_path, base, groups(f"openenv:{server.url}"), name="sessions")
-        fails_in_one_line(curio(["stage", "rollout-text"], proj, check=False),
-                          r"(closed a new session|refused a session) .* max_concurrent_envs")
+        refused_in_one_line(proj, r"(closed a new session|refused a session) .* max_concurrent_envs")
 
 
 def test_a_game_that_never_ends_stops_at_the_turn_limit_and_says_so(tmp_path, base):
