@@ -130,6 +130,13 @@ def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_wha
         ("p-seed-7", "rl: rl_text.lr=0.0001", 0.4), ("p-seed-7", "rl: rl_text.lr=0.0002", 0.45)]
     trained.clear()
     assert len(ch.choose_hparams(**args)) == 4 and trained == []  # resumed: every row was already made
+    assert ch.pick(rows, "rl", 2)[0] == "rl: rl_text.lr=0.0002"  # mean 52.5 against 45.0
+    # the pick is among this command's values: rows of others in the same results file take no part
+    picked = []
+    monkeypatch.setattr(ch, "pick", lambda results, last, n: picked.append({r["label"] for r in results}) or
+                        (None, {}))
+    ch.choose_hparams(**{**args, "candidates": ["rl_text.lr=0.0001"]})
+    assert picked == [{"rl: rl_text.lr=0.0001"}]
 
 
 def test_an_experiment_of_an_earlier_commit_is_found_by_its_ref_and_an_ambiguous_name_is_refused(tmp_path,

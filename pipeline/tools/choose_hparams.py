@@ -378,7 +378,8 @@ def choose_hparams(preset: str | None, overrides: list[str], source: Path, polic
                       "train_seconds": round(trained, 1), "seconds": round(time.perf_counter() - t0, 1)})
     if len(runs) > 1:
         print("\n".join([*across_seeds(results, labels), "", *value_differences(results, labels)]), flush=True)
-    best, by_label = pick(results, last, len(runs))
+    named = {run for run, _ in runs}  # the pick is among this command's values and runs, whatever else the file holds
+    best, by_label = pick([r for r in results if r["label"] in labels and r.get("run") in named], last, len(runs))
     if best and held_out:  # every value has its val rows by now: the loop above made what was missing
         report_held_out(out, [run for run, _ in runs], policies, [lab for lab in labels if lab in by_label],
                         best, work_params)
