@@ -133,8 +133,12 @@ def test_every_value_is_trained_with_each_experiments_seed_and_a_rerun_skips_wha
     assert ch.pick(rows, "rl", 2)[0] == "rl: rl_text.lr=0.0002"  # mean 52.5 against 45.0
     # the pick is among this command's values: rows of others in the same results file take no part
     picked = []
-    monkeypatch.setattr(ch, "pick", lambda results, last, n: picked.append({r["label"] for r in results}) or
-                        (None, {}))
+
+    def labels_picked_among(results, last, n_runs):
+        picked.append({r["label"] for r in results})
+        return None, {}
+
+    monkeypatch.setattr(ch, "pick", labels_picked_among)
     ch.choose_hparams(**{**args, "candidates": ["rl_text.lr=0.0001"]})
     assert picked == [{"rl: rl_text.lr=0.0001"}]
 
