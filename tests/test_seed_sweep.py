@@ -161,6 +161,43 @@ def test_the_how_to_s_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished
     assert "tiny-seed-0" in shown and "tiny-seed-1" in shown  # each seed is an experiment of its own
 
 
+def test_a_stop_as_the_worker_takes_the_next_seed_kills_that_seed_too(monkeypatch):
+    """SIGTERM just after the queue's worker took seed 1, before DVC shows it running: the stop keeps looking until
+    the worker has exited, kills seed 1 once it shows as running, and only then says the sweep stopped."""
+    from pipeline.tools import sweep
+
+    shown = iter([{"s-0": {"state": "success", "task": None}, "s-1": {"state": "queued", "task": "abcdef123"}},
+                  {"s-0": {"state": "success", "task": None}, "s-1": {"state": "running", "task": "abcdef123"}},
+                  {"s-0": {"state": "success", "task": None}, "s-1": {"state": "failed", "task": "abcdef123"}}])
+    workers = iter([["worker"], []])  # asked while no seed shows as running: the worker has seed 1, then exits
+    calls = []
+    monkeypatch.setattr(sweep, "experiments", lambda: next(shown))
+    monkeypatch.setattr(sweep, "queue_workers", lambda: next(workers), raising=False)
+    monkeypatch.setattr(sweep, "dvc", lambda *args, check=True: calls.append(list(args)))
+    monkeypatch.setattr(sweep.time, "sleep", lambda s: None)
+    with pytest.raises(sweep.SweepStopped), sweep.stop_on_signal(["s-0", "s-1"]):
+        signal.raise_signal(signal.SIGTERM)
+    assert calls == [["queue", "stop"], ["queue", "kill", "abcdef1"]]
+
+
+def test_a_checkouts_queue_workers_are_the_queue_worker_processes_working_in_it(tmp_path, monkeypatch):
+    from pipeline.tools.sweep import queue_workers
+
+    (tmp_path / "here" / ".dvc" / "tmp").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    inside = subprocess.Popen([*sleep, "queue-worker"], cwd=tmp_path / "here" / ".dvc" / "tmp")
+    elsewhere = subprocess.Popen([*sleep, "queue-worker"], cwd=tmp_path / "other")
+    not_a_worker = subprocess.Popen(sleep, cwd=tmp_path / "here")
+    try:
+        monkeypatch.chdir(tmp_path / "here")
+        assert [p.pid for p in queue_workers()] == [inside.pid]
+    finally:
+        for proc in (inside, elsewhere, not_a_worker):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_report_shows_a_sweeps_tables(tmp_path):
     import json
 

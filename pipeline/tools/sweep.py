@@ -41,6 +41,7 @@ from pipeline.tools import ToolError
 from pipeline.tools.seed_table import FINISHED, dvc, experiments, write_seed_tables
 
 POLL_S = 5.0
+STOP_WAIT_S = 120.0  # a stopped sweep waits this long at most for the queue's worker to exit
 
 
 class SweepStopped(CurioError):
@@ -123,19 +124,42 @@ def start_worker() -> None:
         raise ToolError("dvc queue start: failed (`dvc queue status` says why)")
 
 
+def queue_workers() -> list[Any]:
+    """This checkout's DVC queue workers (``dvc exp queue-worker``, each working in a folder of the checkout): one
+    told to stop still runs the seed it has taken."""
+    import psutil
+
+    here = Path.cwd().resolve()
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cwd = proc.info["cwd"]
+        if "queue-worker" in (proc.info["cmdline"] or []) and cwd and Path(cwd).resolve().is_relative_to(here):
+            found.append(proc)
+    return found
+
+
+def stop_seeds(names: list[str], wait_s: float = STOP_WAIT_S) -> None:
+    """Stop the queue's worker and kill each of ``names`` it runs, until it has exited (at most ``wait_s``): a seed
+    the worker took just before the stop shows as running only once its run has started, after the stop."""
+    dvc("queue", "stop", check=False)  # the worker takes no other seed
+    killed: set[str] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = {n: e for n, e in experiments().items() if n in names and e["state"] == "running"}
+        if fresh := {n: e for n, e in running.items() if n not in killed}:  # by queue task, as follow() does
+            dvc("queue", "kill", *(str(e["task"] or n)[:7] for n, e in fresh.items()), check=False)
+            killed |= set(fresh)
+        if (not running and not queue_workers()) or time.monotonic() > deadline:
+            return
+        time.sleep(1.0)
+
+
 @contextlib.contextmanager
 def stop_on_signal(names: list[str]) -> Iterator[None]:
     """SIGINT / SIGTERM: kill the running seed, stop the queue's worker and raise :class:`SweepStopped`."""
     def stop(signum: int, _frame: object) -> None:
         signal.signal(signum, signal.SIG_IGN)  # one stop at a time
-        dvc("queue", "stop", check=False)  # the worker takes no other seed
-        running = {n: e for n, e in experiments().items() if n in names and e["state"] == "running"}
-        if running:  # by queue task, as follow() does; then until DVC no longer calls them running
-            dvc("queue", "kill", *(str(e["task"] or n)[:7] for n, e in running.items()), check=False)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and any(
-                    e["state"] == "running" for n, e in experiments().items() if n in running):
-                time.sleep(1.0)
+        stop_seeds(names)
         raise SweepStopped(signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
