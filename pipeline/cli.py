@@ -431,13 +431,13 @@ def sweep_seeds(count: Annotated[int, typer.Argument(min=1, metavar="N", help="h
                 presets: Annotated[list[str] | None, typer.Argument(metavar="[PRESET...]", help="presets every "
                                                                     "seed runs with, stacked left to right")] = None,
                 first: Annotated[int, typer.Option(min=0, help="the first seed (seeds FIRST .. FIRST+N-1)")] = 0,
-                target: Annotated[list[str] | None, typer.Option(help="the stages to run (dvc exp run TARGET), "
+                target: Annotated[list[str] | None, typer.Option(help="the stages to run (dvc repro TARGET), "
                                                                  "e.g. evaluate-text; default: the whole DAG")]
                 = None) -> None:
-    """Run the DAG once per seed as DVC experiments (`seed-K`, or `PRESETS-seed-K`), one at a time on DVC's queue,
-    following each one's output; then print the sweep's tables (`curio table --seeds`). A rerun skips the seeds that
-    finished and reruns the ones that failed or were stopped; SIGINT / SIGTERM stop the running seed and the queue."""
-    from pipeline.tools.sweep import sweep_seeds as sweep  # DVC's queue: only for this command
+    """Run the DAG once per seed as DVC experiments (`seed-K`, or `PRESETS-seed-K`), one at a time, each in a git
+    worktree of the commit; then print the sweep's tables (`curio table --seeds`). SIGINT / SIGTERM stop the running
+    seed where it is; a rerun skips the seeds that finished and resumes the others where they stopped."""
+    from pipeline.tools.sweep import sweep_seeds as sweep  # DVC and git: only for this command
 
     typer.echo("\n".join(sweep(count, presets or [], first, target or [])))
 

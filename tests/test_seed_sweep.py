@@ -1,8 +1,9 @@
-"""A seed sweep: its tables on numbers worked by hand (pipeline/reporting/seeds.py), and ``curio sweep seeds`` on DVC's
-experiment queue, stopped and resumed."""
+"""A seed sweep: its tables on numbers worked by hand (pipeline/reporting/seeds.py), and ``curio sweep seeds`` as DVC
+experiments, stopped mid-stage and resumed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import make_project, run_in_project
 from test_howtos import block, shell
 
@@ -125,9 +127,10 @@ def descendants_alive(proj: Path) -> list[str]:
     return found
 
 
-def test_the_how_to_s_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished(tmp_path):
-    """docs/howto/seed-sweep.md's small sweep, its preset and commands read from the page: stopped with SIGTERM as
-    its second seed starts, then the page's commands as written finish the seed not finished and table both."""
+def test_the_how_to_s_sweep_stopped_mid_stage_resumes_there(tmp_path):
+    """docs/howto/seed-sweep.md's small sweep, its preset and commands read from the page: stopped with SIGTERM while
+    its second seed trains, then the page's commands as written finish that seed from the step it stopped at (its
+    worktree kept), and table both."""
     proj = make_project(tmp_path, [])
     (proj / "tiny.yaml").write_text(block("seed-sweep.md", "sweep-preset") + "\n")
     for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
@@ -138,64 +141,65 @@ def test_the_how_to_s_sweep_stopped_mid_seed_resumes_with_the_seeds_not_finished
     command = [sys.executable, "-m", "pipeline.cli", *page.splitlines()[0].split()[1:]]
     sweep = subprocess.Popen(command, cwd=proj, env=sweep_env(proj), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-    said = []
-    for line in sweep.stdout:  # seed 0 runs to the end, then seed 1 starts: stop the sweep there
+    said, second = [], False
+    for line in sweep.stdout:  # seed 0 runs to the end; seed 1 is stopped at its first logged training loss
         said.append(line)
-        if "tiny-seed-1 running" in line:
+        second = second or "curio sweep: tiny-seed-1: runs in" in line
+        if second and "'loss'" in line:
             sweep.send_signal(signal.SIGTERM)
             break
     out = "".join(said) + sweep.stdout.read()
-    assert sweep.wait(timeout=120) == 128 + signal.SIGTERM, out
-    assert "curio sweep: tiny-seed-0: queued" in out and "sweep stopped (SIGTERM)" in out
-    deadline = time.time() + 30
-    while descendants_alive(proj) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not descendants_alive(proj)  # the seed that ran and the queue's worker are gone
+    assert sweep.wait(timeout=180) == 128 + signal.SIGTERM, out[-3000:]
+    assert "curio sweep: tiny-seed-0: runs in" in out and "sweep stopped (SIGTERM): tiny-seed-1 stopped" in out
+    assert not descendants_alive(proj), descendants_alive(proj)  # the stop waited for every process of the seed
+    assert (proj / ".dvc" / "tmp" / "sweeps" / "tiny-seed-1").is_dir()  # kept, to resume in
 
     again = shell(page, proj, timeout=600).stdout  # the sweep again, then the table, as the page writes them
     assert "curio sweep: tiny-seed-0: finished" in again  # not run again
-    assert "curio sweep: tiny-seed-1: queued again" in again
+    assert "curio sweep: tiny-seed-1: resumes in .dvc/tmp/sweeps/tiny-seed-1" in again
     assert again.count("2 seeds: tiny-seed-0 (seed 0), tiny-seed-1 (seed 1)") == 2, again[-3000:]  # sweep, table
     assert "cost: stages' seconds" in again
-    shown = run_in_project(["dvc", "exp", "show", "--csv"], proj)
-    assert "tiny-seed-0" in shown and "tiny-seed-1" in shown  # each seed is an experiment of its own
+    assert not (proj / ".dvc" / "tmp" / "sweeps" / "tiny-seed-1").exists()  # saved as an experiment, then removed
+    shown = json.loads(run_in_project(["dvc", "exp", "show", "--json"], proj))
+    revs = {exp["name"]: exp["revs"][0]["rev"] for base in shown for exp in base.get("experiments") or []}
+    resumed = {name: json.loads(run_in_project(["git", "show", f"{rev}:metrics/stages/bootstrap.json"], proj))
+               ["resumed_from_step"] for name, rev in revs.items()}  # the stage's metrics, saved with the seed
+    assert resumed["tiny-seed-0"] == 0 and resumed["tiny-seed-1"] > 0, resumed  # seed 1 went on from its checkpoint
 
 
-def test_a_stop_as_the_worker_takes_the_next_seed_kills_that_seed_too(monkeypatch):
-    """SIGTERM just after the queue's worker took seed 1, before DVC shows it running: the stop keeps looking until
-    the worker has exited, kills seed 1 once it shows as running, and only then says the sweep stopped."""
-    from pipeline.tools import sweep
+def test_a_seeds_params_are_the_commits_with_the_presets_values_and_its_seed(tmp_path):
+    from pipeline.tools.sweep import write_seed_params
 
-    shown = iter([{"s-0": {"state": "success", "task": None}, "s-1": {"state": "queued", "task": "abcdef123"}},
-                  {"s-0": {"state": "success", "task": None}, "s-1": {"state": "running", "task": "abcdef123"}},
-                  {"s-0": {"state": "success", "task": None}, "s-1": {"state": "failed", "task": "abcdef123"}}])
-    workers = iter([["worker"], []])  # asked while no seed shows as running: the worker has seed 1, then exits
-    calls = []
-    monkeypatch.setattr(sweep, "experiments", lambda: next(shown))
-    monkeypatch.setattr(sweep, "queue_workers", lambda: next(workers), raising=False)
-    monkeypatch.setattr(sweep, "dvc", lambda *args, check=True: calls.append(list(args)))
-    monkeypatch.setattr(sweep.time, "sleep", lambda s: None)
-    with pytest.raises(sweep.SweepStopped), sweep.stop_on_signal(["s-0", "s-1"]):
-        signal.raise_signal(signal.SIGTERM)
-    assert calls == [["queue", "stop"], ["queue", "kill", "abcdef1"]]
+    (tmp_path / "params.yaml").write_text("seed: 0\ngames: {groups: [wordle, bandit], val_fraction: 0.1}\n")
+    write_seed_params(tmp_path, ["games.groups=[\"wordle\"]", "++rl_text.grpo.lr=0.0002"], 2)
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == {
+        "seed": 2, "games": {"groups": ["wordle"], "val_fraction": 0.1}, "rl_text": {"grpo": {"lr": 0.0002}}}
 
 
-def test_a_checkouts_queue_workers_are_the_queue_worker_processes_working_in_it(tmp_path, monkeypatch):
-    from pipeline.tools.sweep import queue_workers
+def test_a_stop_signals_every_process_of_the_seed_and_kills_those_still_there_after_the_wait(tmp_path):
+    """The seed's dvc repro and the stage under it: each gets the signal (the stage saves its progress on it); one
+    that ignores it is killed once the wait is over."""
+    import psutil
 
-    (tmp_path / "here" / ".dvc" / "tmp").mkdir(parents=True)
-    (tmp_path / "other").mkdir()
-    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
-    inside = subprocess.Popen([*sleep, "queue-worker"], cwd=tmp_path / "here" / ".dvc" / "tmp")
-    elsewhere = subprocess.Popen([*sleep, "queue-worker"], cwd=tmp_path / "other")
-    not_a_worker = subprocess.Popen(sleep, cwd=tmp_path / "here")
-    try:
-        monkeypatch.chdir(tmp_path / "here")
-        assert [p.pid for p in queue_workers()] == [inside.pid]
-    finally:
-        for proc in (inside, elsewhere, not_a_worker):
-            proc.kill()
-            proc.wait()
+    from pipeline.tools.sweep import SeedRepro
+
+    child = (f"import signal, sys, time, pathlib\n"
+             f"def saved(*_):\n    pathlib.Path({str(tmp_path / 'saved')!r}).write_text('1'); sys.exit(0)\n"
+             f"signal.signal(signal.SIGTERM, saved)\ntime.sleep(60)\n")
+    parent = (f"import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"subprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n")
+    runner = SeedRepro()
+    runner.proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.time() + 30
+    while not psutil.Process(runner.proc.pid).children() and time.time() < deadline:
+        time.sleep(0.1)
+    stage = psutil.Process(runner.proc.pid).children()[0]
+    time.sleep(0.5)  # the stage's handler is set
+    start = time.monotonic()
+    runner.stop(signal.SIGTERM, wait_s=2.0)
+    assert (tmp_path / "saved").read_text() == "1"  # the stage got the signal and saved
+    assert runner.proc.poll() is not None and time.monotonic() - start >= 2.0  # ignored it: killed after the wait
+    assert not stage.is_running() or stage.status() == psutil.STATUS_ZOMBIE
 
 
 def test_the_report_shows_a_sweeps_tables(tmp_path):

@@ -1,29 +1,33 @@
 """A seed sweep as DVC experiments: ``curio sweep seeds N [PRESET...]``.
 
 Each seed is a DVC experiment of the checkout's commit, named ``seed-K`` (``PRESETS-seed-K`` with presets, e.g.
-``smollm2-learn-seed-1``), queued with ``dvc exp run --queue -n NAME [TARGET] -S seed=K`` and the presets' ``-S``
-arguments (``curio preset``), and run by DVC's queue (``dvc queue start -j 1``: one at a time, each in a copy of the
-checkout under ``.dvc/tmp/exps``). ``dvc exp show`` lists them beside the baseline; ``dvc queue logs NAME`` shows one's
-output. The command follows each seed's output until every seed has finished, then prints the sweep's tables
+``smollm2-learn-seed-1``). The seeds run one at a time, each in a checkout of its own: a git worktree of the commit
+under ``.dvc/tmp/sweeps/NAME`` whose params.yaml is the commit's with the presets' values and ``seed: K``, and whose
+DVC cache is this checkout's. There the command runs ``dvc repro [TARGET...]``, showing its output; once it succeeds,
+``dvc exp save -n NAME`` keeps the seed as an experiment of the commit (its metrics too, which git does not track)
+and the worktree goes. ``dvc exp show`` lists the seeds beside the baseline; ``dvc exp apply NAME`` brings one's
+outputs into the workspace. Once every seed has finished, the command prints the sweep's tables
 (pipeline/reporting/seeds.py) and writes them to ``data/seeds/NAME/`` (``seeds.md``, ``seeds.json``).
 
-Resumable: a seed whose experiment finished is not run again; one that is queued or running is followed; one that
-failed (or was killed) is removed from the queue and queued again. Stopped (SIGINT / SIGTERM), the command kills the
-seed that is running and stops the queue's worker, so nothing keeps running; the same command then resumes. The unit
-of resume is the seed: a seed stopped midway runs again from its start (its copy of the checkout is gone, and the
-stages' outputs are ``persist``, which DVC's run cache does not keep). Seeds are experiments of the checkout's
-commit: after a new commit the same command runs a new sweep.
+Resumable where it stopped: stopped (SIGINT / SIGTERM), the command passes the signal to every process of the running
+seed's ``dvc repro`` and waits for them (two minutes at most, then kills them), so nothing keeps running; the seed's
+worktree stays. The same command then skips the seeds that finished and runs ``dvc repro`` again in the stopped
+seed's worktree: the stages that finished are skipped, and the stage that was stopped resumes from its own
+checkpoint or chunks, as it does under ``dvc repro``. A seed that failed is run again the same way. Seeds are
+experiments of the checkout's commit: after a new commit the same command runs a new sweep (a worktree of an older
+commit is removed first), and the seeds run the commit, not uncommitted changes (the command says when there are).
 
 The seeds' stages log to this checkout's MLflow store and share its LLM response cache (``MLFLOW_TRACKING_URI``,
 ``CURIO_CACHE_DIR``, unless set), with the kernels the sweep's params ask for (``reproducible``, ``threads``). Each
-stage runs as a process of its own (no warm start, ``CURIO_WARM=0``): it runs in the queue's copy of the checkout,
-whose modules a server loaded here is not, and in the queue worker's environment, which is not this one.
+stage runs as a process of its own (no warm start, ``CURIO_WARM=0``) and imports the worktree's code (``PYTHONPATH``):
+the commit's, whatever this checkout's files are meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,22 +38,24 @@ from typing import Any
 
 import yaml
 
-from pipeline.core.config import ConfigError, dvc_set_param, preset_overrides
+from pipeline.core.config import ConfigError, _set_dotted, parse_override, preset_overrides
 from pipeline.core.errors import CurioError
 from pipeline.params import load_params
 from pipeline.tools import ToolError
 from pipeline.tools.seed_table import FINISHED, dvc, experiments, write_seed_tables
 
-POLL_S = 5.0
-STOP_WAIT_S = 120.0  # a stopped sweep waits this long at most for the queue's worker to exit
+SWEEPS = Path(".dvc") / "tmp" / "sweeps"  # the seeds' worktrees (DVC's own tmp: git and DVC ignore it)
+READY = "curio-sweep-seed"  # written into a worktree's .dvc/tmp once it is set up: one without it is made again
+STOP_WAIT_S = 120.0  # a stopped sweep waits this long at most for the seed's processes to exit, then kills them
 
 
 class SweepStopped(CurioError):
     """The sweep was stopped by a signal; the rerun resumes it."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"sweep stopped ({signal.Signals(signum).name}): the seed that was running is killed, the "
-                         "queue's worker stopped; finished seeds are kept: rerun the same command to resume")
+    def __init__(self, signum: int, name: str | None) -> None:
+        where = f"{name} stopped where it was, its worktree kept" if name else "no seed was running"
+        super().__init__(f"sweep stopped ({signal.Signals(signum).name}): {where}; finished seeds are kept: rerun "
+                         "the same command to resume")
         self.exit_code = 128 + signum
 
 
@@ -62,124 +68,167 @@ def experiment_name(prefix: str, seed: int) -> str:
     return f"{prefix}seed-{seed}"
 
 
-def queue_args(presets: list[str], targets: list[str]) -> list[str]:
-    """The presets' ``-S`` arguments as ``dvc exp run`` takes them, checked against the params schema first."""
+def git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
+    res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        message = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()
+        raise ToolError(f"git {' '.join(args[:2])}: {message[0] if message else 'failed'}")
+    return res.stdout.strip()
+
+
+def seed_overrides(presets: list[str]) -> list[str]:
+    """The presets' values as ``key=value`` overrides, checked against the params schema before any seed runs."""
     overrides = preset_overrides(*presets) if presets else []
     load_params("params.yaml", overrides)
-    raw = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
-    return [*targets, *(a for o in overrides for a in ("-S", dvc_set_param(o, raw)))]
+    return overrides
 
 
-def enqueue(names: dict[int, str], args: list[str]) -> list[str]:
-    """Queue every seed whose experiment has not finished and is not queued or running (a failed one is removed
-    from the queue first); one line per seed saying which."""
-    found = experiments()
-    said = []
-    for seed, name in names.items():
-        state = found.get(name, {}).get("state")
-        if state == FINISHED:
-            said.append(f"{name}: finished (experiment {str(found[name]['rev'])[:7]})")
-            continue
-        if state in ("queued", "running"):
-            said.append(f"{name}: {state}")
-            continue
-        if state is not None:  # failed or killed: its queue entry goes before the name can be queued again
-            dvc("queue", "remove", found[name]["task"] or name)
-        dvc("exp", "run", "--queue", "-n", name, *args, "-S", f"seed={seed}")
-        said.append(f"{name}: queued" + (f" again (its last run {state})" if state else ""))
-    return said
+def write_seed_params(checkout: Path, overrides: list[str], seed: int) -> None:
+    """The worktree's params.yaml: the commit's, with the presets' values and the seed (what ``dvc exp run -S``
+    would set)."""
+    path = checkout / "params.yaml"
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    for override in [*overrides, f"seed={seed}"]:
+        _set_dotted(raw, *parse_override(override))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
-def follow(names: list[str]) -> dict[str, str]:
-    """Run the queue until none of ``names`` is queued or running, showing each one's output while it runs; their
-    final states."""
-    shown: set[str] = set()
-    while True:
-        found = {n: e for n, e in experiments().items() if n in names}
-        states = {n: e["state"] for n, e in found.items()}
-        pending = [n for n in names if states.get(n) in ("queued", "running")]
-        if not pending:
-            return states
-        running = [n for n in pending if states[n] == "running"]
-        if running and running[0] not in shown:
-            name = running[0]
-            shown.add(name)
-            # by its queue task: a name is the same on every commit a sweep ran on, and DVC's logs pick the first
-            task = str(found[name].get("task") or name)[:7]
-            print(f"curio sweep: {name} running (`dvc queue logs {task}`)", flush=True)
-            subprocess.run(["dvc", "queue", "logs", "-f", task])  # returns when it ends
-            continue
-        if not running:
-            start_worker()  # a worker, unless one runs (it exits once the queue is empty)
-        time.sleep(POLL_S)
+def drop_checkout(checkout: Path) -> None:
+    git("worktree", "remove", "--force", str(checkout), check=False)
+    shutil.rmtree(checkout, ignore_errors=True)
+    git("worktree", "prune", check=False)
 
 
-def start_worker() -> None:
-    """``dvc queue start -j 1``: one worker takes the queue's seeds one at a time (none is started while one runs).
-    The worker is a daemon that inherits the command's stdout and stderr: they go to /dev/null, else waiting for
-    the command's output would wait for the worker to exit (`dvc queue logs` shows each seed's)."""
-    res = subprocess.run(["dvc", "queue", "start", "-j", "1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+def seed_checkout(name: str, seed: int, overrides: list[str], head: str) -> tuple[Path, bool]:
+    """The seed's worktree, and whether it is one a stopped or failed run left (set up, of this commit)."""
+    checkout = SWEEPS / name
+    if (checkout / ".dvc" / "tmp" / READY).is_file() and git("rev-parse", "HEAD", cwd=checkout, check=False) == head:
+        return checkout, True
+    if checkout.exists():  # half made, or of another commit
+        drop_checkout(checkout)
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "--detach", str(checkout), head)
+    local = Path(".dvc") / "config.local"  # this checkout's own DVC settings (a remote, ...) hold there too
+    if local.is_file():
+        shutil.copyfile(local, checkout / ".dvc" / "config.local")
+    cache = dvc("cache", "dir").stdout.strip()
+    run = subprocess.run([dvc_bin(), "cache", "dir", "--local", str(Path(cache).resolve())], cwd=checkout,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise ToolError(f"dvc cache dir: {(run.stderr.strip() or 'failed').splitlines()[0]}")
+    write_seed_params(checkout, overrides, seed)
+    (checkout / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
+    (checkout / ".dvc" / "tmp" / READY).write_text(f"{seed}\n", encoding="utf-8")
+    return checkout, False
+
+
+def dvc_bin() -> str:
+    here = Path(sys.executable).parent / "dvc"
+    return str(here) if here.exists() else "dvc"
+
+
+def save_experiment(checkout: Path, name: str, targets: list[str]) -> None:
+    """``dvc exp save -n NAME [TARGET...]`` in the worktree (the stages repro ran: the others have no outputs to
+    commit), with the files git does not track (the metrics, the plots' data): without them the experiment's commit
+    would hold only what DVC tracks."""
+    untracked = git("ls-files", "--others", "--exclude-standard", cwd=checkout).splitlines()
+    res = subprocess.run([dvc_bin(), "exp", "save", "-n", name, *targets, *(a for f in untracked for a in ("-I", f))],
+                         cwd=checkout, capture_output=True, text=True)
     if res.returncode != 0:
-        raise ToolError("dvc queue start: failed (`dvc queue status` says why)")
+        said = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()[0]
+        raise ToolError(f"dvc exp save {name}: {said}")
 
 
-def queue_workers() -> list[Any]:
-    """This checkout's DVC queue workers (``dvc exp queue-worker``, each working in a folder of the checkout): one
-    told to stop still runs the seed it has taken."""
-    import psutil
+class SeedRepro:
+    """The running seed's ``dvc repro``: a stop passes the signal to each of its processes and waits for them."""
 
-    here = Path.cwd().resolve()
-    found = []
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        cwd = proc.info["cwd"]
-        if "queue-worker" in (proc.info["cmdline"] or []) and cwd and Path(cwd).resolve().is_relative_to(here):
-            found.append(proc)
-    return found
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.name: str | None = None
 
+    def repro(self, name: str, checkout: Path, targets: list[str]) -> int:
+        env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}  # the stages import the commit's code
+        self.name, self.proc = name, subprocess.Popen([dvc_bin(), "repro", *targets], cwd=checkout, env=env)
+        try:
+            return self.proc.wait()
+        finally:
+            self.name, self.proc = None, None
 
-def stop_seeds(names: list[str], wait_s: float = STOP_WAIT_S) -> None:
-    """Stop the queue's worker and kill each of ``names`` it runs, until it has exited (at most ``wait_s``): a seed
-    the worker took just before the stop shows as running only once its run has started, after the stop."""
-    dvc("queue", "stop", check=False)  # the worker takes no other seed
-    killed: set[str] = set()
-    deadline = time.monotonic() + wait_s
-    while True:
-        running = {n: e for n, e in experiments().items() if n in names and e["state"] == "running"}
-        if fresh := {n: e for n, e in running.items() if n not in killed}:  # by queue task, as follow() does
-            dvc("queue", "kill", *(str(e["task"] or n)[:7] for n, e in fresh.items()), check=False)
-            killed |= set(fresh)
-        if (not running and not queue_workers()) or time.monotonic() > deadline:
+    def stop(self, signum: int, wait_s: float = STOP_WAIT_S) -> None:
+        import psutil
+
+        if self.proc is None:
             return
-        time.sleep(1.0)
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signum)
+        _, alive = psutil.wait_procs(procs, timeout=wait_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=10)
 
+    @contextlib.contextmanager
+    def stop_on_signal(self) -> Iterator[None]:
+        """SIGINT / SIGTERM: stop the running seed's processes, then raise :class:`SweepStopped`."""
+        def stop(signum: int, _frame: object) -> None:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)  # one stop at a time
+            name = self.name
+            self.stop(signal.SIGTERM)  # what each stage saves its progress on
+            raise SweepStopped(signum, name)
 
-@contextlib.contextmanager
-def stop_on_signal(names: list[str]) -> Iterator[None]:
-    """SIGINT / SIGTERM: kill the running seed, stop the queue's worker and raise :class:`SweepStopped`."""
-    def stop(signum: int, _frame: object) -> None:
-        signal.signal(signum, signal.SIG_IGN)  # one stop at a time
-        stop_seeds(names)
-        raise SweepStopped(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def shared_stores(params: Any) -> None:
-    """The seeds' stages log to this checkout's MLflow store and read its LLM cache (they run in copies of it)."""
+    """The seeds' stages log to this checkout's MLflow store and read its LLM cache (they run in worktrees)."""
     os.environ.setdefault("CURIO_CACHE_DIR", str(Path.cwd() / ".cache" / "curio"))
     if not params.tracking.uri:
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
 
 
+def run_seeds(names: dict[int, str], overrides: list[str], targets: list[str], runner: SeedRepro) -> dict[str, str]:
+    """Each seed not finished, in its worktree, one at a time; every seed's state at the end."""
+    head = git("rev-parse", "HEAD")
+    found = experiments()
+    states: dict[str, str] = {}
+    for seed, name in names.items():
+        known = found.get(name, {})
+        if known.get("state") == FINISHED:
+            print(f"curio sweep: {name}: finished (experiment {str(known['rev'])[:7]})", flush=True)
+            if (SWEEPS / name).exists():  # saved, then stopped before its worktree went
+                drop_checkout(SWEEPS / name)
+            states[name] = FINISHED
+            continue
+        if known.get("task"):  # an entry of DVC's queue, from a sweep of an earlier version: this one runs it
+            dvc("queue", "remove", str(known["task"]), check=False)
+        checkout, resumed = seed_checkout(name, seed, overrides, head)
+        print(f"curio sweep: {name}: {'resumes' if resumed else 'runs'} in {checkout}", flush=True)
+        code = runner.repro(name, checkout, targets)
+        if code != 0:
+            print(f"curio sweep: {name}: failed (dvc repro exit {code}); its worktree is kept", flush=True)
+            states[name] = "failed"
+            continue
+        save_experiment(checkout, name, targets)
+        drop_checkout(checkout)
+        states[name] = FINISHED
+    return states
+
+
 def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) -> list[str]:
-    """Queue, run and follow the seeds; the sweep's tables (pipeline/reporting/seeds.py) once every seed has
-    finished."""
+    """Run the seeds not finished, one at a time; the sweep's tables (pipeline/reporting/seeds.py) once every seed
+    has finished."""
     from pipeline.core.kernels import settle
     from pipeline.core.tracking import pipeline_run
     from pipeline.core.warm import ENABLE_ENV
@@ -191,25 +240,25 @@ def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) 
     prefix = sweep_prefix(presets)
     names = {seed: experiment_name(prefix, seed) for seed in range(first, first + count)}
     try:
-        args = queue_args(presets, targets)
-        params = load_params("params.yaml", [*(preset_overrides(*presets) if presets else []), f"seed={first}"])
+        overrides = seed_overrides(presets)
+        params = load_params("params.yaml", [*overrides, f"seed={first}"])
     except (OSError, ConfigError) as e:
         raise ToolError(str(e).splitlines()[0]) from None
+    if git("status", "--porcelain", "--untracked-files=no"):
+        print("curio sweep: the checkout has uncommitted changes; the seeds run its commit without them", flush=True)
     start = time.perf_counter()
-    for line in enqueue(names, args):
-        print(f"curio sweep: {line}", flush=True)
-    settle(params.reproducible, params.threads)  # the kernels of the queue's worker and its stages
+    settle(params.reproducible, params.threads)  # the kernels of the seeds' stages
     os.environ[ENABLE_ENV] = "0"  # no warm start (see the module's docstring)
     shared_stores(params)
     tracking = params.tracking  # the seeds' stage runs nest under one MLflow run of the sweep, as under make run
-    with stop_on_signal(list(names.values())), \
+    runner = SeedRepro()
+    with runner.stop_on_signal(), \
             pipeline_run(f"sweep {prefix}seeds", experiment=tracking.experiment, enabled=tracking.enabled,
                          artifact_root=tracking.artifact_root, uri=tracking.uri):
-        start_worker()
-        states = follow(list(names.values()))
+        states = run_seeds(names, overrides, targets, runner)
     print(f"curio sweep: {time.perf_counter() - start:.0f} s this run", flush=True)
     failed = [n for n in names.values() if states.get(n) != FINISHED]
     if failed:
-        raise ToolError(f"{', '.join(failed)} did not finish (`dvc queue logs {failed[0]}` says why); rerun the same "
-                        "command to run them again")
+        raise ToolError(f"{', '.join(failed)} did not finish (its output above says why; its worktree is "
+                        f"{SWEEPS / failed[0]}); rerun the same command to run it again from where it stopped")
     return write_seed_tables(prefix, list(names.values()))
