@@ -141,7 +141,7 @@ def test_add_an_rl_algorithm_the_page_s_learner_runs_as_rl_text(trained, tmp_pat
     assert {p.name for p in (proj / "data" / "rl_text").iterdir()} <= {"model", "rollouts", "rounds"}
 
 
-# seed-sweep.md's small sweep: tests/test_seed_sweep.py runs its blocks, stopped mid-seed and resumed
+# seed-sweep.md's small sweep: tests/test_seed_sweep.py runs its blocks, stopped mid-stage and resumed
 
 
 # bootstrap at a small budget: 200 optimizer steps, the Trainer's first periodic checkpoint at step 50

@@ -147,7 +147,8 @@ class SeedRepro:
         self.name: str | None = None
 
     def repro(self, name: str, checkout: Path, targets: list[str]) -> int:
-        env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}  # the stages import the commit's code
+        path = os.pathsep.join(p for p in (str(checkout.resolve()), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path}  # the stages import the commit's code first
         self.name, self.proc = name, subprocess.Popen([dvc_bin(), "repro", *targets], cwd=checkout, env=env)
         try:
             return self.proc.wait()
