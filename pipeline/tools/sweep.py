@@ -132,8 +132,9 @@ def save_experiment(checkout: Path, name: str, targets: list[str]) -> None:
     commit), with the files git does not track (the metrics, the plots' data): without them the experiment's commit
     would hold only what DVC tracks."""
     untracked = git("ls-files", "--others", "--exclude-standard", cwd=checkout).splitlines()
-    res = subprocess.run([dvc_bin(), "exp", "save", "-n", name, *targets, *(a for f in untracked for a in ("-I", f))],
-                         cwd=checkout, capture_output=True, text=True)
+    include = [a for f in untracked for a in ("-I", f)]  # -f: over what a save cut short by a stop left
+    res = subprocess.run([dvc_bin(), "exp", "save", "-f", "-n", name, *targets, *include], cwd=checkout,
+                         capture_output=True, text=True)
     if res.returncode != 0:
         said = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()[0]
         raise ToolError(f"dvc exp save {name}: {said}")
