@@ -28,10 +28,15 @@ ROW_COLUMNS = ["policy", "group", "task_id", "split", "success"]
 FINISHED = "success"  # an experiment's state once it has run to the end
 
 
-def dvc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``dvc ARGS`` of this environment (beside its interpreter, where a venv's is not on PATH)."""
+def dvc_bin() -> str:
+    """This environment's dvc (beside its interpreter, where a venv's is not on PATH)."""
     here = Path(sys.executable).parent / "dvc"
-    res = subprocess.run([str(here) if here.exists() else "dvc", *args], capture_output=True, text=True)
+    return str(here) if here.exists() else "dvc"
+
+
+def dvc(*args: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``dvc ARGS`` of this environment, in ``cwd`` (default: here)."""
+    res = subprocess.run([dvc_bin(), *args], cwd=cwd, capture_output=True, text=True)
     if check and res.returncode != 0:
         message = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()
         raise ToolError(f"dvc {' '.join(args[:3])}: {message[0] if message else 'failed'}")

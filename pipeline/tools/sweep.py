@@ -42,7 +42,7 @@ from pipeline.core.config import ConfigError, _set_dotted, parse_override, prese
 from pipeline.core.errors import CurioError
 from pipeline.params import load_params
 from pipeline.tools import ToolError
-from pipeline.tools.seed_table import FINISHED, dvc, experiments, write_seed_tables
+from pipeline.tools.seed_table import FINISHED, dvc, dvc_bin, experiments, write_seed_tables
 
 SWEEPS = Path(".dvc") / "tmp" / "sweeps"  # the seeds' worktrees (DVC's own tmp: git and DVC ignore it)
 READY = "curio-sweep-seed"  # written into a worktree's .dvc/tmp once it is set up: one without it is made again
@@ -111,20 +111,11 @@ def seed_checkout(name: str, seed: int, overrides: list[str], head: str) -> tupl
     local = Path(".dvc") / "config.local"  # this checkout's own DVC settings (a remote, ...) hold there too
     if local.is_file():
         shutil.copyfile(local, checkout / ".dvc" / "config.local")
-    cache = dvc("cache", "dir").stdout.strip()
-    run = subprocess.run([dvc_bin(), "cache", "dir", "--local", str(Path(cache).resolve())], cwd=checkout,
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        raise ToolError(f"dvc cache dir: {(run.stderr.strip() or 'failed').splitlines()[0]}")
+    dvc("cache", "dir", "--local", str(Path(dvc("cache", "dir").stdout.strip()).resolve()), cwd=checkout)
     write_seed_params(checkout, overrides, seed)
     (checkout / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
     (checkout / ".dvc" / "tmp" / READY).write_text(f"{seed}\n", encoding="utf-8")
     return checkout, False
-
-
-def dvc_bin() -> str:
-    here = Path(sys.executable).parent / "dvc"
-    return str(here) if here.exists() else "dvc"
 
 
 def save_experiment(checkout: Path, name: str, targets: list[str]) -> None:
@@ -133,11 +124,7 @@ def save_experiment(checkout: Path, name: str, targets: list[str]) -> None:
     would hold only what DVC tracks."""
     untracked = git("ls-files", "--others", "--exclude-standard", cwd=checkout).splitlines()
     include = [a for f in untracked for a in ("-I", f)]  # -f: over what a save cut short by a stop left
-    res = subprocess.run([dvc_bin(), "exp", "save", "-f", "-n", name, *targets, *include], cwd=checkout,
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        said = (res.stderr.strip() or res.stdout.strip() or "failed").splitlines()[0]
-        raise ToolError(f"dvc exp save {name}: {said}")
+    dvc("exp", "save", "-f", "-n", name, *targets, *include, cwd=checkout)
 
 
 class SeedRepro:
