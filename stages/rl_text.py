@@ -47,9 +47,11 @@ METRIC_HELP = {
     "rl/val_success_start": "grpo, filtered_bc: val success of the DPO policy rl-text starts from",
     "rl/val_success_chosen": "grpo, filtered_bc: val success of the kept round's policy",
     "rl/mean_turn_reward": "mean per-utterance reward the algorithm learned from (rl_text.reward other than outcome)",
-    "grpo/old_pass_s": "grpo: seconds scoring each round's replies under the weights that played them (pi_old), "
-                       "summed over the rounds this run trained",
-    "grpo/update_s": "grpo: seconds of the policy-gradient updates, summed over the rounds this run trained",
+    "grpo/old_pass_total_s": "grpo: seconds scoring each round's replies under the weights that played them "
+                             "(pi_old), summed over the rounds this run trained (per round: MLflow's grpo_old_pass_s, "
+                             "step = round)",
+    "grpo/update_total_s": "grpo: seconds of the policy-gradient updates, summed over the rounds this run trained "
+                           "(per round: MLflow's grpo_update_s, step = round)",
     "rl/server_starts": "vLLM servers this run started (policy.backend: vllm)",
     "rl/served_probe_gap": "policy.backend: vllm: the largest log-probability gap per probe token between the vLLM "
                            "server and the trainer on the same weights, over this run's in-place reloads",

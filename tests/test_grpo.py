@@ -388,16 +388,35 @@ def test_a_stop_during_the_update_ends_it_before_the_next_optimizer_step(bootstr
 
 def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_path, monkeypatch):
     """Early stopping on val: with val success 0.2 for the DPO start, 0.6 after round 1 and 0.4 after round 2, the
-    stage's model is round 1's, byte for byte (not the last round's, not the start's)."""
+    stage's model is round 1's, byte for byte (not the last round's, not the start's). Each round's val success and
+    seconds go to the tracker at its own step; the stage's totals (logged at the tracker's step 0 when it ends) have
+    names of their own, so round 0's values are not overwritten."""
     import pipeline.rl_text.rounds as rounds
+    from pipeline.core.tracking import Tracker
+
+    class Recording(Tracker):
+        def __init__(self):
+            super().__init__()
+            self.logged = []
+
+        def log_metrics(self, metrics, step=None):
+            self.logged.append((step, dict(metrics)))
 
     shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
     params = declaration("rl-text").slice(grpo_params(tmp_path))
     scores = iter([0.2, 0.6, 0.4])
     monkeypatch.setattr(rounds, "val_success", lambda *args, **kwargs: next(scores))
-    result = stage_module("rl-text").run(params, StageContext())
+    tracker = Recording()
+    result = stage_module("rl-text").run(params, StageContext(tracker=tracker))
     assert result.metrics["rl/chosen_round"] == 1 and result.metrics["rl/val_success_chosen"] == 0.6
     assert result.metrics["rl/kept_by_val"] == 1
+    per_round = dict(tracker.logged)
+    assert sorted(per_round) == [0, 1] and [per_round[r]["rl/val_success"] for r in (0, 1)] == [0.6, 0.4]
+    for key in ("grpo/update_s", "grpo/old_pass_s"):
+        assert per_round[0][key] > 0 and per_round[1][key] > 0 and key not in result.metrics
+        total = result.metrics[key.removesuffix("_s") + "_total_s"]
+        assert total == pytest.approx(per_round[0][key] + per_round[1][key])
+    assert not set(result.metrics) & set(per_round[0])  # nothing the end logs at step 0 hides round 0's
     rounds = tmp_path / "data" / "rl_text" / "rounds"
     first, last = rounds / "round-000" / "model.safetensors", rounds / "round-001" / "model.safetensors"
     kept = (tmp_path / "data" / "rl_text" / "model" / "model.safetensors").read_bytes()

@@ -262,7 +262,7 @@ def run_rounds(params: Params, ctx: StageContext, learner: Learner, name: str) -
         if dense:
             metrics["rl/mean_turn_reward"] = sum(dense) / len(dense)
         metrics.update(rewarder.metrics())
-    metrics.update(timings)  # the learning steps' seconds, summed over the rounds this process ran
+    metrics.update(timings)  # the learning steps' seconds (KEY_total_s), summed over the rounds this process ran
     metrics.update(player.metrics())  # vllm: the server starts of this run (1 for a run not interrupted)
     return StageResult(metrics=metrics, outputs=[str(final)])
 
@@ -293,8 +293,12 @@ def play_and_learn(state: Round, learner: Learner, current: Path, round_dir: Pat
         score = val_success(params, player.backend(round_dir, model, tokenizer), val_jobs) if val_jobs else None
         state.ctx.tracker.log_metrics({k: v for k, v in {**stats, "rl/val_success": score}.items()
                                        if isinstance(v, int | float)}, step=r)
-        for k in [k for k in stats if k.endswith("_s")]:  # seconds: to the tracker and this run's totals only, so
-            timings[k] = timings.get(k, 0.0) + stats.pop(k)  # what the round saves is the same on any rerun
+        # seconds: to the tracker at this round's step and to this run's totals, named KEY_total_s (the stage's
+        # metrics land on MLflow's step 0, where the same key would hide round 0's); not to val.json, so that what
+        # the round saves is the same on any rerun
+        for k in [k for k in stats if k.endswith("_s")]:
+            total = k.removesuffix("_s") + "_total_s"
+            timings[total] = timings.get(total, 0.0) + stats.pop(k)
         atomic_write_json(round_dir / "val.json", {"val_success": score, "stats": stats})
         atomic_write_bytes(round_dir / "DONE", b"ok")  # whole or absent, even on a full disk
         shutil.rmtree(state.scratch, ignore_errors=True)  # the round's model is saved
