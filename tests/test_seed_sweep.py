@@ -72,15 +72,20 @@ def test_the_table_has_a_column_per_seed_and_the_cost_of_the_sweep():
 
 
 def test_nethack_claims_are_evaluate_nethacks_paired_differences_per_seed():
-    stages = [{"evaluate-nethack": {"extrinsic/return": 1.0, "motif/return": 2.0 + k, "oni/return": 4.0,
-                                    "motif/return_sem": 0.5, "motif/return_vs_extrinsic": 1.0 + k,
-                                    "motif/return_vs_extrinsic_sem": 0.25, "oni/return_vs_motif": 2.0 - k,
+    """Motif − extrinsic and intrinsic only − extrinsic (Motif's claims), every other agent − Motif (ONI's)."""
+    stages = [{"evaluate-nethack": {"extrinsic/return": 1.0, "motif/return": 2.0 + k, "intrinsic/return": 0.5,
+                                    "oni/return": 4.0, "motif/return_sem": 0.5, "motif/return_vs_extrinsic": 1.0 + k,
+                                    "motif/return_vs_extrinsic_sem": 0.25, "intrinsic/return_vs_extrinsic": -0.5,
+                                    "intrinsic/return_vs_extrinsic_sem": 0.5, "intrinsic/return_vs_motif": -1.5 - k,
+                                    "intrinsic/return_vs_motif_sem": 0.75, "oni/return_vs_motif": 2.0 - k,
                                     "oni/return_vs_motif_sem": 1.0}} for k in range(2)]
     runs = [SeedRun(f"seed-{k}", k, s) for k, s in enumerate(stages)]
     agents, claims = nethack_lines(runs)
     assert [(a.label, a.values) for a in agents] == [("extrinsic", [1.0, 1.0]), ("motif", [2.0, 3.0]),
-                                                    ("oni", [4.0, 4.0])]
+                                                    ("intrinsic", [0.5, 0.5]), ("oni", [4.0, 4.0])]
     assert [(c.label, c.values, c.eval_se) for c in claims] == [("motif − extrinsic", [1.0, 2.0], [0.25, 0.25]),
+                                                                ("intrinsic − extrinsic", [-0.5, -0.5], [0.5, 0.5]),
+                                                                ("intrinsic − motif", [-1.5, -2.5], [0.75, 0.75]),
                                                                 ("oni − motif", [2.0, 1.0], [1.0, 1.0])]
     assert claims[0].mean == 1.5 and claims[0].se == pytest.approx(0.5) and claims[0].agreeing() == "2/2 > 0"
 

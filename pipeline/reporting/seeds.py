@@ -6,10 +6,11 @@ policies played the same held-out episodes. From each run's evaluate-text rows a
 - per policy (agent): its success (return) in every seed, the mean over seeds ± the standard error across seeds
   (sample s.d. / √seeds), the s.d. across seeds, and beside it the evaluation's own standard error (the mean over
   seeds of each run's binomial s.e., or the stage's s.e. of the mean return);
-- per comparison (SFT − base, DPO − SFT, RL − DPO; NetHack's Motif − extrinsic and every other agent − Motif): the
-  paired difference in every seed (over the same held-out tasks, pipeline.reporting.breakdown.paired_difference;
-  NetHack: over the same games) with its evaluation s.e., the mean over seeds ± the s.e. across seeds, how many seeds
-  agree with the mean's sign, and the s.d. across seeds beside the mean evaluation s.e.;
+- per comparison (SFT − base, DPO − SFT, RL − DPO; NetHack's Motif − extrinsic, intrinsic only − extrinsic and every
+  other agent − Motif): the paired difference in every seed (over the same held-out tasks,
+  pipeline.reporting.breakdown.paired_difference; NetHack: over the same games) with its evaluation s.e., the mean over
+  seeds ± the s.e. across seeds, how many seeds agree with the mean's sign, and the s.d. across seeds beside the mean
+  evaluation s.e.;
 - for each ONI agent (an online reward, labelled while it trains), its labeller's lag: the share of the distinct
   messages the agent saw that were still queued, unlabelled, when training ended (rl-nethack's ``NAME/oni_pending``
   of ``NAME/oni_labels`` + ``NAME/oni_pending``), per seed, beside its return;
@@ -28,8 +29,9 @@ from pipeline.reporting.breakdown import paired_difference, task_means
 
 #: the text track's policies in pipeline order; each comparison is a policy against the one before it
 TEXT_ORDER = ("base", "sft", "dpo", "rl")
-#: NetHack's baselines: Motif's claim is motif − extrinsic, ONI's (and every other agent's) is agent − motif
-NETHACK_CLAIMS = (("motif", "extrinsic"),)
+#: NetHack's claims against the extrinsic agent: Motif's (the LLM-derived reward helps) and its paper's headline (that
+#: reward alone does as well as the game's score); ONI's (and every other agent's) is agent − motif
+NETHACK_CLAIMS = (("motif", "extrinsic"), ("intrinsic", "extrinsic"))
 
 
 @dataclass
@@ -101,8 +103,8 @@ def text_lines(runs: list[SeedRun]) -> tuple[list[Line], list[Line]]:
 
 
 def nethack_lines(runs: list[SeedRun]) -> tuple[list[Line], list[Line]]:
-    """Mean return per agent, and the claims (motif − extrinsic, every other agent − motif), paired over the same
-    games: evaluate-nethack's own ``A/return_vs_B`` and its s.e., per seed."""
+    """Mean return per agent, and the claims (motif − extrinsic, intrinsic − extrinsic, every other agent − motif),
+    paired over the same games: evaluate-nethack's own ``A/return_vs_B`` and its s.e., per seed."""
     stages = [run.stages.get("evaluate-nethack", {}) for run in runs]
     agents = [k.removesuffix("/return") for k in stages[0] if k.endswith("/return")] if stages else []
     agents = [a for a in agents if all(f"{a}/return" in s for s in stages)]
