@@ -392,25 +392,17 @@ def test_the_model_kept_is_the_val_best_round_not_the_last(bootstrapped, tmp_pat
     seconds go to the tracker at its own step; the stage's totals (logged at the tracker's step 0 when it ends) have
     names of their own, so round 0's values are not overwritten."""
     import pipeline.rl_text.rounds as rounds
-    from pipeline.core.tracking import Tracker
-
-    class Recording(Tracker):
-        def __init__(self):
-            super().__init__()
-            self.logged = []
-
-        def log_metrics(self, metrics, step=None):
-            self.logged.append((step, dict(metrics)))
+    from pipeline.models.launch import _LoggedMetrics
 
     shutil.copytree(bootstrapped / "data" / "bootstrap" / "model", tmp_path / "data" / "train_policy" / "dpo")
     params = declaration("rl-text").slice(grpo_params(tmp_path))
     scores = iter([0.2, 0.6, 0.4])
     monkeypatch.setattr(rounds, "val_success", lambda *args, **kwargs: next(scores))
-    tracker = Recording()
+    tracker = _LoggedMetrics()  # keeps what the stage logs, with its step
     result = stage_module("rl-text").run(params, StageContext(tracker=tracker))
     assert result.metrics["rl/chosen_round"] == 1 and result.metrics["rl/val_success_chosen"] == 0.6
     assert result.metrics["rl/kept_by_val"] == 1
-    per_round = dict(tracker.logged)
+    per_round = {step: metrics for metrics, step in tracker.logged}
     assert sorted(per_round) == [0, 1] and [per_round[r]["rl/val_success"] for r in (0, 1)] == [0.6, 0.4]
     for key in ("grpo/update_s", "grpo/old_pass_s"):
         assert per_round[0][key] > 0 and per_round[1][key] > 0 and key not in result.metrics
