@@ -2,7 +2,7 @@
 intrinsic reward and the whole APPO agent, each as a rate per CPU second and per wall second.
 
     python bench/bench_nethack_profile.py [--preset presets/nethack-oni-seeds.yaml] [--variant extrinsic]
-                                          [--seconds 6] [--steps 65536] [--cpu N] [--agent-only]
+                                          [--seconds 6] [--steps 65536] [--cpu N] [--agent-only | --split]
                                           [-S rl_nethack.num_envs_per_worker=64 ...]
 
 The process is pinned to one core (``--cpu``, default the last one it may use) with one torch thread, and each part
@@ -27,6 +27,12 @@ runs with the preset's settings (task, action set, envs per worker, rollout, bat
   ``--variant`` (``stages.rl_nethack.sf_args``), for ``--steps`` env steps from a fresh experiment. Its own profile
   (``sample_factory.utils.timing``, here on the process's CPU clock) splits the run into the rollout worker's env
   steps, the inference worker, the learner (whose samples/s is the learner line) and the rest.
+
+Last (``--split`` prints only these): a step of the agent's env (``num_envs_per_worker`` of them stepped in turn)
+split by whose code runs (NetHack's C, NLE's Python, Curio's wrappers and view, gymnasium, numpy and other
+built-ins), and the policy's arithmetic alone: its forward pass on ``num_envs_per_worker`` observations, and a
+forward and backward pass on a batch of ``batch_size`` (the learner's work per sample without sample-factory's loss
+and loop), with the model's multiply-adds per sample counted from its layers.
 
 The per-CPU-second rates are the ones to compare across runs on a shared machine: a part's wall rate falls when other
 processes take the core, its CPU rate much less.
@@ -139,6 +145,119 @@ def agent_env(cfg, seconds: float) -> list[dict]:
         rows.append(row(name, *measure(steps, seconds)))
         for env in envs:
             env.close()
+    return rows
+
+
+def env_split(cfg, seconds: float) -> list[dict]:
+    """Whose code a step of the agent's env runs: ``num_envs_per_worker`` agent envs stepped in turn with random
+    actions, first plain (the CPU µs a step), then under cProfile, whose own-time per function is summed by owner.
+    The profiler slows Python calls several times and NetHack's C step hardly at all, so the C step's share is taken
+    from the profile's seconds against the plain run's, and the Python's µs are split in the profile's proportions."""
+    import cProfile
+    import pstats
+
+    envs = agent_envs(cfg, cfg.num_envs_per_worker)
+    rng = np.random.default_rng(0)
+    for env in envs:
+        env.reset()
+
+    def steps() -> int:
+        for env, a in zip(envs, rng.integers(envs[0].action_space.n, size=len(envs)).tolist(), strict=True):
+            _, _, terminated, truncated, _ = env.step(a)
+            if terminated or truncated:
+                env.reset()
+        return len(envs)
+
+    n, cpu, _ = measure(steps, seconds)
+    profile = cProfile.Profile()
+    profile.enable()
+    n_profiled = sum(steps() for _ in range(n // len(envs)))
+    profile.disable()
+    owners = {"NetHack's C step and reset": 0.0, "NLE's Python": 0.0, "Curio's wrappers and view": 0.0,
+              "gymnasium's wrappers": 0.0, "numpy and other built-ins": 0.0}
+    for (path, _, func), (_, _, own, _, _) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        if "nle._pynethack" in func:
+            owner = "NetHack's C step and reset"
+        elif "/nle/" in path:
+            owner = "NLE's Python"
+        elif path.startswith(str(ROOT / "pipeline")):
+            owner = "Curio's wrappers and view"
+        elif "/gymnasium/" in path:
+            owner = "gymnasium's wrappers"
+        else:
+            owner = "numpy and other built-ins"
+        owners[owner] += own
+    us_step = cpu / n * 1e6
+    c_us = min(owners.pop("NetHack's C step and reset") / n_profiled * 1e6, us_step)
+    python = sum(owners.values()) or 1.0
+    print(f"the agent's env, {len(envs)} stepped in turn: {us_step:.0f} CPU us a step, of which")
+    out = [{"part": "NetHack's C step and reset", "cpu_us": c_us}]
+    out += [{"part": k, "cpu_us": (us_step - c_us) * v / python} for k, v in owners.items()]
+    for r in out:
+        print(f"  {r['part']:<42} {r['cpu_us']:>6.0f} us  {100 * r['cpu_us'] / us_step:>4.0f} %")
+    for env in envs:
+        env.close()
+    return out
+
+
+def multiply_adds(model, sample: dict) -> int:
+    """Multiply-adds of one sample's forward pass through the model's convolutions and linear layers."""
+    import torch
+
+    total = 0
+
+    def count(module, inputs, output) -> None:
+        nonlocal total
+        if isinstance(module, torch.nn.Conv2d):
+            total += output[0].numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1]
+        elif isinstance(module, torch.nn.Linear):
+            total += module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    with torch.no_grad():
+        model(sample, torch.zeros(1, 0))
+    for h in hooks:
+        h.remove()
+    return total
+
+
+def model_arithmetic(cfg, seconds: float) -> list[dict]:
+    """The policy's forward pass on a rollout worker's batch, and forward + backward on a learner's batch, as CPU µs
+    per sample and the GFLOP/s they imply (two FLOPs a multiply-add; backward counted as twice the forward)."""
+    import torch
+    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
+
+    env = agent_envs(cfg, 1)[0]
+    model = policy(cfg, env)
+    obs = env.reset()[0]
+    env.close()
+
+    def batch(n: int) -> dict:
+        return prepare_and_normalize_obs(model, {k: torch.from_numpy(np.stack([v] * n)) for k, v in obs.items()})
+
+    macs = multiply_adds(model, batch(1))
+    small, large = batch(cfg.num_envs_per_worker), batch(cfg.batch_size)
+
+    @torch.no_grad()
+    def forward() -> int:
+        model(small, torch.zeros(cfg.num_envs_per_worker, 0))
+        return cfg.num_envs_per_worker
+
+    def learn() -> int:
+        out = model(large, torch.zeros(cfg.batch_size, 0))
+        (out["action_logits"].logsumexp(-1).mean() + out["values"].mean()).backward()
+        return cfg.batch_size
+
+    print(f"the policy: {macs / 1e6:.2f} M multiply-adds a sample's forward pass")
+    rows = []
+    for name, work, flops in ((f"forward, batch {cfg.num_envs_per_worker}", forward, 2 * macs),
+                              (f"forward + backward, batch {cfg.batch_size}", learn, 6 * macs)):
+        work()
+        n, cpu, _ = measure(work, seconds)
+        us = cpu / n * 1e6
+        print(f"  {name:<40} {us:>6.0f} us a sample  {flops / us / 1e3:>5.1f} GFLOP/s")
+        rows.append({"part": name, "cpu_us": us, "gflops": flops / us / 1e3, "macs": macs})
     return rows
 
 
@@ -309,6 +428,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=65_536, help="env steps of the full APPO run")
     parser.add_argument("--cpu", type=int, default=None, help="the core to run on (default: the last allowed)")
     parser.add_argument("--agent-only", action="store_true", help="only the full APPO agent (and its split)")
+    parser.add_argument("--split", action="store_true",
+                        help="only the agent env's step split by whose code, and the policy's arithmetic")
     parser.add_argument("--json", default="", help="also write the rows to this file")
     args = parser.parse_args()
 
@@ -339,8 +460,11 @@ def main() -> None:
         print(f"{cpu_name()}, core {cpu} of {os.cpu_count()}; {args.preset or args.params}: task {rl.task}, "
               f"{'extended' if rl.extended_actions else 'task'} actions, {cfg.num_envs_per_worker} envs per worker, "
               f"rollout {cfg.rollout}, batch {cfg.batch_size}, serial_mode {cfg.serial_mode}")
-        print(f"{'part':<44} {'per CPU s':>12} {'per wall s':>12} {'CPU us':>10}")
-        if args.agent_only:
+        if not args.split:
+            print(f"{'part':<44} {'per CPU s':>12} {'per wall s':>12} {'CPU us':>10}")
+        if args.split:
+            rows = [*env_split(cfg, args.seconds), *model_arithmetic(cfg, args.seconds)]
+        elif args.agent_only:
             from bench_nethack_appo import stand_in_reward_model
 
             stand_in_reward_model(tmp / "reward_model")  # for a Motif agent
@@ -348,9 +472,11 @@ def main() -> None:
         else:
             rows = [nle_random(cfg, args.seconds), *agent_env(cfg, args.seconds),
                     *inference_and_rollout(cfg, args.seconds), *intrinsic(cfg, tmp, args.seconds),
-                    *full_agent(params, args.variant, tmp, args.steps)]
+                    *full_agent(params, args.variant, tmp, args.steps),
+                    *env_split(cfg, args.seconds), *model_arithmetic(cfg, args.seconds)]
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu_name(), "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"cpu": cpu_name(), "rows": rows}, indent=1,
+                                              default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
 if __name__ == "__main__":
