@@ -99,6 +99,16 @@ def test_llm_labeller_asks_the_oni_prompt_and_reads_only_a_final_tag(tmp_path):
     assert oni.published_rounds(tmp_path) == [0, 1]  # round 0 caught up with: snapshot 1
 
 
+def test_a_snapshot_still_being_written_is_not_published(tmp_path):
+    """The annotator writes round-RRRR.tmp whole (labels included), then renames it: a reader polling in between (the
+    RL stage waiting for its round) sees the published rounds only."""
+    for name in ("round-0000", "round-0001", "round-0002.tmp"):
+        (tmp_path / oni.SNAPSHOTS / name).mkdir(parents=True)
+        (tmp_path / oni.SNAPSHOTS / name / oni.SNAPSHOT_LABELS).write_text("{}")
+    (tmp_path / oni.SNAPSHOTS / "round-0003").mkdir()  # begun, no labels yet
+    assert oni.published_rounds(tmp_path) == [0, 1]
+
+
 def test_annotator_process_labels_spooled_moves_and_publishes_snapshots(tmp_path):
     """The shared process (python -m pipeline.llm.online_annotation) with the text annotator."""
     _, row = dog_row()

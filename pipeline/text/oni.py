@@ -201,12 +201,16 @@ def read_snapshot(directory: str | Path, round_index: int) -> tuple[dict[str, fl
     return {m: float(v) for m, v in labels.items()}, OniRewardModel.load(path)
 
 
+SNAPSHOT_NAME = re.compile(r"round-(\d+)")  # a published snapshot; round-RRRR.tmp is one being written
+
+
 def published_rounds(directory: str | Path) -> list[int]:
+    """The rounds whose snapshot is published, in order (a snapshot still being written is not one of them)."""
     root = Path(directory) / SNAPSHOTS
     if not root.exists():
         return []
-    return sorted(int(p.name.removeprefix("round-")) for p in root.glob("round-*")
-                  if (p / SNAPSHOT_LABELS).exists())
+    names = (SNAPSHOT_NAME.fullmatch(p.name) for p in root.iterdir() if (p / SNAPSHOT_LABELS).exists())
+    return sorted(int(m.group(1)) for m in names if m)
 
 
 # -- the annotator ------------------------------------------------------------------------------------------------
