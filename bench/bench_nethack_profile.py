@@ -83,6 +83,9 @@ def measure(work: Callable[[], int], seconds: float) -> tuple[int, float, float]
     return units, time.process_time() - cpu0, time.perf_counter() - wall0
 
 
+ROWS_HEADER = f"{'part':<44} {'per CPU s':>12} {'per wall s':>12} {'CPU us':>10}"
+
+
 def row(name: str, units: float, cpu: float, wall: float, unit: str = "steps/s") -> dict:
     out = {"part": name, "units": int(units), "per_cpu_s": units / cpu, "per_wall_s": units / wall,
            "us_per_unit_cpu": 1e6 * cpu / max(units, 1), "unit": unit}
@@ -123,6 +126,15 @@ def agent_envs(cfg, n: int) -> list:
     return [make_nethack_env(ENV_NAME, cfg, {"env_id": i}) for i in range(n)]
 
 
+def step_in_turn(envs: list, rng: np.random.Generator) -> int:
+    """One random action in each env, in turn, a finished game reset (as a rollout worker steps its envs)."""
+    for env, a in zip(envs, rng.integers(envs[0].action_space.n, size=len(envs)).tolist(), strict=True):
+        _, _, terminated, truncated, _ = env.step(a)
+        if terminated or truncated:
+            env.reset()
+    return len(envs)
+
+
 def agent_env(cfg, seconds: float) -> list[dict]:
     """One agent env, then ``num_envs_per_worker`` of them stepped in turn (as a rollout worker steps them)."""
     rows = []
@@ -133,12 +145,7 @@ def agent_env(cfg, seconds: float) -> list[dict]:
             env.reset()
 
         def steps(envs=envs, rng=rng) -> int:
-            for _ in range(16):
-                for env, a in zip(envs, rng.integers(envs[0].action_space.n, size=len(envs)).tolist(), strict=True):
-                    _, _, terminated, truncated, _ = env.step(a)
-                    if terminated or truncated:
-                        env.reset()
-            return 16 * len(envs)
+            return sum(step_in_turn(envs, rng) for _ in range(16))
 
         steps()
         name = "the agent's env (wrappers, no intrinsic)" if n == 1 else f"  {n} of them stepped in turn"
@@ -161,21 +168,14 @@ def env_split(cfg, seconds: float) -> list[dict]:
     for env in envs:
         env.reset()
 
-    def steps() -> int:
-        for env, a in zip(envs, rng.integers(envs[0].action_space.n, size=len(envs)).tolist(), strict=True):
-            _, _, terminated, truncated, _ = env.step(a)
-            if terminated or truncated:
-                env.reset()
-        return len(envs)
-
-    n, cpu, _ = measure(steps, seconds)
+    n, cpu, _ = measure(lambda: step_in_turn(envs, rng), seconds)
     profile = cProfile.Profile()
     profile.enable()
-    n_profiled = sum(steps() for _ in range(n // len(envs)))
+    n_profiled = sum(step_in_turn(envs, rng) for _ in range(n // len(envs)))
     profile.disable()
     owners = {"NetHack's C step and reset": 0.0, "NLE's Python": 0.0, "Curio's wrappers and view": 0.0,
               "gymnasium's wrappers": 0.0, "numpy and other built-ins": 0.0}
-    for (path, _, func), (_, _, own, _, _) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+    for (path, _, func), (_, _, own, _, _) in pstats.Stats(profile).stats.items():
         if "nle._pynethack" in func:
             owner = "NetHack's C step and reset"
         elif "/nle/" in path:
@@ -226,18 +226,13 @@ def model_arithmetic(cfg, seconds: float) -> list[dict]:
     """The policy's forward pass on a rollout worker's batch, and forward + backward on a learner's batch, as CPU µs
     per sample and the GFLOP/s they imply (two FLOPs a multiply-add; backward counted as twice the forward)."""
     import torch
-    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
 
     env = agent_envs(cfg, 1)[0]
     model = policy(cfg, env)
     obs = env.reset()[0]
     env.close()
-
-    def batch(n: int) -> dict:
-        return prepare_and_normalize_obs(model, {k: torch.from_numpy(np.stack([v] * n)) for k, v in obs.items()})
-
-    macs = multiply_adds(model, batch(1))
-    small, large = batch(cfg.num_envs_per_worker), batch(cfg.batch_size)
+    macs = multiply_adds(model, observation_batch(model, [obs]))
+    small, large = (observation_batch(model, [obs] * n) for n in (cfg.num_envs_per_worker, cfg.batch_size))
 
     @torch.no_grad()
     def forward() -> int:
@@ -261,6 +256,15 @@ def model_arithmetic(cfg, seconds: float) -> list[dict]:
     return rows
 
 
+def observation_batch(model, observations: list[dict]) -> dict:
+    """The policy's input for a list of the agent env's observations, as sample-factory's workers prepare it."""
+    import torch
+    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
+
+    return prepare_and_normalize_obs(model, {k: torch.from_numpy(np.stack([o[k] for o in observations]))
+                                             for k in observations[0]})
+
+
 def policy(cfg, env):
     import gymnasium as gym
     from sample_factory.model.actor_critic import create_actor_critic
@@ -272,7 +276,6 @@ def policy(cfg, env):
 
 def inference_and_rollout(cfg, seconds: float) -> list[dict]:
     import torch
-    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
     from sample_factory.model.model_utils import get_rnn_size
 
     n = cfg.num_envs_per_worker
@@ -283,8 +286,7 @@ def inference_and_rollout(cfg, seconds: float) -> list[dict]:
 
     @torch.no_grad()
     def act(observations: list[dict]) -> np.ndarray:
-        batch = {k: torch.from_numpy(np.stack([o[k] for o in observations])) for k in observations[0]}
-        return model(prepare_and_normalize_obs(model, batch), rnn)["actions"].reshape(-1).numpy()
+        return model(observation_batch(model, observations), rnn)["actions"].reshape(-1).numpy()
 
     def forward() -> int:
         act(obs)
@@ -460,16 +462,16 @@ def main() -> None:
         print(f"{cpu_name()}, core {cpu} of {os.cpu_count()}; {args.preset or args.params}: task {rl.task}, "
               f"{'extended' if rl.extended_actions else 'task'} actions, {cfg.num_envs_per_worker} envs per worker, "
               f"rollout {cfg.rollout}, batch {cfg.batch_size}, serial_mode {cfg.serial_mode}")
-        if not args.split:
-            print(f"{'part':<44} {'per CPU s':>12} {'per wall s':>12} {'CPU us':>10}")
         if args.split:
             rows = [*env_split(cfg, args.seconds), *model_arithmetic(cfg, args.seconds)]
         elif args.agent_only:
+            print(ROWS_HEADER)
             from bench_nethack_appo import stand_in_reward_model
 
             stand_in_reward_model(tmp / "reward_model")  # for a Motif agent
             rows = full_agent(params, args.variant, tmp, args.steps)
         else:
+            print(ROWS_HEADER)
             rows = [nle_random(cfg, args.seconds), *agent_env(cfg, args.seconds),
                     *inference_and_rollout(cfg, args.seconds), *intrinsic(cfg, tmp, args.seconds),
                     *full_agent(params, args.variant, tmp, args.steps),
