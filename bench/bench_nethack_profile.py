@@ -429,9 +429,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="CPU seconds per part")
     parser.add_argument("--steps", type=int, default=65_536, help="env steps of the full APPO run")
     parser.add_argument("--cpu", type=int, default=None, help="the core to run on (default: the last allowed)")
-    parser.add_argument("--agent-only", action="store_true", help="only the full APPO agent (and its split)")
-    parser.add_argument("--split", action="store_true",
-                        help="only the agent env's step split by whose code, and the policy's arithmetic")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--agent-only", action="store_true", help="only the full APPO agent (and its split)")
+    only.add_argument("--split", action="store_true",
+                      help="only the agent env's step split by whose code, and the policy's arithmetic")
     parser.add_argument("--json", default="", help="also write the rows to this file")
     args = parser.parse_args()
 
