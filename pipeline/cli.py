@@ -433,13 +433,17 @@ def sweep_seeds(count: Annotated[int, typer.Argument(min=1, metavar="N", help="h
                 first: Annotated[int, typer.Option(min=0, help="the first seed (seeds FIRST .. FIRST+N-1)")] = 0,
                 target: Annotated[list[str] | None, typer.Option(help="the stages to run (dvc repro TARGET), "
                                                                  "e.g. evaluate-text; default: the whole DAG")]
+                = None,
+                reuse: Annotated[str | None, typer.Option(metavar="COMMIT", help="start each seed from the same "
+                                                          "seed's experiment of an earlier commit's sweep: only the "
+                                                          "stages whose code, params or inputs differ run")]
                 = None) -> None:
     """Run the DAG once per seed as DVC experiments (`seed-K`, or `PRESETS-seed-K`), one at a time, each in a git
     worktree of the commit; then print the sweep's tables (`curio table --seeds`). SIGINT / SIGTERM stop the running
     seed where it is; a rerun skips the seeds that finished and resumes the others where they stopped."""
     from pipeline.tools.sweep import sweep_seeds as sweep  # DVC and git: only for this command
 
-    typer.echo("\n".join(sweep(count, presets or [], first, target or [])))
+    typer.echo("\n".join(sweep(count, presets or [], first, target or [], reuse)))
 
 
 @choose_app.command("hparams")

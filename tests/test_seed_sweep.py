@@ -172,6 +172,50 @@ def test_the_how_to_s_sweep_stopped_mid_stage_resumes_there(tmp_path):
     assert resumed["tiny-seed-0"] == 0 and resumed["tiny-seed-1"] > 0, resumed  # seed 1 went on from its checkpoint
 
 
+def test_a_sweep_reusing_an_earlier_commits_runs_only_the_stages_that_differ(tmp_path):
+    """A sweep of commit A up to rollout-text, then commit B doubling rollout-text's samples per task, swept with
+    ``--reuse A``: bootstrap is A's (skipped by DVC, its model the same bytes), rollout-text runs again under B's
+    params (twice the episodes); a commit without the seed's experiment is refused in one line before any seed runs."""
+    proj = make_project(tmp_path, [])
+    preset = (block("seed-sweep.md", "sweep-preset") + "\nrollout_text: {trajectories_per_task: %d}\n"
+              "games: {groups: [wordle], max_train_tasks: 6}\n")
+    (proj / "tiny.yaml").write_text(preset % 1)
+    commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm"]
+    for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                 ["git", "add", "-A"], [*commit, "a"]):
+        run_in_project(args, proj)
+    sweep = [sys.executable, "-m", "pipeline.cli", "sweep", "seeds", "1", "tiny.yaml", "--target", "rollout-text"]
+    env = sweep_env(proj)
+    first = subprocess.run(sweep, cwd=proj, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    a = run_in_project(["git", "rev-parse", "HEAD"], proj).strip()
+
+    (proj / "tiny.yaml").write_text(preset % 2)
+    run_in_project([*commit, "b", "tiny.yaml"], proj)
+    refused = subprocess.run([*sweep, "--reuse", "HEAD"], cwd=proj, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "no finished experiment tiny-seed-0 of that commit" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "runs in" not in refused.stdout
+
+    second = subprocess.run([*sweep, "--reuse", a[:7]], cwd=proj, env=env, capture_output=True, text=True,
+                            timeout=600)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-3000:]
+    assert "runs again: check-params, rollout-text (code, params or inputs differ)" in out, out[-3000:]
+    assert "Stage 'bootstrap' didn't change, skipping" in out and "Running stage 'rollout-text'" in out
+    b = run_in_project(["git", "rev-parse", "HEAD"], proj).strip()
+    revs = {rev: run_in_project(["git", "rev-parse", f"refs/exps/{rev[:2]}/{rev[2:]}/tiny-seed-0"], proj).strip()
+            for rev in (a, b)}  # each commit's experiment, as DVC keeps it
+    locks = {rev: yaml.safe_load(run_in_project(["git", "show", f"{sha}:dvc.lock"], proj))["stages"]
+             for rev, sha in revs.items()}
+    md5 = {rev: {name: [o["md5"] for o in stage.get("outs", []) if o["path"].startswith("data/")]
+                 for name, stage in lock.items()} for rev, lock in locks.items()}
+    assert md5[a]["bootstrap"] == md5[b]["bootstrap"]  # A's model, not trained again
+    assert md5[a]["rollout-text"] != md5[b]["rollout-text"]
+    episodes = {rev: json.loads(run_in_project(["git", "show", f"{sha}:metrics/stages/rollout-text.json"], proj))
+                ["train/episodes"] for rev, sha in revs.items()}
+    assert episodes[b] == 2 * episodes[a] > 0, episodes
+
+
 def test_a_seeds_params_are_the_commits_with_the_presets_values_and_its_seed(tmp_path):
     from pipeline.tools.sweep import write_seed_params
 

@@ -21,11 +21,18 @@ The seeds' stages log to this checkout's MLflow store and share its LLM response
 ``CURIO_CACHE_DIR``, unless set), with the kernels the sweep's params ask for (``reproducible``, ``threads``). Each
 stage runs as a process of its own (no warm start, ``CURIO_WARM=0``) and imports the worktree's code (``PYTHONPATH``):
 the commit's, whatever this checkout's files are meanwhile.
+
+``--reuse COMMIT`` starts each new seed's worktree from the same seed's experiment of an earlier commit's sweep: its
+dvc.lock and outputs, so ``dvc repro`` runs only the stages whose code, params or inputs differ (a change to one
+stage's params reruns that stage and those after it, not the DAG). DVC's run cache cannot do this here: the stages'
+outputs persist (for resume), and DVC keeps no run cache for those. The skipped stages' metrics (their ``seconds``
+too) are the earlier run's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -99,8 +106,55 @@ def drop_checkout(checkout: Path) -> None:
     git("worktree", "prune", check=False)
 
 
-def seed_checkout(name: str, seed: int, overrides: list[str], head: str) -> tuple[Path, bool]:
-    """The seed's worktree, and whether it is one a stopped or failed run left (set up, of this commit)."""
+def reused_experiment(rev: str, name: str) -> str:
+    """The commit of experiment ``name`` of commit ``rev`` (DVC keeps a finished one at
+    ``refs/exps/<rev[:2]>/<rev[2:]>/<name>``); a one-line error where there is none."""
+    found = git("rev-parse", "--verify", "-q", f"refs/exps/{rev[:2]}/{rev[2:]}/{name}", check=False)
+    if not found:
+        raise ToolError(f"--reuse {rev[:7]}: no finished experiment {name} of that commit (`dvc exp list {rev[:7]}` "
+                        f"lists them)")
+    return found
+
+
+def stage_outs(checkout: Path) -> dict[str, list[str]]:
+    """Each stage of the worktree's dvc.yaml and the paths of its outputs."""
+    stages = (yaml.safe_load((checkout / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages") or {}
+    return {name: [next(iter(o)) if isinstance(o, dict) else str(o) for o in stage.get("outs") or []]
+            for name, stage in stages.items()}
+
+
+def start_from(checkout: Path, exp: str, targets: list[str]) -> list[str]:
+    """Start a new worktree where experiment ``exp`` (a seed of an earlier commit's sweep) ended: its dvc.lock, the
+    outputs git keeps for it (metrics, plots) and those DVC keeps, from the cache. ``dvc repro`` then runs only the
+    stages whose code, params or inputs differ from that run; the outputs of each stage ``dvc status`` finds changed
+    are removed first, so none resumes from that run's parts (a stage keys its parts and checkpoints by its params
+    and inputs, not by its code). Returns those stages."""
+    outs = stage_outs(checkout)
+    paths = [p for ps in outs.values() for p in ps]
+    saved = [f for f in git("ls-tree", "-r", "--name-only", exp, cwd=checkout).splitlines()
+             if f == "dvc.lock" or any(f == p or f.startswith(p.rstrip("/") + "/") for p in paths)]
+    if "dvc.lock" not in saved:
+        raise ToolError(f"--reuse: experiment {exp[:7]} has no dvc.lock")
+    git("checkout", exp, "--", *saved, cwd=checkout)
+    git("reset", "-q", "--", *saved, cwd=checkout)  # untracked again, as a seed's own run leaves them
+    dvc("checkout", "--force", "--allow-missing", "-q", cwd=checkout)
+    status = json.loads(dvc("status", "--json", *(["--with-deps", *targets] if targets else []),
+                            cwd=checkout).stdout or "{}")
+    again = [name for name in outs if name in status]
+    for name in again:
+        for path in outs[name]:
+            out = checkout / path
+            if out.is_dir() and not out.is_symlink():
+                shutil.rmtree(out)
+            else:
+                out.unlink(missing_ok=True)
+    return again
+
+
+def seed_checkout(name: str, seed: int, overrides: list[str], head: str,
+                  reuse: str | None = None, targets: list[str] | None = None) -> tuple[Path, bool]:
+    """The seed's worktree, and whether it is one a stopped or failed run left (set up, of this commit). A new one
+    starts from experiment ``name`` of commit ``reuse`` where one is given (:func:`start_from`)."""
     checkout = SWEEPS / name
     if (checkout / ".dvc" / "tmp" / READY).is_file() and git("rev-parse", "HEAD", cwd=checkout, check=False) == head:
         return checkout, True
@@ -113,6 +167,11 @@ def seed_checkout(name: str, seed: int, overrides: list[str], head: str) -> tupl
         shutil.copyfile(local, checkout / ".dvc" / "config.local")
     dvc("cache", "dir", "--local", str(Path(dvc("cache", "dir").stdout.strip()).resolve()), cwd=checkout)
     write_seed_params(checkout, overrides, seed)
+    if reuse:
+        exp = reused_experiment(reuse, name)
+        again = start_from(checkout, exp, targets or [])
+        print(f"curio sweep: {name}: starts from experiment {exp[:7]} of {reuse[:7]}; runs again: "
+              f"{', '.join(again) or 'no stage'} (code, params or inputs differ)", flush=True)
     (checkout / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
     (checkout / ".dvc" / "tmp" / READY).write_text(f"{seed}\n", encoding="utf-8")
     return checkout, False
@@ -187,7 +246,8 @@ def shared_stores(params: Any) -> None:
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
 
 
-def run_seeds(names: dict[int, str], overrides: list[str], targets: list[str], runner: SeedRepro) -> dict[str, str]:
+def run_seeds(names: dict[int, str], overrides: list[str], targets: list[str], runner: SeedRepro,
+              reuse: str | None = None) -> dict[str, str]:
     """Each seed not finished, in its worktree, one at a time; every seed's state at the end."""
     head = git("rev-parse", "HEAD")
     found = experiments()
@@ -202,7 +262,7 @@ def run_seeds(names: dict[int, str], overrides: list[str], targets: list[str], r
             continue
         if known.get("task"):  # an entry of DVC's queue, from a sweep of an earlier version: this one runs it
             dvc("queue", "remove", str(known["task"]), check=False)
-        checkout, resumed = seed_checkout(name, seed, overrides, head)
+        checkout, resumed = seed_checkout(name, seed, overrides, head, reuse, targets)
         print(f"curio sweep: {name}: {'resumes' if resumed else 'runs'} in {checkout}", flush=True)
         code = runner.repro(name, checkout, targets)
         if code != 0:
@@ -215,9 +275,9 @@ def run_seeds(names: dict[int, str], overrides: list[str], targets: list[str], r
     return states
 
 
-def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) -> list[str]:
+def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str], reuse: str | None = None) -> list[str]:
     """Run the seeds not finished, one at a time; the sweep's tables (pipeline/reporting/seeds.py) once every seed
-    has finished."""
+    has finished. ``reuse``: a commit whose sweep's experiments the new seeds start from (:func:`start_from`)."""
     from pipeline.core.kernels import settle
     from pipeline.core.tracking import pipeline_run
     from pipeline.core.warm import ENABLE_ENV
@@ -233,6 +293,15 @@ def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) 
         params = load_params("params.yaml", [*overrides, f"seed={first}"])
     except (OSError, ConfigError) as e:
         raise ToolError(str(e).splitlines()[0]) from None
+    if reuse:
+        rev = git("rev-parse", "--verify", "-q", f"{reuse}^{{commit}}", check=False)
+        if not rev:
+            raise ToolError(f"--reuse {reuse}: not a commit of this repository")
+        done = experiments()
+        for name in names.values():  # every seed still to run has its experiment there, before any runs
+            if done.get(name, {}).get("state") != FINISHED and not (SWEEPS / name / ".dvc" / "tmp" / READY).is_file():
+                reused_experiment(rev, name)
+        reuse = rev
     if git("status", "--porcelain", "--untracked-files=no"):
         print("curio sweep: the checkout has uncommitted changes; the seeds run its commit without them", flush=True)
     start = time.perf_counter()
@@ -244,7 +313,7 @@ def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str]) 
     with runner.stop_on_signal(), \
             pipeline_run(f"sweep {prefix}seeds", experiment=tracking.experiment, enabled=tracking.enabled,
                          artifact_root=tracking.artifact_root, uri=tracking.uri):
-        states = run_seeds(names, overrides, targets, runner)
+        states = run_seeds(names, overrides, targets, runner, reuse)
     print(f"curio sweep: {time.perf_counter() - start:.0f} s this run", flush=True)
     failed = [n for n in names.values() if states.get(n) != FINISHED]
     if failed:
