@@ -151,12 +151,17 @@ def start_from(checkout: Path, exp: str, targets: list[str]) -> list[str]:
     return again
 
 
+def resumable(checkout: Path, head: str) -> bool:
+    """Whether ``checkout`` is a seed's worktree of commit ``head`` that a stopped or failed run set up."""
+    return (checkout / ".dvc" / "tmp" / READY).is_file() and git("rev-parse", "HEAD", cwd=checkout, check=False) == head
+
+
 def seed_checkout(name: str, seed: int, overrides: list[str], head: str,
                   reuse: str | None = None, targets: list[str] | None = None) -> tuple[Path, bool]:
     """The seed's worktree, and whether it is one a stopped or failed run left (set up, of this commit). A new one
     starts from experiment ``name`` of commit ``reuse`` where one is given (:func:`start_from`)."""
     checkout = SWEEPS / name
-    if (checkout / ".dvc" / "tmp" / READY).is_file() and git("rev-parse", "HEAD", cwd=checkout, check=False) == head:
+    if resumable(checkout, head):
         return checkout, True
     if checkout.exists():  # half made, or of another commit
         drop_checkout(checkout)
@@ -297,9 +302,9 @@ def sweep_seeds(count: int, presets: list[str], first: int, targets: list[str], 
         rev = git("rev-parse", "--verify", "-q", f"{reuse}^{{commit}}", check=False)
         if not rev:
             raise ToolError(f"--reuse {reuse}: not a commit of this repository")
-        done = experiments()
-        for name in names.values():  # every seed still to run has its experiment there, before any runs
-            if done.get(name, {}).get("state") != FINISHED and not (SWEEPS / name / ".dvc" / "tmp" / READY).is_file():
+        done, head = experiments(), git("rev-parse", "HEAD")
+        for name in names.values():  # every seed still to set up has its experiment there, before any runs
+            if done.get(name, {}).get("state") != FINISHED and not resumable(SWEEPS / name, head):
                 reused_experiment(rev, name)
         reuse = rev
     if git("status", "--porcelain", "--untracked-files=no"):
